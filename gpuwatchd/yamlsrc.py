@@ -297,8 +297,6 @@ class Reader:
             try:
                 ipaddress.ip_address(bare)
             except ValueError:
-                self.error(
-                    node.loc, f"{what}: {host!r} is not an IP address (or 'localhost')"
-                )
+                self.error(node.loc, f"{what}: {host!r} is not an IP address (or 'localhost')")
                 return None
         return bare, port

@@ -50,8 +50,9 @@ def open_backend(spec: str, clock: Clock, real_stalls: bool = True) -> Backend:
         from ..scenario import load_scenario
         from .scenario import ScenarioBackend
 
-        return ScenarioBackend(load_scenario(spec.removeprefix("scenario:")), clock,
-                               real_stalls=real_stalls)
+        return ScenarioBackend(
+            load_scenario(spec.removeprefix("scenario:")), clock, real_stalls=real_stalls
+        )
     from ..errors import BackendUnavailable
 
     raise BackendUnavailable(f"unknown backend {spec!r}: use 'nvml' or 'scenario:PATH'")

@@ -1,0 +1,136 @@
+"""Metric families and their text exposition (Prometheus text format 0.0.4).
+
+gpuwatchd builds its families itself rather than through prometheus_client's generic
+objects because a scrape of 8 GPUs x 18 NVLink links has to stay within a couple of
+milliseconds: label sets are escaped once per GPU and reused. ``to_client_metric`` turns a
+family into a prometheus_client ``Metric`` for the registry path (OpenMetrics, tests).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Iterator, Sequence
+
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    Metric,
+    UnknownMetricFamily,
+)
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+def escape_label_value(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def label_text(names: Sequence[str], values: Sequence[str]) -> str:
+    """``a="1",b="2"`` (the inside of the braces)."""
+    return ",".join(f'{n}="{escape_label_value(v)}"' for n, v in zip(names, values, strict=True))
+
+
+def format_value(value: float) -> str:
+    if value != value:  # NaN
+        return "NaN"
+    if math.isinf(value):
+        return "+Inf" if value > 0 else "-Inf"
+    if value == int(value) and abs(value) < 1e15:
+        return f"{int(value)}.0"
+    return repr(float(value))
+
+
+def _escape_help(text: str) -> str:
+    return text.replace("\\", "\\\\").replace("\n", "\\n")
+
+
+class Family:
+    """One metric family: name, type, help, label names and samples."""
+
+    __slots__ = ("help", "kind", "label_names", "name", "samples")
+
+    def __init__(self, name: str, kind: str, help: str, label_names: Sequence[str]) -> None:
+        if kind == "counter" and not name.endswith("_total"):
+            raise ValueError(f"counter {name} must end in _total")
+        self.name = name
+        self.kind = kind
+        self.help = help
+        self.label_names = tuple(label_names)
+        self.samples: list[tuple[str, float]] = []
+
+    def add(self, values: Sequence[str], value: float) -> None:
+        self.samples.append((label_text(self.label_names, values), value))
+
+    def add_text(self, labels: str, value: float) -> None:
+        """Add a sample whose label text is already escaped (hot path)."""
+        self.samples.append((labels, value))
+
+    def render(self, out: list[str]) -> None:
+        out.append(f"# HELP {self.name} {_escape_help(self.help)}\n")
+        out.append(f"# TYPE {self.name} {self.kind}\n")
+        name = self.name
+        for labels, value in self.samples:
+            if labels:
+                out.append(f"{name}{{{labels}}} {format_value(value)}\n")
+            else:
+                out.append(f"{name} {format_value(value)}\n")
+
+
+class Families:
+    """Families by name, in first-seen order."""
+
+    def __init__(self) -> None:
+        self._by_name: dict[str, Family] = {}
+
+    def get(self, name: str, kind: str, help: str, label_names: Iterable[str]) -> Family:
+        fam = self._by_name.get(name)
+        if fam is None:
+            fam = Family(name, kind, help, tuple(label_names))
+            self._by_name[name] = fam
+        return fam
+
+    def __iter__(self) -> Iterator[Family]:
+        return iter(self._by_name.values())
+
+    def render(self) -> bytes:
+        out: list[str] = []
+        for fam in self._by_name.values():
+            fam.render(out)
+        return "".join(out).encode("utf-8")
+
+
+def _parse_labels(text: str) -> dict[str, str]:
+    """Inverse of ``label_text`` for the values we write (used off the hot path only)."""
+    labels: dict[str, str] = {}
+    i = 0
+    while i < len(text):
+        eq = text.index("=", i)
+        name = text[i:eq]
+        j = eq + 2
+        chars: list[str] = []
+        while text[j] != '"':
+            if text[j] == "\\":
+                nxt = text[j + 1]
+                chars.append("\n" if nxt == "n" else nxt)
+                j += 2
+            else:
+                chars.append(text[j])
+                j += 1
+        labels[name] = "".join(chars)
+        i = j + 2  # skip closing quote and comma
+    return labels
+
+
+def to_client_metric(fam: Family) -> Metric:
+    """The family as a prometheus_client metric (for the registry/OpenMetrics path)."""
+    metric: Metric
+    if fam.kind == "counter":
+        metric = CounterMetricFamily(fam.name, fam.help, labels=fam.label_names)
+    elif fam.kind == "gauge":
+        metric = GaugeMetricFamily(fam.name, fam.help, labels=fam.label_names)
+    else:
+        metric = UnknownMetricFamily(fam.name, fam.help, labels=fam.label_names)
+    for labels, value in fam.samples:
+        parsed = _parse_labels(labels)
+        metric.add_metric([parsed[n] for n in fam.label_names], value)
+    return metric

@@ -1,0 +1,1 @@
+"""Test helpers shipped with gpuwatchd: fakes for each seam (NVML, clock, ...)."""

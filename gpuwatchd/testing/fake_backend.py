@@ -1,0 +1,123 @@
+"""A programmable in-memory backend for tests of the poller, metrics and daemon.
+
+Unlike the scenario backend (a product feature driven by YAML), this one is driven by
+the test itself: set fields, lose a GPU, or block its calls until released.
+"""
+
+from __future__ import annotations
+
+import threading
+from types import MappingProxyType
+
+from ..clock import Clock, SystemClock
+from ..errors import GpuLost
+from ..records import GpuInfo, GpuSample, LinkSample
+
+
+def make_infos(count: int, links: int = 18, model: str = "NVIDIA H100 80GB HBM3") -> list[GpuInfo]:
+    buses = ["18", "2A", "3A", "5D", "9A", "AB", "BA", "DB"]
+    return [
+        GpuInfo(
+            index=i,
+            uuid=f"GPU-00000000-0000-4000-8000-{i:012x}",
+            name=model,
+            pci_bus_id=f"00000000:{buses[i % 8]}:{i // 8:02X}.0",
+            serial=f"165{i:010d}",
+            vbios="96.00.99.00.01",
+            driver="580.159.04",
+            ecc_enabled=True,
+            ecc_pending=True,
+            slowdown_temperature=87.0,
+            shutdown_temperature=92.0,
+            memory_max_temperature=95.0,
+            nvlink_count=links,
+        )
+        for i in range(count)
+    ]
+
+
+DEFAULT_FIELDS = {
+    "temperature_gpu": 41.0,
+    "temperature_memory": 38.0,
+    "power": 118.5,
+    "energy": 1.5e6,
+    "sm_clock": 1.98e9,
+    "memory_clock": 2.619e9,
+    "utilization_gpu": 0.0,
+    "utilization_memory": 0.0,
+    "memory_used": 5.5e8,
+    "memory_free": 8.5e10,
+    "memory_total": 8.55e10,
+    "ecc_corrected_volatile": 0.0,
+    "ecc_uncorrected_volatile": 0.0,
+    "ecc_corrected_aggregate": 0.0,
+    "ecc_uncorrected_aggregate": 0.0,
+    "remapped_rows_correctable": 0.0,
+    "remapped_rows_uncorrectable": 0.0,
+    "remapped_rows_pending": 0.0,
+    "remapped_rows_failure": 0.0,
+    "violation_power": 0.0,
+    "violation_thermal": 0.0,
+    "clock_event_reasons": 1.0,
+    "pcie_replay": 0.0,
+    "pcie_link_generation": 5.0,
+    "pcie_link_generation_max": 5.0,
+    "pcie_link_width": 16.0,
+    "pcie_link_width_max": 16.0,
+    "compute_processes": 0.0,
+    "recovery_action": 0.0,
+}
+DEFAULT_LINK_FIELDS = {
+    "nvlink_up": 1.0,
+    "nvlink_replay_errors": 0.0,
+    "nvlink_recovery_errors": 0.0,
+    "nvlink_crc_errors": 0.0,
+}
+
+
+class FakeBackend:
+    name = "fake"
+
+    def __init__(self, count: int = 8, links: int = 18, clock: Clock | None = None) -> None:
+        self.clock = clock or SystemClock()
+        self.infos = make_infos(count, links)
+        self.fields = [dict(DEFAULT_FIELDS) for _ in range(count)]
+        self.link_fields = [[dict(DEFAULT_LINK_FIELDS) for _ in range(links)] for _ in range(count)]
+        self.lost: set[int] = set()
+        self.blocked: dict[int, threading.Event] = {}
+        self.calls = [0] * count
+        self._lock = threading.Lock()
+
+    def open(self) -> list[GpuInfo]:
+        return list(self.infos)
+
+    def close(self) -> None:
+        for event in self.blocked.values():
+            event.set()
+
+    def block(self, gpu: int) -> threading.Event:
+        """Make the GPU's next calls hang until the returned event is set."""
+        event = threading.Event()
+        self.blocked[gpu] = event
+        return event
+
+    def sample(self, index: int) -> GpuSample:
+        with self._lock:
+            self.calls[index] += 1
+        gate = self.blocked.get(index)
+        if gate is not None:
+            gate.wait()
+        if index in self.lost:
+            raise GpuLost("GPU has fallen off the bus (fake)", 15)
+        info = self.infos[index]
+        links = tuple(
+            LinkSample(n, MappingProxyType(dict(f))) for n, f in enumerate(self.link_fields[index])
+        )
+        return GpuSample(
+            gpu=index,
+            uuid=info.uuid,
+            timestamp=self.clock.now(),
+            fields=MappingProxyType(dict(self.fields[index])),
+            links=links,
+            duration_seconds=0.0002,
+        )
