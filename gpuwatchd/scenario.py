@@ -195,7 +195,9 @@ class GpuSpec:
 
 @dataclass(frozen=True)
 class Note:
-    """A line of the story, printed by ``demo`` when scenario time reaches ``t``."""
+    """A line of the story, printed by ``demo`` when scenario time reaches ``t``.
+
+    ``gpus`` are the GPUs the entry named with ``gpu:`` (empty when it named none)."""
 
     t: float
     text: str
@@ -393,6 +395,14 @@ def _hint(word: str, choices: list[str] | tuple[str, ...]) -> str:
     return f" (did you mean {match[0]!r}?)" if match else ""
 
 
+def _model_hint(model: str) -> str:
+    low = model.lower()
+    for known in KNOWN_MODELS:
+        if known.lower().startswith(low) or low.startswith(known.lower()):
+            return f" (did you mean {known!r}?)"
+    return _hint(model, list(KNOWN_MODELS))
+
+
 def _normalise_bus_id(text: str) -> str | None:
     """NVML form ``00000000:3B:00.0`` from ``0000:3b:00.0``, ``3b:00.0`` and the like."""
     parts = text.strip().split(":")
@@ -480,6 +490,7 @@ class _Gpu:
     pci_bus_id: str | None
     model: str
     model_loc: Location
+    model_what: str
     nvlink_links: int | None
     serial: str | None
     vbios: str | None
@@ -492,6 +503,7 @@ class _Event:
     what: str
     gpus: tuple[int, ...]
     links: tuple[int, ...] | None
+    gpu_named: bool = False
     note: str | None = None
     sets: list[tuple[str, float]] = field(default_factory=list)
     adds: list[tuple[str, float]] = field(default_factory=list)
@@ -574,7 +586,8 @@ class _Parser:
                 links = r.integer(n, "gpus.nvlink_links", minimum=0, maximum=64)
             if count is None:
                 return None
-            return [_Gpu(node.loc, None, None, model, model_loc, links, None, None)] * count
+            gpu = _Gpu(node.loc, None, None, model, model_loc, "gpus.model", links, None, None)
+            return [gpu] * count
         if node.is_sequence():
             items = r.sequence(node, "gpus") or []
             if not items:
@@ -589,7 +602,9 @@ class _Parser:
             for i, item in enumerate(items):
                 what = f"gpus[{i}]"
                 keys = r.mapping(item, list(_GPU_ENTRY_KEYS), what) or {}
-                gpu = _Gpu(item.loc, None, None, DEFAULT_MODEL, item.loc, None, None, None)
+                gpu = _Gpu(
+                    item.loc, None, None, DEFAULT_MODEL, item.loc, f"{what}.model", None, None, None
+                )
                 if (n := keys.get("uuid")) is not None and (s := r.string(n, f"{what}.uuid")):
                     if not _valid_uuid(s):
                         r.error(
@@ -642,8 +657,8 @@ class _Parser:
             if missing:
                 self.r.error(
                     gpu.model_loc,
-                    f"model: {gpu.model!r} is not a known model"
-                    f"{_hint(gpu.model, list(KNOWN_MODELS))}; known: {', '.join(KNOWN_MODELS)}. "
+                    f"{gpu.model_what}: {gpu.model!r} is not a known model"
+                    f"{_model_hint(gpu.model)}; known: {', '.join(KNOWN_MODELS)}. "
                     f"For another model give `baseline` with at least {', '.join(missing)}",
                 )
 
@@ -830,7 +845,7 @@ class _Parser:
         links = None
         if (n := keys.get("link")) is not None:
             links = self.link_selector(n, f"{what}.link", selected, link_counts)
-        ev = _Event(order, at or 0.0, what, selected, links)
+        ev = _Event(order, at or 0.0, what, selected, links, gpu_named="gpu" in keys)
         actions = [k for k in _ACTIONS if k in keys]
         if not actions and "note" not in keys:
             r.error(
@@ -1084,7 +1099,7 @@ def _compile(
         for f in jitter:
             phases[(spec.index, f)] = _phases(name, spec.index, f)
 
-    notes = tuple(Note(e.at, e.note, e.gpus) for e in ordered if e.note)
+    notes = tuple(Note(e.at, e.note, e.gpus if e.gpu_named else ()) for e in ordered if e.note)
     kernel = tuple((e.at, e.transport, e.kernel_log) for e in ordered if e.kernel_log)
     xids.sort(key=lambda x: (x[0], x[1]))
     return Scenario(
@@ -1196,6 +1211,10 @@ def _compile_gpu(
             if auto_energy and "power" in touched:
                 cur, _ = b["energy"].current(t)
                 b["energy"].push(t, cur, b["power"].current(t)[0])
+            for f, _ in e.sets:
+                if f in mirrors:
+                    cur, _ = b[mirrors[f]].current(t)
+                    b[mirrors[f]].push(t, cur, 0.0)
             for f, d in e.adds:
                 if f in mirrors:
                     cur, rate = b[mirrors[f]].current(t)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import struct
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -222,6 +223,78 @@ def decode_field_value(entry: Any) -> float:
     if member is None:
         raise ValueError(f"unknown NVML valueType {entry.valueType}")
     return float(getattr(entry.value, member))
+
+
+class _RawDecoder:
+    """Reads a whole ``c_nvmlFieldValue_t`` array from its bytes in one pass.
+
+    pynvml's structs answer every attribute read through a Python-level
+    ``__getattribute__``; unpacking the raw buffer is several times cheaper. The layout is
+    taken from the ctypes class itself (offsets, sizes), so a changed struct either still
+    decodes right or is refused here (then the attribute path is used).
+    """
+
+    def __init__(self, elem: Any) -> None:
+        vtype, ret, value = elem.valueType, elem.nvmlReturn, elem.value
+        size = ctypes.sizeof(elem)
+        if vtype.size != 4 or ret.size != 4 or ret.offset != vtype.offset + 4:
+            raise ValueError("unexpected c_nvmlFieldValue_t layout")
+        if value.size < 8 or value.offset + 8 > size:
+            raise ValueError("unexpected c_nvmlFieldValue_t layout")
+        self.size = size
+        self.value_offset = value.offset
+        self.head = struct.Struct(f"={vtype.offset}xII{size - vtype.offset - 8}x")
+        ulong = "Q" if ctypes.sizeof(ctypes.c_ulong) == 8 else "I"
+        formats = {0: "d", 1: "I", 2: ulong, 3: "Q", 4: "q", 5: "i", 6: "H"}
+        self.values = {t: struct.Struct("=" + f) for t, f in formats.items()}
+
+    def __call__(self, values: Any) -> list[tuple[int, float | None]]:
+        raw = ctypes.string_at(ctypes.addressof(values), ctypes.sizeof(values))
+        out: list[tuple[int, float | None]] = []
+        at = self.value_offset
+        for vtype, ret in self.head.iter_unpack(raw):
+            if ret == NVML_SUCCESS:
+                fmt = self.values.get(vtype)
+                out.append((ret, float(fmt.unpack_from(raw, at)[0]) if fmt else None))
+            else:
+                out.append((ret, None))
+            at += self.size
+        return out
+
+
+_DECODERS: dict[Any, _RawDecoder | None] = {}
+
+
+def read_field_values(values: Any, raw: bool = True) -> list[tuple[int, float | None]]:
+    """``(nvmlReturn, value)`` per entry of a ``nvmlDeviceGetFieldValues`` answer.
+
+    ``value`` is None unless the entry succeeded with a known ``valueType``. ``raw=False``
+    forces the attribute-by-attribute path (tests compare the two).
+    """
+    decoder: _RawDecoder | None = None
+    if raw and isinstance(values, ctypes.Array):
+        elem = values._type_
+        if elem not in _DECODERS:
+            try:
+                _DECODERS[elem] = _RawDecoder(elem)
+            except (AttributeError, ValueError, TypeError, struct.error):
+                _DECODERS[elem] = None
+        decoder = _DECODERS[elem]
+        if decoder is not None and ctypes.sizeof(values) != decoder.size * len(values):
+            decoder = None
+    if decoder is not None:
+        return decoder(values)
+    out: list[tuple[int, float | None]] = []
+    for entry in values:
+        ret = int(entry.nvmlReturn)
+        if ret != NVML_SUCCESS:
+            out.append((ret, None))
+            continue
+        try:
+            out.append((ret, decode_field_value(entry)))
+        except ValueError:
+            out.append((ret, None))
+    return out
 
 
 class _Fallbacks:
@@ -446,12 +519,9 @@ class NvmlBackend:
         values = self._try_static(self._nvml.nvmlDeviceGetFieldValues, handle, ids)
         if values is None:
             return out
-        for entry in values:
-            if entry.nvmlReturn == NVML_SUCCESS:
-                try:
-                    out[int(entry.fieldId)] = decode_field_value(entry)
-                except ValueError:
-                    continue
+        for (fid, _), (ret, value) in zip(ids, read_field_values(values), strict=False):
+            if ret == NVML_SUCCESS and value is not None:
+                out[fid] = value
         return out
 
     def close(self) -> None:
@@ -479,6 +549,14 @@ class NvmlBackend:
         gpu = self._gpu(index)
         with gpu.lock:
             return gpu.not_supported()
+
+    def field_batch(self, index: int) -> list[tuple[int, int]]:
+        """The ``(fieldId, scopeId)`` list the next poll of this GPU asks in one call."""
+        gpu = self._gpu(index)
+        with gpu.lock:
+            if gpu.batch_dirty:
+                gpu.rebuild_batch()
+            return list(gpu.batch_ids)
 
     # -- sampling -------------------------------------------------------------------------
 
@@ -724,16 +802,11 @@ class NvmlBackend:
                 errors[_label(spec, link)] = str(err)
             return
         specs = gpu.batch_specs
-        for i, entry in enumerate(values):
-            spec, link = specs[i]
-            ret = entry.nvmlReturn
+        for (spec, link), (ret, value) in zip(specs, read_field_values(values), strict=False):
             if ret == NVML_SUCCESS:
-                try:
-                    value = decode_field_value(entry)
-                except ValueError as exc:
-                    errors[_label(spec, link)] = str(exc)
-                    continue
-                if link is None:
+                if value is None:
+                    errors[_label(spec, link)] = f"field {spec.field_id}: unknown valueType"
+                elif link is None:
                     fields[spec.name] = value * spec.scale if spec.scale != 1.0 else value
                 elif spec.field_id == FI_DEV_NVLINK_GET_STATE:
                     link_fields[link][spec.name] = 1.0 if value == NVLINK_STATE_ACTIVE else 0.0

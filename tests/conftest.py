@@ -1,0 +1,100 @@
+"""Shared fixtures: free ports, the daemon as a subprocess, real Prometheus."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+GPUWATCHD = [sys.executable, "-m", "gpuwatchd"]
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--update-golden", action="store_true",
+                     help="rewrite golden files from the current output")
+
+
+@pytest.fixture
+def update_golden(request: pytest.FixtureRequest) -> bool:
+    return bool(request.config.getoption("--update-golden"))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_http(url: str, timeout: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout
+    last: Exception | None = None
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(url, timeout=1.0):
+                return
+        except Exception as exc:  # noqa: BLE001 - keep trying until the deadline
+            last = exc
+            time.sleep(0.05)
+    raise AssertionError(f"{url} did not answer within {timeout}s: {last}")
+
+
+def need_binary(name: str) -> str:
+    """A real tool the test needs; a missing one fails the test and says why."""
+    path = shutil.which(name)
+    if path is None:
+        pytest.fail(f"{name} is not installed: run scripts/bootstrap.sh (apt package needed)")
+    return path
+
+
+class Proc:
+    def __init__(self, args: list[str], log: Path, env: dict[str, str] | None = None) -> None:
+        self.log = log
+        self._fh = open(log, "wb")  # noqa: SIM115 - closed in stop()
+        self.popen = subprocess.Popen(args, stdout=self._fh, stderr=subprocess.STDOUT,
+                                      env=env, cwd=ROOT)
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def stop(self) -> int:
+        if self.popen.poll() is None:
+            self.popen.terminate()
+            try:
+                self.popen.wait(10)
+            except subprocess.TimeoutExpired:
+                self.popen.kill()
+                self.popen.wait()
+        self._fh.close()
+        return self.popen.returncode
+
+
+@pytest.fixture
+def daemon_factory(tmp_path: Path) -> Iterator[object]:
+    procs: list[Proc] = []
+
+    def start(*extra: str, port: int | None = None) -> tuple[Proc, str]:
+        port = port or free_port()
+        env = dict(os.environ, STATE_DIRECTORY=str(tmp_path / "state"), PYTHONUNBUFFERED="1")
+        proc = Proc([*GPUWATCHD, "run", "--listen", f"127.0.0.1:{port}", *extra],
+                    tmp_path / f"gpuwatchd-{port}.log", env)
+        procs.append(proc)
+        url = f"http://127.0.0.1:{port}"
+        try:
+            wait_http(url + "/healthz")
+        except AssertionError as exc:
+            proc.stop()
+            raise AssertionError(f"{exc}\ndaemon output:\n{proc.output()}") from None
+        return proc, url
+
+    yield start
+    for proc in procs:
+        proc.stop()

@@ -1,0 +1,104 @@
+"""The poller keeps every healthy GPU fresh while one is lost or stalled."""
+
+from __future__ import annotations
+
+import time
+import urllib.request
+
+from gpuwatchd.clock import SystemClock
+from gpuwatchd.config import default_config
+from gpuwatchd.daemon import Daemon
+from gpuwatchd.poller import Poller, Record
+from gpuwatchd.records import DeviceEvent, DeviceEventKind, GpuStatus
+from gpuwatchd.snapshot import NodeState
+from gpuwatchd.testing.fake_backend import FakeBackend
+
+
+def _poller(backend: FakeBackend, interval: float, timeout: float,
+            records: list[Record]) -> tuple[Poller, NodeState]:
+    clock = SystemClock()
+    state = NodeState("n1", clock.now())
+    infos = backend.open()
+    state.set_gpus(infos, clock.now())
+    return Poller(backend, infos, state, clock, interval, timeout, records.append), state
+
+
+def _events(records: list[Record]) -> list[tuple[DeviceEventKind, int]]:
+    return [(r.kind, r.gpu) for r in records if isinstance(r, DeviceEvent)]
+
+
+def test_lost_gpu_is_a_record_and_others_keep_reporting() -> None:
+    backend = FakeBackend(count=8)
+    records: list[Record] = []
+    poller, state = _poller(backend, 1.0, 1.0, records)
+    poller.poll_once_sync()
+    backend.lost.add(3)
+    poller.poll_once_sync()
+    poller.poll_once_sync()
+    view = state.view()
+    assert [g.status for g in view.gpus].count(GpuStatus.OK) == 7
+    assert view.gpus[3].status is GpuStatus.LOST
+    assert all(g.polls == 3 for g in view.gpus)
+    backend.lost.discard(3)
+    poller.poll_once_sync()
+    assert _events(records) == [(DeviceEventKind.LOST, 3), (DeviceEventKind.RECOVERED, 3)]
+    assert state.view().gpus[3].status is GpuStatus.OK
+
+
+def test_stalled_gpu_goes_stale_without_delaying_the_others() -> None:
+    backend = FakeBackend(count=8)
+    records: list[Record] = []
+    poller, state = _poller(backend, 0.1, 0.15, records)
+    gate = backend.block(5)
+    poller.start()
+    try:
+        time.sleep(0.8)
+        view = state.view()
+        # stale within two intervals of the stalled call's start
+        assert view.gpus[5].status is GpuStatus.STALE
+        stale_event = next(r for r in records if isinstance(r, DeviceEvent)
+                           and r.kind is DeviceEventKind.STALE)
+        assert stale_event.timestamp - view.started_at < 0.1 + 0.15 + 0.1
+        # the other seven kept polling at their interval: about 8 polls each by now
+        for g in view.gpus:
+            if g.info.index != 5:
+                assert g.polls >= 5, (g.info.index, g.polls)
+                assert g.status is GpuStatus.OK
+        assert backend.calls[5] == 1  # a stuck GPU is not given more work
+        gate.set()
+        time.sleep(0.3)
+        assert state.view().gpus[5].status is GpuStatus.OK
+        assert (DeviceEventKind.FRESH, 5) in _events(records)
+    finally:
+        poller.stop()
+
+
+def test_scrapes_answer_fast_while_a_gpu_hangs() -> None:
+    import dataclasses
+
+    config = default_config()
+    config = dataclasses.replace(
+        config, poll=dataclasses.replace(config.poll, interval=0.1, call_timeout=0.2))
+    backend = FakeBackend(count=8)
+    gate = backend.block(2)
+    daemon = Daemon(config, backend, SystemClock(), listen=("127.0.0.1", 0))
+    daemon.start()
+    try:
+        assert daemon.http is not None
+        url = daemon.http.url
+        time.sleep(0.4)
+        worst = 0.0
+        for _ in range(30):
+            start = time.perf_counter()
+            with urllib.request.urlopen(url + "/metrics", timeout=2) as resp:
+                body = resp.read().decode()
+            worst = max(worst, time.perf_counter() - start)
+        assert worst < 0.05, f"slowest scrape {worst * 1000:.1f} ms"
+        assert 'gpuwatchd_gpu_status{gpu="2",' in body
+        assert 'status="stale"} 1.0' in body
+        with urllib.request.urlopen(url + "/healthz", timeout=2) as resp:
+            assert resp.status == 200
+            assert "2:stale" in resp.read().decode()
+    finally:
+        gate.set()
+        daemon.stop()
