@@ -20,6 +20,9 @@ from .errors import BackendUnavailable, ConfigError
 
 log = logging.getLogger("gpuwatchd")
 
+# Modules that add subcommands: each has ``add_parser(subparsers)`` and sets ``func``.
+COMMAND_MODULES: tuple[str, ...] = ("cli_xid",)
+
 
 def _load(args: argparse.Namespace) -> Config:
     path = args.config or DEFAULT_CONFIG_PATH
@@ -264,12 +267,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=float, default=5.0, help="seconds to wait")
     p.set_defaults(func=cmd_status)
 
-    try:
-        from .cli_xid import add_parser as add_xid
-    except ImportError:  # pragma: no cover - the xid package is part of the distribution
-        pass
-    else:
-        add_xid(sub)
+    import importlib
+
+    for name in COMMAND_MODULES:
+        module = importlib.import_module(f"gpuwatchd.{name}")
+        module.add_parser(sub)
     return parser
 
 
