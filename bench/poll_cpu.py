@@ -33,8 +33,14 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from gpuwatchd.backend.nvml import NvmlBackend, read_field_values
-from gpuwatchd.clock import SystemClock
+from gpuwatchd.backend.nvml import (
+    DEFAULT_SLOW_INTERVAL_S,
+    GPU_FIELD_IDS,
+    LINK_FIELD_IDS,
+    NvmlBackend,
+    read_field_values,
+)
+from gpuwatchd.clock import SystemClock, VirtualClock
 
 SMI_QUERY = [
     "nvidia-smi",
@@ -138,19 +144,17 @@ def cpu_per_call(fn: Callable[[], Any], iterations: int) -> tuple[float, float]:
 
 
 def interleaved(
-    a: Callable[[], Any], b: Callable[[], Any], iterations: int, rounds: int = 4
-) -> tuple[tuple[float, float], tuple[float, float]]:
+    variants: list[Callable[[], Any]], iterations: int, rounds: int = 4
+) -> list[tuple[float, float]]:
+    """(CPU, wall) seconds per call of each variant, run in turn for ``rounds`` rounds."""
     per_round = max(1, iterations // rounds)
-    ta = [0.0, 0.0]
-    tb = [0.0, 0.0]
+    totals = [[0.0, 0.0] for _ in variants]
     for _ in range(rounds):
-        ca, wa = cpu_per_call(a, per_round)
-        cb, wb = cpu_per_call(b, per_round)
-        ta[0] += ca / rounds
-        ta[1] += wa / rounds
-        tb[0] += cb / rounds
-        tb[1] += wb / rounds
-    return (ta[0], ta[1]), (tb[0], tb[1])
+        for total, fn in zip(totals, variants, strict=True):
+            cpu, wall = cpu_per_call(fn, per_round)
+            total[0] += cpu / rounds
+            total[1] += wall / rounds
+    return [(c, w) for c, w in totals]
 
 
 def time_nvidia_smi(calls: int) -> dict[str, Any] | None:
@@ -174,18 +178,41 @@ def breakdown(nv: Any, backend: NvmlBackend, index: int, iterations: int) -> lis
     """CPU per single call, for what the two polls are made of."""
     handle = nv.nvmlDeviceGetHandleByIndex(index)
     batch = backend.field_batch(index)
+    fast = backend.field_batch(index, full=False)
     answer = nv.nvmlDeviceGetFieldValues(handle, batch)
+    names = {s.field_id: s.name for s in (*GPU_FIELD_IDS, *LINK_FIELD_IDS)}
+    names.update(
+        {
+            74: "perf policy power",
+            75: "perf policy thermal",
+            185: "power average",
+            186: "power instant",
+        }
+    )
     calls: list[tuple[str, Callable[[], Any]]] = [
         (
-            f"nvmlDeviceGetFieldValues ({len(batch)} ids, backend batch)",
+            f"nvmlDeviceGetFieldValues ({len(batch)} ids, full batch)",
             lambda: nv.nvmlDeviceGetFieldValues(handle, batch),
+        ),
+        (
+            f"nvmlDeviceGetFieldValues ({len(fast)} ids, fast batch)",
+            lambda: nv.nvmlDeviceGetFieldValues(handle, fast),
         ),
         (f"  decode {len(batch)} entries (raw buffer)", lambda: read_field_values(answer)),
         (
             f"  decode {len(batch)} entries (attributes)",
             lambda: read_field_values(answer, raw=False),
         ),
-        ("nvmlDeviceGetFieldValues (1 id: 82)", lambda: nv.nvmlDeviceGetFieldValues(handle, [82])),
+    ]
+    one_ids = sorted({fid for fid, scope in batch if scope == 0} | {74, 75, 185, 186})
+    for fid in one_ids:
+        calls.append(
+            (
+                f"  field {fid} alone ({names.get(fid, '?')})",
+                functools.partial(nv.nvmlDeviceGetFieldValues, handle, [(fid, 0)]),
+            )
+        )
+    calls += [
         ("nvmlDeviceGetTemperature", lambda: nv.nvmlDeviceGetTemperature(handle, 0)),
         ("nvmlDeviceGetPowerUsage", lambda: nv.nvmlDeviceGetPowerUsage(handle)),
         (
@@ -218,6 +245,20 @@ def breakdown(nv: Any, backend: NvmlBackend, index: int, iterations: int) -> lis
         ),
         ("nvmlDeviceGetNvLinkState(0)", lambda: nv.nvmlDeviceGetNvLinkState(handle, 0)),
     ]
+    if hasattr(nv, "_nvmlGetFunctionPointer"):  # real pynvml: the C call alone, no wrapper
+        import ctypes
+
+        c_fn = nv._nvmlGetFunctionPointer("nvmlDeviceGetFieldValues")
+        prebuilt = (nv.c_nvmlFieldValue_t * len(fast))()
+        for entry, (fid, scope) in zip(prebuilt, fast, strict=True):
+            entry.fieldId, entry.scopeId = fid, scope
+        calls.insert(
+            2,
+            (
+                "  fast batch, C function on a prebuilt array (no pynvml wrapper)",
+                lambda: c_fn(handle, ctypes.c_int32(len(fast)), ctypes.byref(prebuilt)),
+            ),
+        )
     rows = []
     for name, fn in calls:
 
@@ -295,6 +336,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--fake", action="store_true", help="use the fake pynvml (no GPU needed)")
     ap.add_argument("--iterations", type=int, default=2000, help="polls per variant per GPU")
+    ap.add_argument(
+        "--poll-interval", type=float, default=1.0, help="daemon poll interval to model (s)"
+    )
     ap.add_argument("--smi-calls", type=int, default=20, help="nvidia-smi calls to time")
     ap.add_argument("--breakdown", action="store_true", help="CPU per individual NVML call")
     ap.add_argument("--dump", type=Path, help="write GpuInfo, samples and checks as JSON")
@@ -366,41 +410,70 @@ def main(argv: list[str] | None = None) -> int:
             print(f"GPU {g['info']['index']} NOT_SUPPORTED: {', '.join(g['not_supported']) or '-'}")
         print()
 
-    header = (
-        f"{'GPU':>3}  {'backend CPU us':>14}  {'plain CPU us':>12}  {'ratio':>6}  "
-        f"{'backend wall us':>15}  {'plain wall us':>13}  {'fields b/p':>10}"
+    # Three variants per GPU, interleaved:
+    #  cadence: the backend as the daemon runs it (slow fields every 10 s), polled every
+    #           --poll-interval seconds of a virtual clock (NVML itself is real)
+    #  every:   the backend reading every field on every poll (slow_interval_s=0)
+    #  plain:   one pynvml getter per field
+    vclock = VirtualClock()
+    cadence = NvmlBackend(vclock, nvml=nv)
+    cadence.open()
+    every = NvmlBackend(SystemClock(), nvml=nv, slow_interval_s=0)
+    every.open()
+    print(
+        f"CPU per poll (us), {args.iterations} polls per variant, interleaved in 4 rounds;"
+        f" cadence = slow fields every {DEFAULT_SLOW_INTERVAL_S:g} s at one poll per"
+        f" {args.poll_interval:g} s"
     )
-    print(f"CPU per poll, {args.iterations} polls per variant, interleaved in 4 rounds")
-    print(header)
+    print(
+        f"{'GPU':>3}  {'cadence':>9}  {'every':>9}  {'plain':>9}  {'cad/plain':>9}  "
+        f"{'every/plain':>11}  {'wall c/e/p us':>22}  {'values e/p':>10}"
+    )
     for info in infos:
         i = info.index
         handle = nv.nvmlDeviceGetHandleByIndex(i)
         plain = plain_poller(nv, handle, info.nvlink_count)
-        sample = backend.sample(i)
+        for b in (cadence, every):
+            for _ in range(3):
+                b.sample(i)
+        sample = every.sample(i)
         n_backend = len(sample.fields) + sum(len(ls.fields) for ls in sample.links)
         n_plain = len(plain())
-        (bc, bw), (pc, pw) = interleaved(
-            functools.partial(backend.sample, i), plain, args.iterations
+
+        def cadence_poll(i: int = i) -> None:
+            vclock.advance(args.poll_interval)
+            cadence.sample(i)
+
+        (cc, cw), (ec, ew), (pc, pw) = interleaved(
+            [cadence_poll, functools.partial(every.sample, i), plain], args.iterations
         )
-        ratio = bc / pc if pc > 0 else float("nan")
         print(
-            f"{i:>3}  {bc * 1e6:>14.1f}  {pc * 1e6:>12.1f}  {ratio:>5.2f}x  "
-            f"{bw * 1e6:>15.1f}  {pw * 1e6:>13.1f}  {n_backend:>4}/{n_plain:<5}"
+            f"{i:>3}  {cc * 1e6:>9.1f}  {ec * 1e6:>9.1f}  {pc * 1e6:>9.1f}  "
+            f"{cc / pc:>8.2f}x  {ec / pc:>10.2f}x  "
+            f"{cw * 1e6:>7.0f}/{ew * 1e6:>6.0f}/{pw * 1e6:>7.0f}  {n_backend:>4}/{n_plain:<5}"
         )
-        row: dict[str, Any] = {
-            "gpu": i,
-            "name": info.name,
-            "nvlink_count": info.nvlink_count,
-            "backend_cpu_us": bc * 1e6,
-            "plain_cpu_us": pc * 1e6,
-            "ratio": ratio,
-            "backend_wall_us": bw * 1e6,
-            "plain_wall_us": pw * 1e6,
-            "backend_values": n_backend,
-            "plain_values": n_plain,
-            "batch_ids": len(backend.field_batch(i)),
-        }
-        result["gpus"].append(row)
+        result["gpus"].append(
+            {
+                "gpu": i,
+                "name": info.name,
+                "nvlink_count": info.nvlink_count,
+                "poll_interval_s": args.poll_interval,
+                "cadence_cpu_us": cc * 1e6,
+                "every_cpu_us": ec * 1e6,
+                "plain_cpu_us": pc * 1e6,
+                "ratio_cadence": cc / pc,
+                "ratio_every": ec / pc,
+                "cadence_wall_us": cw * 1e6,
+                "every_wall_us": ew * 1e6,
+                "plain_wall_us": pw * 1e6,
+                "backend_values": n_backend,
+                "plain_values": n_plain,
+                "batch_ids_full": len(every.field_batch(i)),
+                "batch_ids_fast": len(every.field_batch(i, full=False)),
+            }
+        )
+    cadence.close()
+    every.close()
     print()
 
     if args.breakdown:

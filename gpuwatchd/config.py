@@ -104,6 +104,19 @@ class MetricsConfig:
     per_link: bool = True
 
 
+KERNEL_LOG_CHOICES = ("auto", "journald", "kmsg", "none")
+
+
+@dataclass(frozen=True)
+class SourcesConfig:
+    kernel_log: str = "auto"
+    journal_dir: str | None = None
+    kmsg_path: str = "/dev/kmsg"
+    nvml_events: bool = True
+    merge_window: float = 3.0
+    backfill: float = 0.0
+
+
 @dataclass(frozen=True)
 class Config:
     node_name: str
@@ -114,6 +127,7 @@ class Config:
     poll: PollConfig
     gpus: GpusConfig
     metrics: MetricsConfig
+    sources: SourcesConfig = field(default_factory=SourcesConfig)
     source: str | None = field(default=None, compare=False, metadata={"internal": True})
     """The file it was loaded from (``None``: built-in defaults only)."""
 
@@ -352,6 +366,32 @@ def _read_metrics(r: Reader, node: Node | None, ctx: _Context) -> MetricsConfig:
     )
 
 
+def _read_sources(r: Reader, node: Node | None, ctx: _Context) -> SourcesConfig:
+    keys = _section_keys(r, node, SourcesConfig, "sources")
+    values: dict[str, Any] = {}
+    if "kernel_log" in keys:
+        values["kernel_log"] = r.string(
+            keys["kernel_log"], "sources.kernel_log", KERNEL_LOG_CHOICES
+        )
+    for name in ("journal_dir", "kmsg_path"):
+        if name in keys and keys[name].value is not None:
+            text = r.string(keys[name], f"sources.{name}")
+            if text is not None and ctx.base_dir is not None and not os.path.isabs(text):
+                text = os.path.normpath(os.path.join(ctx.base_dir, text))
+            values[name] = text
+    if "nvml_events" in keys:
+        values["nvml_events"] = r.boolean(keys["nvml_events"], "sources.nvml_events")
+    if "merge_window" in keys:
+        values["merge_window"] = _duration(
+            r, keys["merge_window"], "sources.merge_window", above=0.0
+        )
+    if "backfill" in keys:
+        values["backfill"] = _duration(r, keys["backfill"], "sources.backfill")
+    return dataclasses.replace(
+        SourcesConfig(), **{k: v for k, v in values.items() if v is not None}
+    )
+
+
 # -- the table of top-level keys -----------------------------------------------------------
 @dataclass(frozen=True)
 class _Entry(Generic[T]):
@@ -383,6 +423,7 @@ _ENTRIES: dict[str, _Entry[Any]] = {
     "poll": _section_entry(PollConfig, _read_poll),
     "gpus": _section_entry(GpusConfig, _read_gpus),
     "metrics": _section_entry(MetricsConfig, _read_metrics),
+    "sources": _section_entry(SourcesConfig, _read_sources),
 }
 
 

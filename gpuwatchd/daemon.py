@@ -16,15 +16,27 @@ from . import __version__
 from .backend import Backend
 from .clock import Clock
 from .config import Config
-from .errors import BackendError
+from .errors import BackendError, ConfigError
+from .exposition import Families
 from .fields import decode_clock_event_reasons
+from .heartbeat import HeartbeatRegistry
 from .httpd import HttpServer
 from .metrics import MetricsRenderer
-from .poller import Emit, Poller
-from .records import GpuInfo, GpuStatus
-from .snapshot import GpuState, NodeState
+from .pipeline import Pipeline
+from .poller import Emit, Poller, Record
+from .records import GpuInfo, GpuStatus, XidEvent
+from .snapshot import GpuState, NodeState, NodeView
+from .sources.wiring import XidInputs
 
 log = logging.getLogger(__name__)
+
+ReloadHook = Callable[[Config], Callable[[], None] | None]
+"""Called by ``Daemon.reload`` with the new config: load and validate everything it needs
+(rule files, receivers), raising ``ConfigError`` to reject the reload; return a function
+that swaps it in (called only when every hook succeeded), or ``None``."""
+
+RESTART_ONLY = ("node_name", "listen", "backend", "state_dir", "poll", "gpus", "metrics")
+"""Config keys a reload does not change (the running value stays until a restart)."""
 
 STATUS_FIELDS = (
     "temperature_gpu",
@@ -82,18 +94,23 @@ class Daemon:
         emit: Emit | None = None,
         listen: tuple[str, int] | None = None,
         serve_http: bool = True,
+        pipeline: Pipeline | None = None,
     ) -> None:
         self.config = config
         self.backend = backend
         self.clock = clock
-        self.emit = emit
+        self.pipeline = pipeline or Pipeline()
+        self._user_emit = emit
+        self.emit: Emit = self._record
         self.state = NodeState(config.node_name, clock.now(), config.gpus.expected)
         self.renderer = MetricsRenderer(
             self.state.view,
             per_link=config.metrics.per_link,
             dcgm_compat=config.metrics.dcgm_compat,
             hostname_label=config.metrics.hostname_label,
+            extra_families=(self.pipeline.families, self._xid_families),
         )
+        self.xids = XidInputs(config, backend, clock, self._xid, self._source_status)
         self._listen = listen or (config.listen.host, config.listen.port)
         self._serve_http = serve_http
         self.http: HttpServer | None = None
@@ -104,6 +121,51 @@ class Daemon:
         self._last_progress = clock.monotonic()
         self.on_stop: list[Callable[[], None]] = []
         self._events_thread: threading.Thread | None = None
+        self._eval_thread: threading.Thread | None = None
+        self.evaluations = 0
+        self.heartbeats = HeartbeatRegistry(clock)  # worker liveness (watchdog, /healthz)
+        self.reload_hooks: list[ReloadHook] = []
+        self.config_loader: Callable[[], Config] | None = None  # set by `run` (CLI overrides)
+
+    def _source_status(self, name: str, up: bool, detail: str) -> None:
+        self.state.source(name, up=up, now=self.clock.now(), detail=detail)
+
+    def _xid_families(self, view: NodeView, fams: Families) -> None:
+        self.xids.families(fams)
+
+    def _xid(self, event: XidEvent) -> None:
+        """A merged, trusted XID incident from the kernel log and/or NVML events."""
+        if event.trusted:
+            self.state.count_xid(event.gpu, event.xid)
+        log.warning(
+            "XID %d on GPU %s (%s) via %s: %s",
+            event.xid,
+            event.gpu,
+            event.pci_bus_id,
+            event.source,
+            event.message or "-",
+        )
+        self.emit(event)
+
+    def _record(self, record: Record) -> None:
+        self.pipeline.observe(record)
+        if self._user_emit is not None:
+            self._user_emit(record)
+
+    def _evaluate_loop(self) -> None:
+        """Evaluate the rules once per poll interval, half an interval after each poll."""
+        interval = self.config.poll.interval
+        self.clock.wait(self._stopped, interval / 2)
+        while not self._stopped.is_set():
+            start = self.clock.monotonic()
+            try:
+                self.pipeline.evaluate(self.clock.now(), self.state.view())
+            except Exception:  # the evaluator must outlive one bad evaluation
+                log.exception("rule evaluation failed")
+            self.evaluations += 1
+            self.state.touch()
+            elapsed = self.clock.monotonic() - start
+            self.clock.wait(self._stopped, max(0.0, interval - elapsed))
 
     # -- lifecycle -------------------------------------------------------------------
     def open_backend(self) -> None:
@@ -115,6 +177,7 @@ class Daemon:
             log.error("GPU backend %s unavailable: %s", self.backend.name, exc)
             return
         self.infos = filter_ignored(infos, self.config.gpus.ignore)
+        self.xids.set_gpus(infos)
         self.state.set_gpus(self.infos, self.clock.now())
         log.info(
             "backend %s: %d GPU(s): %s",
@@ -134,9 +197,15 @@ class Daemon:
 
     def start(self) -> None:
         self.open_backend()
+        self.xids.start()
         if self.poller is not None:
             self.poller.start()
-            if hasattr(self.backend, "wait_xid_events"):
+            self._eval_thread = threading.Thread(
+                target=self._evaluate_loop, name="evaluate", daemon=True
+            )
+            self._eval_thread.start()
+            self._watch_workers()
+            if self.config.sources.nvml_events and hasattr(self.backend, "wait_xid_events"):
                 self._events_thread = threading.Thread(
                     target=self._xid_events, name="nvml-events", daemon=True
                 )
@@ -150,21 +219,77 @@ class Daemon:
     def _xid_events(self) -> None:
         """NVML XID events: the XID number within milliseconds (no text, no history)."""
         wait = self.backend.wait_xid_events  # type: ignore[attr-defined]
+        poll = self.config.poll
+        beat = self.heartbeats.register("nvml-events", 3 * poll.interval + poll.call_timeout + 1)
         while not self._stopped.is_set():
+            beat.beat()
             try:
                 events = wait(self.config.poll.interval)
             except BackendError as exc:
+                self.xids.nvml_events_up = False
                 self.state.source("nvml_events", up=False, now=self.clock.now(), detail=str(exc))
                 self.clock.wait(self._stopped, self.config.poll.interval)
                 continue
+            self.xids.nvml_events_up = True
             self.state.source("nvml_events", up=True, now=self.clock.now())
             for event in events:
                 if self._stopped.is_set():
                     return
-                self.state.count_xid(event.gpu, event.xid)
-                log.warning("NVML XID %d on GPU %s (%s)", event.xid, event.gpu, event.pci_bus_id)
-                if self.emit is not None:
-                    self.emit(event)
+                self.xids.nvml_event(event)
+
+    def _watch_workers(self) -> None:
+        """Register the poll scheduler and the evaluator with the liveness registry."""
+        assert self.poller is not None
+        poller = self.poller
+        limit = 3 * self.config.poll.interval + 1.0  # as in health()
+        self.heartbeats.watch("poller", lambda: poller.cycles, limit)
+        self.heartbeats.watch("evaluator", lambda: self.evaluations, limit)
+
+    def wait_started(self, timeout: float) -> bool:
+        """Wait until every GPU has answered its first poll or been marked not OK."""
+        deadline = self.clock.monotonic() + timeout
+        while self.poller is not None:
+            view = self.state.view()
+            if all(g.polls > 0 or g.status is not GpuStatus.OK for g in view.gpus):
+                return True
+            if self.clock.monotonic() >= deadline or self.clock.wait(self._stopped, 0.02):
+                return False
+        return True
+
+    def reload(self) -> bool:
+        """Re-read the config file (SIGHUP); True when the new config is in effect.
+
+        A config that does not load leaves everything as it was and logs each problem as
+        ``PATH:LINE:COL: message``. Keys in ``RESTART_ONLY`` keep their running values
+        (a warning names any that changed). Components that can change live (rule files,
+        receivers, the log level) add a ``ReloadHook`` to ``reload_hooks``.
+        """
+        import dataclasses
+
+        from .config import load_config
+
+        old = self.config
+        try:
+            if self.config_loader is not None:
+                new = self.config_loader()
+            else:
+                new = load_config(old.source, must_exist=old.source is not None)
+            commits = [hook(new) for hook in self.reload_hooks]
+        except ConfigError as exc:
+            for line in exc.lines():
+                log.error("%s", line)
+            log.error("reload failed: keeping the running configuration")
+            return False
+        kept = {k: getattr(old, k) for k in RESTART_ONLY}
+        changed = [k for k, v in kept.items() if getattr(new, k) != v]
+        if changed:
+            log.warning("reload: %s changed; takes effect after a restart", ", ".join(changed))
+        self.config = dataclasses.replace(new, **kept)
+        for commit in commits:
+            if commit is not None:
+                commit()
+        log.info("reloaded configuration from %s", new.source or "built-in defaults")
+        return True
 
     def stop(self) -> None:
         if self._stopped.is_set():
@@ -174,8 +299,12 @@ class Daemon:
             self.poller.stop()
         if self.http is not None:
             self.http.stop()
+        self.xids.stop()
+        if self._eval_thread is not None:
+            self._eval_thread.join(2.0)
         for hook in self.on_stop:
             hook()
+        self.pipeline.close()
         try:
             self.backend.close()
         except BackendError as exc:  # pragma: no cover - shutdown best effort
@@ -194,6 +323,9 @@ class Daemon:
         stalled_for = now - self._last_progress
         if stalled_for > 3 * self.config.poll.interval + 1.0:
             return False, f"poll scheduler made no progress for {stalled_for:.1f}s"
+        stalls = self.heartbeats.check()
+        if stalls:
+            return False, "; ".join(str(s) for s in stalls)
         view = self.state.view()
         bad = [
             f"{g.info.index}:{g.status.value}" for g in view.gpus if g.status is not GpuStatus.OK

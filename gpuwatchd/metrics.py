@@ -261,10 +261,11 @@ class MetricsRenderer:
         per_link: bool = True,
         dcgm_compat: bool = False,
         hostname_label: bool = True,
+        extra_families: tuple[ExtraFamilies, ...] = (),
     ) -> None:
         self._view = view
         self.per_link = per_link
-        extra: list[ExtraFamilies] = []
+        extra: list[ExtraFamilies] = list(extra_families)
         if dcgm_compat:
             from .dcgm_compat import dcgm_families
 

@@ -17,10 +17,12 @@ from .backend.scenario import ScenarioBackend
 from .clock import VirtualClock
 from .config import Config
 from .metrics import MetricsRenderer
+from .pipeline import Pipeline
 from .poller import Poller, Record
 from .records import DeviceEvent, GpuSample, XidEvent
 from .scenario import Scenario, format_duration
 from .snapshot import NodeState
+from .sources.wiring import XidInputs
 
 SIM_EPOCH = 1_767_225_600.0  # 2026-01-01T00:00:00Z: fixed, so output is reproducible
 
@@ -38,6 +40,7 @@ class Simulation:
     clock: VirtualClock = field(default_factory=lambda: VirtualClock(SIM_EPOCH))
     on_record: Callable[[dict[str, Any]], None] = lambda record: None
     include_samples: bool = False
+    pipeline: Pipeline = field(default_factory=Pipeline)
 
     def __post_init__(self) -> None:
         self.backend = ScenarioBackend(self.scenario, self.clock, real_stalls=False)
@@ -47,10 +50,16 @@ class Simulation:
             per_link=self.config.metrics.per_link,
             dcgm_compat=self.config.metrics.dcgm_compat,
             hostname_label=self.config.metrics.hostname_label,
+            extra_families=(self.pipeline.families, lambda v, f: self.xids.families(f)),
+        )
+        self.xids = XidInputs(
+            self.config, self.backend, self.clock, self._xid, self._source_status, durable=False
         )
         self.t0 = self.clock.now()
         infos = self.backend.open()
         self.state.set_gpus(infos, self.t0)
+        self.xids.set_gpus(infos)
+        self.xids.nvml_events_up = self.config.sources.nvml_events
         self.poller = Poller(
             self.backend,
             infos,
@@ -67,6 +76,7 @@ class Simulation:
         self.on_record({"t": format_duration(now - self.t0), "time": iso(now), **record})
 
     def _emit(self, record: Record) -> None:
+        self.pipeline.observe(record)
         if isinstance(record, GpuSample):
             if self.include_samples:
                 self._out({"record": "sample", **record.as_dict()})
@@ -74,9 +84,13 @@ class Simulation:
             self._out(record.as_dict())
 
     def _xid(self, event: XidEvent) -> None:
+        self.pipeline.observe(event)
         if event.trusted:
             self.state.count_xid(event.gpu, event.xid)
         self._out(event.as_dict())
+
+    def _source_status(self, name: str, up: bool, detail: str) -> None:
+        self.state.source(name, up=up, now=self.clock.now(), detail=detail)
 
     def _notes(self, until: float) -> None:
         notes = self.scenario.notes
@@ -88,9 +102,13 @@ class Simulation:
     def step(self) -> None:
         elapsed = self.clock.now() - self.t0
         self._notes(elapsed)
-        for event in self.backend.wait_xid_events(0.0):
-            self._xid(event)
+        if self.config.sources.nvml_events:
+            for event in self.backend.wait_xid_events(0.0):
+                self.xids.nvml_event(event)
+        self.xids.pump(self.clock.now(), self.clock.monotonic())
         self.poller.poll_once_sync()
+        for transition in self.pipeline.evaluate(self.clock.now(), self.state.view()):
+            self._out(transition.as_dict())
 
     def run(self) -> None:
         duration = self.scenario.duration
@@ -103,6 +121,11 @@ class Simulation:
             if t > duration + 1e-9:
                 break
             self.clock.set(self.t0 + t)
+        self.finish()
+
+    def finish(self) -> None:
+        """Flush XID reports still waiting for a partner."""
+        self.xids.merger.expire(float("inf"))
 
     def exposition(self) -> bytes:
         return self.renderer.families().render()

@@ -148,6 +148,11 @@ class NodeState:
             self._last_xid[gpu] = xid
             self._touch()
 
+    def touch(self) -> None:
+        """Mark the view changed (e.g. rule counters moved) so cached renders refresh."""
+        with self._lock:
+            self._touch()
+
     # -- readers ---------------------------------------------------------------------
     @property
     def version(self) -> int:

@@ -19,8 +19,9 @@ GPUWATCHD = [sys.executable, "-m", "gpuwatchd"]
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    parser.addoption("--update-golden", action="store_true",
-                     help="rewrite golden files from the current output")
+    parser.addoption(
+        "--update-golden", action="store_true", help="rewrite golden files from the current output"
+    )
 
 
 @pytest.fixture
@@ -41,7 +42,7 @@ def wait_http(url: str, timeout: float = 15.0) -> None:
         try:
             with urllib.request.urlopen(url, timeout=1.0):
                 return
-        except Exception as exc:  # noqa: BLE001 - keep trying until the deadline
+        except Exception as exc:
             last = exc
             time.sleep(0.05)
     raise AssertionError(f"{url} did not answer within {timeout}s: {last}")
@@ -59,8 +60,9 @@ class Proc:
     def __init__(self, args: list[str], log: Path, env: dict[str, str] | None = None) -> None:
         self.log = log
         self._fh = open(log, "wb")  # noqa: SIM115 - closed in stop()
-        self.popen = subprocess.Popen(args, stdout=self._fh, stderr=subprocess.STDOUT,
-                                      env=env, cwd=ROOT)
+        self.popen = subprocess.Popen(
+            args, stdout=self._fh, stderr=subprocess.STDOUT, env=env, cwd=ROOT
+        )
 
     def output(self) -> str:
         return self.log.read_text(errors="replace")
@@ -84,8 +86,11 @@ def daemon_factory(tmp_path: Path) -> Iterator[object]:
     def start(*extra: str, port: int | None = None) -> tuple[Proc, str]:
         port = port or free_port()
         env = dict(os.environ, STATE_DIRECTORY=str(tmp_path / "state"), PYTHONUNBUFFERED="1")
-        proc = Proc([*GPUWATCHD, "run", "--listen", f"127.0.0.1:{port}", *extra],
-                    tmp_path / f"gpuwatchd-{port}.log", env)
+        proc = Proc(
+            [*GPUWATCHD, "run", "--listen", f"127.0.0.1:{port}", *extra],
+            tmp_path / f"gpuwatchd-{port}.log",
+            env,
+        )
         procs.append(proc)
         url = f"http://127.0.0.1:{port}"
         try:

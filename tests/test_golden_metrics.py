@@ -23,7 +23,9 @@ def simulate_metrics(tmp_path: Path, config_text: str) -> str:
     out = tmp_path / "metrics.txt"
     subprocess.run(
         [*GPUWATCHD, "simulate", "demo", "-c", str(config), "--metrics-out", str(out)],
-        check=True, capture_output=True, cwd=ROOT,
+        check=True,
+        capture_output=True,
+        cwd=ROOT,
     )
     return out.read_text()
 
@@ -41,10 +43,15 @@ def test_metrics_match_golden(tmp_path: Path, update_golden: bool) -> None:
     if text != expected:
         import difflib
 
-        diff = "".join(difflib.unified_diff(expected.splitlines(True), text.splitlines(True),
-                                            "golden", "now", n=1))
-        raise AssertionError("metrics differ from tests/golden/metrics.txt "
-                             "(--update-golden rewrites it):\n" + diff[:6000])
+        diff = "".join(
+            difflib.unified_diff(
+                expected.splitlines(True), text.splitlines(True), "golden", "now", n=1
+            )
+        )
+        raise AssertionError(
+            "metrics differ from tests/golden/metrics.txt "
+            "(--update-golden rewrites it):\n" + diff[:6000]
+        )
 
 
 def test_golden_tells_the_story(tmp_path: Path) -> None:
@@ -57,15 +64,17 @@ def test_golden_tells_the_story(tmp_path: Path) -> None:
     assert not re.search(r'gpuwatchd_gpu_temperature_celsius\{gpu="3",', text)
     assert re.search(r'gpuwatchd_xid_errors_total\{gpu="3",[^}]*xid="79"\} 1\.0', text)
     corrected = re.search(
-        r'gpuwatchd_ecc_volatile_errors_total\{gpu="5",[^}]*type="corrected"\} (\S+)', text)
+        r'gpuwatchd_ecc_volatile_errors_total\{gpu="5",[^}]*type="corrected"\} (\S+)', text
+    )
     assert corrected is not None and float(corrected.group(1)) > 100
 
 
 def test_promtool_lints_exposition_clean(tmp_path: Path) -> None:
     promtool = need_binary("promtool")
     text = simulate_metrics(tmp_path, "node_name: golden-node\n")
-    result = subprocess.run([promtool, "check", "metrics"], input=text.encode(),
-                            capture_output=True, check=False)
+    result = subprocess.run(
+        [promtool, "check", "metrics"], input=text.encode(), capture_output=True, check=False
+    )
     assert result.returncode == 0, result.stdout.decode() + result.stderr.decode()
     assert result.stdout.decode().strip() == ""
 
@@ -73,8 +82,9 @@ def test_promtool_lints_exposition_clean(tmp_path: Path) -> None:
 def test_dcgm_compat_series_parse_and_keep_dcgm_names(tmp_path: Path) -> None:
     promtool = need_binary("promtool")
     text = simulate_metrics(tmp_path, "node_name: n1\nmetrics:\n  dcgm_compat: true\n")
-    result = subprocess.run([promtool, "check", "metrics"], input=text.encode(),
-                            capture_output=True, check=False)
+    result = subprocess.run(
+        [promtool, "check", "metrics"], input=text.encode(), capture_output=True, check=False
+    )
     # 1 would be a parse error. 3 is lint only, and only for dcgm-exporter's own
     # naming (camelCase labels such as modelName, a name containing "COUNTER").
     assert result.returncode in (0, 3), result.stderr.decode()
@@ -88,10 +98,19 @@ def test_dcgm_compat_series_parse_and_keep_dcgm_names(tmp_path: Path) -> None:
         "metric name should not include type 'counter'",
     }
     # the six series Grafana dashboard 12239 queries (all but the DCP tensor one)
-    for name in ("DCGM_FI_DEV_GPU_TEMP", "DCGM_FI_DEV_POWER_USAGE", "DCGM_FI_DEV_SM_CLOCK",
-                 "DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_FB_USED"):
-        assert re.search(rf'^{name}\{{gpu="0",UUID="GPU-[^"]+",pci_bus_id="[^"]+",'
-                         r'device="nvidia0",modelName="[^"]+",Hostname="n1",', text, re.M), name
+    for name in (
+        "DCGM_FI_DEV_GPU_TEMP",
+        "DCGM_FI_DEV_POWER_USAGE",
+        "DCGM_FI_DEV_SM_CLOCK",
+        "DCGM_FI_DEV_GPU_UTIL",
+        "DCGM_FI_DEV_FB_USED",
+    ):
+        assert re.search(
+            rf'^{name}\{{gpu="0",UUID="GPU-[^"]+",pci_bus_id="[^"]+",'
+            r'device="nvidia0",modelName="[^"]+",Hostname="n1",',
+            text,
+            re.M,
+        ), name
     sm = re.search(r'^DCGM_FI_DEV_SM_CLOCK\{gpu="0",[^}]*\} (\S+)', text, re.M)
     assert sm is not None and 100 < float(sm.group(1)) < 3000  # MHz, not Hz
 

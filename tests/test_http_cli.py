@@ -10,15 +10,21 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-
 from conftest import GPUWATCHD, ROOT, Proc
 
 STEADY = ROOT / "tests" / "data" / "steady-4gpu.yaml"
 
 
 def cli(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*GPUWATCHD, *args], capture_output=True, text=True, input=stdin,
-                          cwd=ROOT, check=False, timeout=120)
+    return subprocess.run(
+        [*GPUWATCHD, *args],
+        capture_output=True,
+        text=True,
+        input=stdin,
+        cwd=ROOT,
+        check=False,
+        timeout=120,
+    )
 
 
 def test_endpoints(daemon_factory: Callable[..., tuple[Proc, str]]) -> None:
@@ -32,8 +38,9 @@ def test_endpoints(daemon_factory: Callable[..., tuple[Proc, str]]) -> None:
     assert status["gpus"][2]["readings"]["temperature_gpu"] == 71.0
     assert status["gpus"][2]["clock_event_reasons"] == ["sw_power_cap"]
     assert status["sources"]["nvml"]["up"] is True
-    req = urllib.request.Request(url + "/metrics",
-                                 headers={"Accept": "application/openmetrics-text"})
+    req = urllib.request.Request(
+        url + "/metrics", headers={"Accept": "application/openmetrics-text"}
+    )
     with urllib.request.urlopen(req, timeout=5) as resp:
         assert resp.headers["Content-Type"].startswith("application/openmetrics-text")
         body = resp.read().decode()
@@ -42,6 +49,7 @@ def test_endpoints(daemon_factory: Callable[..., tuple[Proc, str]]) -> None:
     with pytest.raises(urllib.error.HTTPError) as err:
         urllib.request.urlopen(url + "/nope", timeout=5)
     assert err.value.code == 404
+    err.value.close()
     # `gpuwatchd status` reads the same API
     result = cli("status", "--url", url)
     assert result.returncode == 0, result.stderr
@@ -93,8 +101,14 @@ def test_simulate_is_deterministic() -> None:
 
 
 def test_demo_runs_the_story_quickly() -> None:
-    result = subprocess.run([*GPUWATCHD, "demo", "--seconds", "4", "--listen", "127.0.0.1:0"],
-                            capture_output=True, text=True, cwd=ROOT, timeout=60, check=False)
+    result = subprocess.run(
+        [*GPUWATCHD, "demo", "--seconds", "4", "--listen", "127.0.0.1:0"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=60,
+        check=False,
+    )
     assert result.returncode == 0, result.stderr
     out = result.stdout
     assert "Metrics: http://127.0.0.1:" in out

@@ -156,7 +156,9 @@ def test_sample_fills_every_field_in_base_units() -> None:
     assert f["utilization_gpu"] == pytest.approx(0.87)
     assert f["utilization_memory"] == pytest.approx(0.41)
     assert f["memory_total"] == 81559 * 1024 * 1024
-    assert f["memory_used"] + f["memory_free"] == f["memory_total"]
+    # v2: used excludes the driver's reserve (616 MiB on an idle H200), as nvidia-smi shows
+    assert f["memory_used"] == 0
+    assert f["memory_total"] - f["memory_free"] == 616 * 1024 * 1024
     assert f["violation_power"] == pytest.approx(2.5)
     assert f["violation_thermal"] == pytest.approx(0.001)
     assert f["clock_event_reasons"] == 0x44
@@ -296,11 +298,12 @@ def test_whole_field_value_call_failure_is_reported_per_field() -> None:
 
 
 def test_energy_falls_back_to_getter_when_field_unsupported() -> None:
-    backend, fake, _ = make(False)
+    backend, fake, clock = make(False)
     fake.gpus[0].not_supported_fields.add(83)
     fake.gpus[0].energy_mj = 2_000_000
     backend.open()
     backend.sample(0)
+    clock.advance(10)  # energy is a slow field
     s = backend.sample(0)
     assert s.fields["energy"] == pytest.approx(2000.0)
     assert fake.times_field_requested(83) == 1
@@ -327,6 +330,72 @@ def test_clock_event_reasons_fall_back_to_throttle_variant() -> None:
     assert not s0.errors
 
 
+def test_temperature_v_not_supported_falls_back_to_legacy_getter() -> None:
+    backend, fake, _ = make(False)
+    fake.gpus[0].unsupported_calls.add("nvmlDeviceGetTemperatureV")
+    fake.gpus[0].temperature = 61
+    backend.open()
+    assert backend.sample(0).fields["temperature_gpu"] == 61.0
+    assert backend.sample(0).fields["temperature_gpu"] == 61.0
+    assert fake.calls["nvmlDeviceGetTemperatureV"] == 1
+    assert backend.not_supported(0) == [
+        "field 29 (retired_pages_sbe)",
+        "field 30 (retired_pages_dbe)",
+        "field 31 (retired_pages_pending)",
+    ]
+
+
+def test_slow_fields_are_read_every_slow_interval_and_carried_between() -> None:
+    backend, fake, clock = make(True)
+    gpu = fake.gpus[0]
+    backend.open()
+    full = backend.field_batch(0)
+    fast = backend.field_batch(0, full=False)
+    assert set(full) - set(fast) == {(83, 0), (94, 0)}
+    fake.reset_counts()
+    first = backend.sample(0)  # the first poll reads everything
+    gpu.set_field(83, 9_000_000)
+    gpu.set_field(94, 3, value_type=1)
+    gpu.violation_thermal_ns = 4_000_000_000
+    for _ in range(9):
+        clock.advance(1)
+        s = backend.sample(0)
+        # carried, not re-read
+        assert s.fields["energy"] == first.fields["energy"]
+        assert s.fields["pcie_replay"] == 0 and s.fields["violation_thermal"] == 0
+        assert len(s.links) == 18 and s.links[0].fields["nvlink_up"] == 1
+    assert fake.calls["nvmlDeviceGetViolationStatus"] == 2  # power + thermal, first poll
+    assert fake.times_field_requested(83) == 1
+    assert fake.calls["nvmlDeviceGetFieldValues"] == 10  # still one call per poll
+    clock.advance(1)  # 10 s after the first poll
+    s = backend.sample(0)
+    assert s.fields["energy"] == pytest.approx(9000.0)
+    assert s.fields["pcie_replay"] == 3
+    assert s.fields["violation_thermal"] == pytest.approx(4.0)
+    assert fake.calls["nvmlDeviceGetViolationStatus"] == 4
+
+
+def test_slow_interval_zero_reads_everything_every_poll() -> None:
+    fake = FakeNvml([h100(0)])
+    backend = NvmlBackend(VirtualClock(), nvml=fake, slow_interval_s=0)
+    backend.open()
+    for _ in range(3):
+        backend.sample(0)
+    assert fake.times_field_requested(83) == 3
+    assert fake.calls["nvmlDeviceGetViolationStatus"] == 6
+
+
+def test_memory_info_falls_back_to_v1_on_old_drivers() -> None:
+    backend, fake, _ = make(False, missing_functions={"nvmlDeviceGetMemoryInfo_v2"})
+    backend.open()
+    f = backend.sample(0).fields
+    assert f["memory_used"] == 616 * 1024 * 1024  # v1 counts the reserve as used
+    assert f["memory_used"] + f["memory_free"] == f["memory_total"]
+    backend.sample(0)
+    assert fake.calls["nvmlDeviceGetMemoryInfo_v2"] == 1
+    assert fake.calls["nvmlDeviceGetMemoryInfo"] == 2
+
+
 # --- lost GPUs -------------------------------------------------------------------------
 
 
@@ -336,7 +405,7 @@ def test_gpu_is_lost_anywhere_raises_gpu_lost(where: str) -> None:
     backend.open()
     gpu = fake.gpus[0]
     if where == "getter":
-        gpu.call_errors["nvmlDeviceGetMemoryInfo"] = pynvml.NVML_ERROR_GPU_IS_LOST
+        gpu.call_errors["nvmlDeviceGetPowerUsage"] = pynvml.NVML_ERROR_GPU_IS_LOST
     elif where == "field_entry":
         gpu.field_errors[82] = pynvml.NVML_ERROR_GPU_IS_LOST
     else:
@@ -367,8 +436,10 @@ def test_lost_gpu_is_sampled_again_after_it_comes_back() -> None:
         backend.sample(0)  # still gone: handle lookups fail too
     assert backend.sample(1).fields  # others keep going
     fake.recover(0)  # back after a reset, under a new handle
+    fake.gpus[0].set_field(83, 1_000)  # counters restarted with the driver
     s = backend.sample(0)
     assert s.fields["temperature_gpu"] == 33.0
+    assert s.fields["energy"] == pytest.approx(1.0)  # slow fields re-read at once
     assert fake.handle_of(0) is not old
     assert fake.calls["nvmlDeviceGetHandleByUUID"] >= 2
 

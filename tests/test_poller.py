@@ -14,8 +14,9 @@ from gpuwatchd.snapshot import NodeState
 from gpuwatchd.testing.fake_backend import FakeBackend
 
 
-def _poller(backend: FakeBackend, interval: float, timeout: float,
-            records: list[Record]) -> tuple[Poller, NodeState]:
+def _poller(
+    backend: FakeBackend, interval: float, timeout: float, records: list[Record]
+) -> tuple[Poller, NodeState]:
     clock = SystemClock()
     state = NodeState("n1", clock.now())
     infos = backend.open()
@@ -56,8 +57,9 @@ def test_stalled_gpu_goes_stale_without_delaying_the_others() -> None:
         view = state.view()
         # stale within two intervals of the stalled call's start
         assert view.gpus[5].status is GpuStatus.STALE
-        stale_event = next(r for r in records if isinstance(r, DeviceEvent)
-                           and r.kind is DeviceEventKind.STALE)
+        stale_event = next(
+            r for r in records if isinstance(r, DeviceEvent) and r.kind is DeviceEventKind.STALE
+        )
         assert stale_event.timestamp - view.started_at < 0.1 + 0.15 + 0.1
         # the other seven kept polling at their interval: about 8 polls each by now
         for g in view.gpus:
@@ -78,7 +80,8 @@ def test_scrapes_answer_fast_while_a_gpu_hangs() -> None:
 
     config = default_config()
     config = dataclasses.replace(
-        config, poll=dataclasses.replace(config.poll, interval=0.1, call_timeout=0.2))
+        config, poll=dataclasses.replace(config.poll, interval=0.1, call_timeout=0.2)
+    )
     backend = FakeBackend(count=8)
     gate = backend.block(2)
     daemon = Daemon(config, backend, SystemClock(), listen=("127.0.0.1", 0))

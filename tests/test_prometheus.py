@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from conftest import ROOT, Proc, free_port, need_binary, wait_http
 
 pytestmark = pytest.mark.slow
@@ -51,8 +50,12 @@ def test_real_prometheus_scrapes_the_daemon(
         f"    static_configs:\n      - targets: ['{target}']\n"
     )
     prom = Proc(
-        [prometheus, f"--config.file={tmp_path / 'prometheus.yml'}",
-         f"--storage.tsdb.path={tmp_path / 'tsdb'}", f"--web.listen-address=127.0.0.1:{port}"],
+        [
+            prometheus,
+            f"--config.file={tmp_path / 'prometheus.yml'}",
+            f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+        ],
         tmp_path / "prometheus.log",
     )
     base = f"http://127.0.0.1:{port}"
@@ -83,9 +86,7 @@ def test_real_prometheus_scrapes_the_daemon(
     assert prom_rc == 0, prom.output()[-2000:]
 
 
-def test_promtool_accepts_live_exposition(
-    daemon_factory: Callable[..., tuple[Proc, str]]
-) -> None:
+def test_promtool_accepts_live_exposition(daemon_factory: Callable[..., tuple[Proc, str]]) -> None:
     promtool = need_binary("promtool")
     scenario = ROOT / "tests" / "data" / "steady-4gpu.yaml"
     _, url = daemon_factory("--backend", f"scenario:{scenario}")
@@ -93,6 +94,7 @@ def test_promtool_accepts_live_exposition(
     with urllib.request.urlopen(url + "/metrics", timeout=5) as resp:
         assert resp.headers["Content-Type"].startswith("text/plain; version=0.0.4")
         body = resp.read()
-    result = subprocess.run([promtool, "check", "metrics"], input=body, capture_output=True,
-                            check=False)
+    result = subprocess.run(
+        [promtool, "check", "metrics"], input=body, capture_output=True, check=False
+    )
     assert result.returncode == 0, result.stdout.decode() + result.stderr.decode()

@@ -13,6 +13,11 @@ Design notes (facts behind them: docs/real-gpu.md and the shared NVML reference)
 - GPU_IS_LOST anywhere raises ``GpuLost``; RESET_REQUIRED raises ``ResetRequired``. The
   next ``sample`` of that GPU looks for a fresh handle (by UUID, then PCI bus id), so a GPU
   that comes back after a reset is sampled again.
+- A few readings cost the driver milliseconds of CPU each (measured on an H200 with driver
+  580: total energy 4 ms, each violation counter 0.75 ms, PCIe replays 0.15 ms; every
+  other reading about 10 us or less). These SLOW fields are read every ``slow_interval_s``
+  (default 10 s) and their last values are carried in the samples between reads; 0 reads
+  everything on every poll. See docs/PERFORMANCE.md.
 - Per-GPU state is separate and guarded by its own lock, so one thread per GPU can poll
   concurrently. pynvml itself is safe to call from several threads.
 - pynvml is imported lazily (``nvml`` is the seam: tests pass a fake module object).
@@ -22,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import struct
 import threading
 import time
@@ -137,11 +143,12 @@ class _FieldSpec:
     name: str  # key in gpuwatchd.fields.GPU_FIELDS / LINK_FIELDS
     field_id: int
     scale: float = 1.0
+    slow: bool = False  # costly for the driver: read every slow_interval_s only
 
 
 GPU_FIELD_IDS: tuple[_FieldSpec, ...] = (
     _FieldSpec("temperature_memory", FI_DEV_MEMORY_TEMP),
-    _FieldSpec("energy", FI_DEV_TOTAL_ENERGY_CONSUMPTION, 1e-3),
+    _FieldSpec("energy", FI_DEV_TOTAL_ENERGY_CONSUMPTION, 1e-3, slow=True),
     _FieldSpec("ecc_corrected_volatile", FI_DEV_ECC_SBE_VOL_TOTAL),
     _FieldSpec("ecc_uncorrected_volatile", FI_DEV_ECC_DBE_VOL_TOTAL),
     _FieldSpec("ecc_corrected_aggregate", FI_DEV_ECC_SBE_AGG_TOTAL),
@@ -153,9 +160,15 @@ GPU_FIELD_IDS: tuple[_FieldSpec, ...] = (
     _FieldSpec("remapped_rows_uncorrectable", FI_DEV_REMAPPED_UNC),
     _FieldSpec("remapped_rows_pending", FI_DEV_REMAPPED_PENDING),
     _FieldSpec("remapped_rows_failure", FI_DEV_REMAPPED_FAILURE),
-    _FieldSpec("pcie_replay", FI_DEV_PCIE_REPLAY_COUNTER),
+    _FieldSpec("pcie_replay", FI_DEV_PCIE_REPLAY_COUNTER, slow=True),
     _FieldSpec("recovery_action", FI_DEV_GET_GPU_RECOVERY_ACTION),
 )
+
+# Fields read only every slow_interval_s (the batch ones above marked slow, and getters).
+SLOW_FIELDS = frozenset(
+    {s.name for s in GPU_FIELD_IDS if s.slow} | {"violation_power", "violation_thermal"}
+)
+DEFAULT_SLOW_INTERVAL_S = 10.0
 
 LINK_FIELD_IDS: tuple[_FieldSpec, ...] = (
     _FieldSpec("nvlink_up", FI_DEV_NVLINK_GET_STATE),
@@ -298,24 +311,24 @@ def read_field_values(values: Any, raw: bool = True) -> list[tuple[int, float | 
 
 
 class _Fallbacks:
-    """One logical call with alternatives: the first the loaded library implements wins.
+    """One logical call with alternatives, newest first: the first that works wins.
 
-    ``FUNCTION_NOT_FOUND`` (or a pynvml without the wrapper) moves on to the next name, once
-    for the whole backend.
+    FUNCTION_NOT_FOUND (the loaded driver lacks the symbol), ARGUMENT_VERSION_MISMATCH or
+    NOT_SUPPORTED from one alternative moves on to the next, once for the whole backend; a
+    pynvml without a wrapper skips it. When the last alternative fails, its error stands.
     """
 
-    def __init__(self, nvml: Any, names: Sequence[str]) -> None:
-        self._fns: list[tuple[str, Callable[..., Any]]] = [
-            (n, getattr(nvml, n)) for n in names if hasattr(nvml, n)
+    _MOVE_ON = frozenset({NVML_ERROR_FUNCTION_NOT_FOUND, NVML_ERROR_NOT_SUPPORTED, 25})
+
+    def __init__(self, nvml: Any, alternatives: Sequence[str | Callable[..., Any]]) -> None:
+        self._fns: list[Callable[..., Any]] = [
+            getattr(nvml, a) if isinstance(a, str) else a
+            for a in alternatives
+            if not isinstance(a, str) or hasattr(nvml, a)
         ]
         self._nvml = nvml
         self._i = 0
         self._lock = threading.Lock()
-
-    @property
-    def name(self) -> str:
-        i = self._i
-        return self._fns[i][0] if i < len(self._fns) else "/".join(n for n, _ in self._fns)
 
     def __call__(self, *args: Any) -> Any:
         while True:
@@ -323,9 +336,9 @@ class _Fallbacks:
             if i >= len(self._fns):
                 raise self._nvml.NVMLError(NVML_ERROR_FUNCTION_NOT_FOUND)
             try:
-                return self._fns[i][1](*args)
+                return self._fns[i](*args)
             except self._nvml.NVMLError as exc:
-                if nvml_code(exc) != NVML_ERROR_FUNCTION_NOT_FOUND or i + 1 >= len(self._fns):
+                if nvml_code(exc) not in self._MOVE_ON or i + 1 >= len(self._fns):
                     raise
                 with self._lock:
                     self._i = max(self._i, i + 1)
@@ -347,9 +360,15 @@ class _Gpu:
         self.bad_fields: set[tuple[int, int]] = set()  # (fieldId, scopeId)
         self.bad_calls: set[str] = set()
         self.pcie_max: dict[str, float] = {}
-        self.batch_ids: list[tuple[int, int]] = []
-        self.batch_specs: list[tuple[_FieldSpec, int | None]] = []
+        # field-value batches: everything (full) and without the slow fields (fast)
+        self.full_ids: list[tuple[int, int]] = []
+        self.full_specs: list[tuple[_FieldSpec, int | None]] = []
+        self.fast_ids: list[tuple[int, int]] = []
+        self.fast_specs: list[tuple[_FieldSpec, int | None]] = []
         self.batch_dirty = True
+        # slow fields: when next due (clock.monotonic), and their last values
+        self.slow_due: float | None = None
+        self.slow_values: dict[str, float] = {}
         # XID events
         self.events_registered = False
         self.events_unsupported = False
@@ -366,8 +385,11 @@ class _Gpu:
                 if (spec.field_id, link) not in self.bad_fields:
                     ids.append((spec.field_id, link))
                     specs.append((spec, link))
-        self.batch_ids = ids
-        self.batch_specs = specs
+        self.full_ids = ids
+        self.full_specs = specs
+        fast = [i for i, (spec, _) in enumerate(specs) if not spec.slow]
+        self.fast_ids = [ids[i] for i in fast]
+        self.fast_specs = [specs[i] for i in fast]
         self.batch_dirty = False
 
     def not_supported(self) -> list[str]:
@@ -389,8 +411,14 @@ class NvmlBackend:
 
     name = "nvml"
 
-    def __init__(self, clock: Clock, nvml: Any | None = None) -> None:
+    def __init__(
+        self,
+        clock: Clock,
+        nvml: Any | None = None,
+        slow_interval_s: float = DEFAULT_SLOW_INTERVAL_S,
+    ) -> None:
         self._clock = clock
+        self._slow_interval = max(0.0, slow_interval_s)
         self._nvml_arg = nvml
         self._nvml: Any = None
         self._gpus: list[_Gpu] = []
@@ -402,6 +430,7 @@ class NvmlBackend:
         self._events_unavailable = False
         self._temperature: _Fallbacks | None = None
         self._clock_reasons: _Fallbacks | None = None
+        self._memory_info: _Fallbacks | None = None
 
     # -- open / close --------------------------------------------------------------------
 
@@ -440,6 +469,15 @@ class NvmlBackend:
         self._clock_reasons = _Fallbacks(
             nv,
             ("nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetCurrentClocksThrottleReasons"),
+        )
+        # v2 reports driver-reserved memory apart, so "used" matches nvidia-smi's Used
+        memory_v2 = getattr(nv, "nvmlMemory_v2", None)
+        self._memory_info = _Fallbacks(
+            nv,
+            [
+                *([functools.partial(_memory_info_v2, nv, memory_v2)] if memory_v2 else []),
+                "nvmlDeviceGetMemoryInfo",
+            ],
         )
         driver = self._try_static(nv.nvmlSystemGetDriverVersion, default="")
         gpus = [self._open_gpu(i, str(driver)) for i in range(count)]
@@ -550,13 +588,14 @@ class NvmlBackend:
         with gpu.lock:
             return gpu.not_supported()
 
-    def field_batch(self, index: int) -> list[tuple[int, int]]:
-        """The ``(fieldId, scopeId)`` list the next poll of this GPU asks in one call."""
+    def field_batch(self, index: int, full: bool = True) -> list[tuple[int, int]]:
+        """The ``(fieldId, scopeId)`` list a poll of this GPU asks in its one call
+        (``full``: a poll that also reads the slow fields)."""
         gpu = self._gpu(index)
         with gpu.lock:
             if gpu.batch_dirty:
                 gpu.rebuild_batch()
-            return list(gpu.batch_ids)
+            return list(gpu.full_ids if full else gpu.fast_ids)
 
     # -- sampling -------------------------------------------------------------------------
 
@@ -624,6 +663,8 @@ class NvmlBackend:
             gpu.lost = False
             gpu.events_registered = False
             gpu.pcie_max.clear()
+            gpu.slow_due = None  # counters may have restarted: read everything now
+            gpu.slow_values.clear()
             return handle
         assert last is not None
         if isinstance(last, (GpuLost, ResetRequired)):
@@ -642,11 +683,15 @@ class NvmlBackend:
         errors: dict[str, str] = {}
         link_fields: list[dict[str, float]] = [{} for _ in range(gpu.nvlink_count)]
 
+        now = self._clock.monotonic()
+        full = gpu.slow_due is None or now >= gpu.slow_due or self._slow_interval <= 0
+
         # 1. Everything with a field id: one call.
         if gpu.batch_dirty:
             gpu.rebuild_batch()
-        if gpu.batch_ids:
-            self._read_batch(gpu, handle, fields, link_fields, errors)
+        ids, specs = (gpu.full_ids, gpu.full_specs) if full else (gpu.fast_ids, gpu.fast_specs)
+        if ids:
+            self._read_batch(gpu, handle, ids, specs, fields, link_fields, errors)
 
         # 2. The rest: one getter each; a NOT_SUPPORTED getter is never called again.
         def call(key: str, names: tuple[str, ...], fn: Callable[..., Any], *args: Any) -> Any:
@@ -666,7 +711,7 @@ class NvmlBackend:
                     errors[n] = str(err)
                 return None
 
-        assert self._temperature is not None and self._clock_reasons is not None
+        assert self._temperature and self._clock_reasons and self._memory_info
         value = call(
             "nvmlDeviceGetTemperature",
             ("temperature_gpu",),
@@ -678,7 +723,7 @@ class NvmlBackend:
         value = call("nvmlDeviceGetPowerUsage", ("power",), nv.nvmlDeviceGetPowerUsage)
         if value is not None:
             fields["power"] = value / 1000.0  # mW
-        if (FI_DEV_TOTAL_ENERGY_CONSUMPTION, 0) in gpu.bad_fields:
+        if full and (FI_DEV_TOTAL_ENERGY_CONSUMPTION, 0) in gpu.bad_fields:
             value = call(
                 "nvmlDeviceGetTotalEnergyConsumption",
                 ("energy",),
@@ -710,28 +755,25 @@ class NvmlBackend:
         mem = call(
             "nvmlDeviceGetMemoryInfo",
             ("memory_used", "memory_free", "memory_total"),
-            nv.nvmlDeviceGetMemoryInfo,
+            self._memory_info,
         )
         if mem is not None:
             fields["memory_used"] = float(mem.used)
             fields["memory_free"] = float(mem.free)
             fields["memory_total"] = float(mem.total)
-        viol = call(
-            "nvmlDeviceGetViolationStatus(POWER)",
-            ("violation_power",),
-            nv.nvmlDeviceGetViolationStatus,
-            NVML_PERF_POLICY_POWER,
-        )
-        if viol is not None:
-            fields["violation_power"] = viol.violationTime * 1e-9  # ns
-        viol = call(
-            "nvmlDeviceGetViolationStatus(THERMAL)",
-            ("violation_thermal",),
-            nv.nvmlDeviceGetViolationStatus,
-            NVML_PERF_POLICY_THERMAL,
-        )
-        if viol is not None:
-            fields["violation_thermal"] = viol.violationTime * 1e-9
+        if full:  # slow: see the module docstring
+            for name, policy, label in (
+                ("violation_power", NVML_PERF_POLICY_POWER, "POWER"),
+                ("violation_thermal", NVML_PERF_POLICY_THERMAL, "THERMAL"),
+            ):
+                viol = call(
+                    f"nvmlDeviceGetViolationStatus({label})",
+                    (name,),
+                    nv.nvmlDeviceGetViolationStatus,
+                    policy,
+                )
+                if viol is not None:
+                    fields[name] = viol.violationTime * 1e-9  # ns
         value = call(
             "nvmlDeviceGetCurrentClocksEventReasons", ("clock_event_reasons",), self._clock_reasons
         )
@@ -772,6 +814,12 @@ class NvmlBackend:
             processes = tuple(_process_info(p) for p in procs)
             fields["compute_processes"] = float(len(processes))
 
+        if full:
+            gpu.slow_values = {n: fields[n] for n in SLOW_FIELDS if n in fields}
+            gpu.slow_due = now + self._slow_interval
+        else:
+            fields.update(gpu.slow_values)
+
         links = tuple(
             LinkSample(link=i, fields=MappingProxyType(f)) for i, f in enumerate(link_fields)
         )
@@ -781,27 +829,28 @@ class NvmlBackend:
         self,
         gpu: _Gpu,
         handle: Any,
+        ids: list[tuple[int, int]],
+        specs: list[tuple[_FieldSpec, int | None]],
         fields: dict[str, float],
         link_fields: list[dict[str, float]],
         errors: dict[str, str],
     ) -> None:
         nv = self._nvml
         try:
-            values = nv.nvmlDeviceGetFieldValues(handle, gpu.batch_ids)
+            values = nv.nvmlDeviceGetFieldValues(handle, ids)
         except nv.NVMLError as exc:
             code = nvml_code(exc)
             if code in _CALL_UNSUPPORTED:
-                gpu.bad_fields.update(gpu.batch_ids)
+                gpu.bad_fields.update(ids)
                 gpu.bad_calls.add("nvmlDeviceGetFieldValues")
                 gpu.batch_dirty = True
                 return
             err = error_from_code(code, f"GPU {gpu.index}: nvmlDeviceGetFieldValues")
             if isinstance(err, (GpuLost, ResetRequired)):
                 raise err from exc
-            for spec, link in gpu.batch_specs:
+            for spec, link in specs:
                 errors[_label(spec, link)] = str(err)
             return
-        specs = gpu.batch_specs
         for (spec, link), (ret, value) in zip(specs, read_field_values(values), strict=False):
             if ret == NVML_SUCCESS:
                 if value is None:
@@ -918,6 +967,10 @@ class NvmlBackend:
 
 def _label(spec: _FieldSpec, link: int | None) -> str:
     return spec.name if link is None else f"{spec.name}[link {link}]"
+
+
+def _memory_info_v2(nv: Any, version: int, handle: Any) -> Any:
+    return nv.nvmlDeviceGetMemoryInfo(handle, version=version)
 
 
 def _process_info(proc: Any) -> ProcessInfo:

@@ -72,7 +72,8 @@ class FakeGpu:
     util_gpu: int = 0
     util_mem: int = 0
     memory_total: int = 81559 * MIB
-    memory_used: int = 520 * MIB
+    memory_used: int = 0
+    memory_reserved: int = 616 * MIB
     violation_power_ns: int = 0
     violation_thermal_ns: int = 0
     clock_reasons: int = 0x1  # GpuIdle
@@ -143,6 +144,7 @@ class FakeNvml:
     """Module-like object: pass it as ``nvml=`` where the real ``pynvml`` would be used."""
 
     NVMLError = _pynvml.NVMLError
+    nvmlMemory_v2 = _pynvml.nvmlMemory_v2
 
     def __init__(
         self,
@@ -403,11 +405,21 @@ class FakeNvml:
         return util
 
     def nvmlDeviceGetMemoryInfo(self, handle: Any, version: Any = None) -> Any:
-        gpu = self._gpu("nvmlDeviceGetMemoryInfo", handle)[1]
-        mem = _pynvml.c_nvmlMemory_t()
+        """v1 counts driver-reserved memory as used; v2 reports it apart (as on a real 580)."""
+        name = "nvmlDeviceGetMemoryInfo_v2" if version else "nvmlDeviceGetMemoryInfo"
+        gpu = self._gpu(name, handle)[1]
+        if version:
+            if version != _pynvml.nvmlMemory_v2:
+                raise NVMLError(25)  # ARGUMENT_VERSION_MISMATCH
+            mem = _pynvml.c_nvmlMemory_v2_t()
+            mem.version = version
+            mem.reserved = gpu.memory_reserved
+            mem.used = gpu.memory_used
+        else:
+            mem = _pynvml.c_nvmlMemory_t()
+            mem.used = gpu.memory_used + gpu.memory_reserved
         mem.total = gpu.memory_total
-        mem.used = gpu.memory_used
-        mem.free = gpu.memory_total - gpu.memory_used
+        mem.free = gpu.memory_total - gpu.memory_used - gpu.memory_reserved
         return mem
 
     def nvmlDeviceGetViolationStatus(self, handle: Any, policy: int) -> Any:

@@ -58,7 +58,9 @@ _SXID_RE = re.compile(
 _PID_RE = re.compile(
     r"pid=(?:(?P<pid>\d+)|'?<unknown>'?)(?:, name=(?P<name>.*?))?(?:, (?P<msg>.*)|\s*$)", re.S
 )
-_FELL_RE = re.compile(rf"NVRM: GPU (?:PCI:)?{_BDF_OPT_DOMAIN}: (?P<msg>GPU has fallen off the bus.*)")
+_FELL_RE = re.compile(
+    rf"NVRM: GPU (?:PCI:)?{_BDF_OPT_DOMAIN}: (?P<msg>GPU has fallen off the bus.*)"
+)
 _THE_GPU_RE = re.compile(rf"NVRM: The NVIDIA GPU (?:PCI:)?{_BDF}(?![0-9a-fA-F:.])")
 _GPU_AT_RE = re.compile(rf"NVRM: GPU at (?:PCI:)?{_BDF}: (?P<uuid>GPU-[0-9a-fA-F-]+)")
 _FALLEN = "fallen off the bus"
@@ -68,8 +70,10 @@ _KMSG_ESCAPE_RE = re.compile(r"\\x([0-9a-fA-F]{2})")
 _CONSOLE_PRIO_RE = re.compile(r"\s*<(\d+)>")
 _DECODE_RE = re.compile(r"\s*([a-z0-9]+)\s*:\s*([a-z]+)\s*:")
 _SYSLOG_FACILITIES = frozenset(
-    "kern user mail daemon auth syslog lpr news uucp cron authpriv ftp "
-    "local0 local1 local2 local3 local4 local5 local6 local7".split()
+    (
+        *("kern", "user", "mail", "daemon", "auth", "syslog", "lpr", "news", "uucp", "cron"),
+        *("authpriv", "ftp", *(f"local{i}" for i in range(8))),
+    )
 )
 
 
@@ -354,12 +358,11 @@ class XidStream:
         if "NVRM: The NVIDIA GPU " in line:
             text = _unwrap(line)
             m = _THE_GPU_RE.search(text) if text is not None else None
-            if text is not None and m is not None:
-                if not _written_by_user_space(text[: m.start()]):
-                    self._pending_text = [text[m.start() :]]
-                    self._pending_raw = [raw]
-                    self._pending_pci = _pci_of(m)
-                    return None
+            if text is not None and m is not None and not _written_by_user_space(text[: m.start()]):
+                self._pending_text = [text[m.start() :]]
+                self._pending_raw = [raw]
+                self._pending_pci = _pci_of(m)
+                return None
         if not self._pending_raw:
             return None
         self._pending_raw.append(raw)

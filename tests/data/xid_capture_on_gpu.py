@@ -99,8 +99,10 @@ def main() -> int:
             res = subprocess.run(["dmesg", *extra], capture_output=True, text=True, check=False)
             with open(os.path.join(out, fname), "w") as f:
                 f.write(res.stdout + res.stderr)
-    for cmd in (["nvidia-smi", "--query-gpu=name,driver_version,pci.bus_id,uuid", "--format=csv"],
-                ["uname", "-r"]):
+    for cmd in (
+        ["nvidia-smi", "--query-gpu=name,driver_version,pci.bus_id,uuid", "--format=csv"],
+        ["uname", "-r"],
+    ):
         res = subprocess.run(cmd, capture_output=True, text=True, check=False)
         with open(os.path.join(out, "info.txt"), "a") as f:
             f.write(" ".join(cmd) + "\n" + res.stdout + res.stderr + "\n")

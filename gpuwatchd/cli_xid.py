@@ -1,0 +1,218 @@
+"""``gpuwatchd xid parse`` and ``gpuwatchd xid explain``.
+
+``add_parser(subparsers)`` registers the ``xid`` command on the main CLI's sub-parsers.
+Every handler takes the parsed arguments and returns an exit status.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import sys
+import textwrap
+from collections.abc import Iterable
+from typing import Any, TextIO
+
+from gpuwatchd.xid import (
+    FALLEN_OFF_BUS_XID,
+    Catalog,
+    CatalogEntry,
+    ParsedXid,
+    XidStream,
+    catalog_data,
+    recovery_actions,
+)
+
+PROG = "gpuwatchd xid"
+
+
+def add_parser(
+    subparsers: argparse._SubParsersAction[argparse.ArgumentParser],
+) -> argparse.ArgumentParser:
+    xid = subparsers.add_parser(
+        "xid",
+        help="find NVIDIA XIDs in kernel logs and explain them",
+        description="Find NVIDIA XID, SXid and fallen-off-the-bus reports in kernel-log "
+        "text, and explain XID codes from NVIDIA's catalog.",
+    )
+    sub = xid.add_subparsers(dest="xid_command", metavar="XID_COMMAND", required=True)
+
+    p = sub.add_parser(
+        "parse",
+        help="print one JSON object per XID line of kernel-log text",
+        description="Read kernel-log lines (bare, dmesg, dmesg -T/--decode, syslog, "
+        "journalctl, or raw /dev/kmsg records) and print one JSON object per XID, SXid or "
+        "fallen-off-the-bus report; other lines print nothing.",
+    )
+    p.add_argument(
+        "file", nargs="?", default="-", metavar="FILE", help="log file to read (default: stdin)"
+    )
+    p.set_defaults(func=cmd_parse)
+
+    p = sub.add_parser(
+        "explain",
+        help="show the catalog entry for an XID code",
+        description="Show NVIDIA's catalog entry for XID N with gpuwatchd's severity and action.",
+    )
+    p.add_argument("code", type=int, metavar="N", help="XID number")
+    p.add_argument("--json", action="store_true", help="print the entry as a JSON object")
+    p.set_defaults(func=cmd_explain)
+    return xid
+
+
+def _catalog(args: argparse.Namespace) -> Catalog:
+    """The catalog the commands use (config overrides will be applied here)."""
+    catalog = getattr(args, "catalog", None)
+    return catalog if isinstance(catalog, Catalog) else Catalog.default()
+
+
+def report(found: ParsedXid, catalog: Catalog) -> dict[str, Any]:
+    """The JSON object ``xid parse`` (and later ``xid scan``) prints for one report."""
+    verdict = catalog.classify(found.xid, found.message, found.kind)
+    out = found.as_dict()
+    out["severity"] = verdict.severity.value
+    out["action"] = verdict.action.value
+    return out
+
+
+def write_reports(lines: Iterable[str], catalog: Catalog, out: TextIO) -> int:
+    """Parse ``lines`` and print a JSON line per report; returns how many were printed."""
+    stream = XidStream()
+    count = 0
+    for line in lines:
+        found = stream.feed(line)
+        if found is not None:
+            out.write(json.dumps(report(found, catalog)) + "\n")
+            out.flush()
+            count += 1
+    return count
+
+
+def cmd_parse(args: argparse.Namespace) -> int:
+    catalog = _catalog(args)
+    if args.file == "-":
+        buffer = getattr(sys.stdin, "buffer", None)
+        source: TextIO = (
+            io.TextIOWrapper(buffer, encoding="utf-8", errors="replace")
+            if buffer is not None
+            else sys.stdin
+        )
+        write_reports(source, catalog, sys.stdout)
+        return 0
+    try:
+        with open(args.file, encoding="utf-8", errors="replace") as f:
+            write_reports(f, catalog, sys.stdout)
+    except OSError as exc:
+        print(f"{PROG} parse: cannot read {args.file}: {exc.strerror or exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def explain_dict(entry: CatalogEntry, catalog: Catalog) -> dict[str, Any]:
+    """``xid explain --json``: the entry, plus the decode tables that belong to its code."""
+    out = entry.as_dict()
+    if entry.xid == 154:
+        out["recovery_actions"] = [
+            {
+                "code": row.code,
+                "nvml_name": row.nvml_name,
+                "workbook_text": row.workbook_text,
+                **catalog.classify(
+                    154, f"recovery action changed from 0x0 to 0x{row.code:x}"
+                ).as_dict(),
+            }
+            for row in recovery_actions()
+        ]
+    rules = [r for r in catalog_data.NVLINK5_DECODE if r.xid == entry.xid]
+    if rules:
+        out["decode_rules"] = [r._asdict() for r in rules]
+    return out
+
+
+def _wrap(text: str, indent: str = "  ") -> list[str]:
+    out: list[str] = []
+    for para in text.split("\n"):
+        if not para.strip():
+            out.append("")
+            continue
+        out.extend(textwrap.wrap(para, width=92, initial_indent=indent, subsequent_indent=indent))
+    return out
+
+
+def _field(label: str, value: str, detail: str = "") -> list[str]:
+    pad = " " * 20
+    out = textwrap.wrap(
+        value, width=92, initial_indent=f"  {label + ':':<18}", subsequent_indent=pad
+    ) or [f"  {label}:"]
+    if detail:
+        out += _wrap(detail, pad)
+    return out
+
+
+def explain_text(entry: CatalogEntry, catalog: Catalog) -> str:
+    """``xid explain``: the entry in words."""
+    applies = [p for p, yes in entry.applies_to if yes]
+    products = ", ".join(applies) if applies else "none of the products the catalog lists"
+    severity = entry.severity.value + (" (overridden)" if entry.overridden else "")
+    lines = [f"XID {entry.xid}: {entry.mnemonic}", f"  {entry.description}", ""]
+    lines += _field("Applies to", products)
+    lines += _field("Severity", severity)
+    lines += _field("Action", f"{entry.action.value}: {entry.action_text}")
+    lines += _field("Immediate", entry.immediate or "(none given)", entry.immediate_text)
+    if entry.investigatory and entry.investigatory == entry.immediate:
+        lines += _field("Investigatory", f"{entry.investigatory} (as above)")
+    else:
+        inv = entry.investigatory or "(none given)"
+        lines += _field("Investigatory", inv, entry.investigatory_text)
+    if entry.xid154_linkage:
+        lines += _field("XID 154 linkage", entry.xid154_linkage)
+    if entry.xid == FALLEN_OFF_BUS_XID:
+        lines += [
+            "",
+            "  Reports of a GPU that has fallen off the bus without an Xid line are parsed as",
+            "  kind 'fallen_off_bus' and rated as this XID.",
+        ]
+    if entry.trigger:
+        lines += ["", "Trigger conditions (NVIDIA):", *_wrap(entry.trigger)]
+    if entry.xid == 154:
+        lines += ["", "Recovery-action codes (read by number; drivers have changed the words):"]
+        for row in recovery_actions():
+            v = catalog.classify(154, f"recovery action changed from 0x0 to 0x{row.code:x}")
+            words = f'"{row.workbook_text}"' if row.workbook_text else "(not in the workbook)"
+            rated = f"{v.severity.value}, {v.action.value}"
+            lines.append(f"  0x{row.code:x}  {row.nvml_name:<20} {words:<24} {rated}")
+    rules = [r for r in catalog_data.NVLINK5_DECODE if r.xid == entry.xid]
+    if rules:
+        lines += [
+            "",
+            f"Decode rules ({len(rules)} in NVIDIA's XID 144-150 sheet), applied to the message's",
+            "IntrInfo and ErrorStatus registers:",
+        ]
+        for r in rules:
+            status = r.error_status or "any"
+            then = f"{r.immediate} ({r.severity}); investigate: {r.investigatory or '-'}"
+            lines.append(f"  {r.subcode}, ErrorStatus {status}: {then}")
+            lines.append(f"      IntrInfo V1 {r.intrinfo_v1}  V2 {r.intrinfo_v2}")
+            if r.action2:
+                alt = f"V1 {r.action2_intrinfo_v1}  V2 {r.action2_intrinfo_v2}"
+                lines.append(f"      {r.action2} instead when IntrInfo matches {alt}")
+    return "\n".join(lines) + "\n"
+
+
+def cmd_explain(args: argparse.Namespace) -> int:
+    catalog = _catalog(args)
+    entry = catalog.lookup(args.code)
+    if entry is None:
+        codes = catalog.codes()
+        print(
+            f"{PROG} explain: XID {args.code} is not in NVIDIA's XID catalog "
+            f"({len(codes)} codes, {codes[0]}-{codes[-1]})",
+            file=sys.stderr,
+        )
+        return 1
+    if args.json:
+        sys.stdout.write(json.dumps(explain_dict(entry, catalog), indent=2) + "\n")
+    else:
+        sys.stdout.write(explain_text(entry, catalog))
+    return 0

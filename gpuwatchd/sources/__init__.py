@@ -1,0 +1,7 @@
+"""Kernel-log and event sources of XIDs.
+
+Each source owns one input and only observes: ``journald`` (kernel transport of the
+systemd journal), ``kmsg`` (/dev/kmsg, where there is no journald), and NVML XID events
+(in the backend). Their findings go through ``KernelLineHandler`` (parse, trust, map to a
+GPU) and the ``IncidentMerger`` (one incident per fault) before the pipeline sees them.
+"""

@@ -1,0 +1,113 @@
+"""One incident per fault: NVML events and kernel lines merged, mismatches reported."""
+
+from __future__ import annotations
+
+from gpuwatchd.records import XidEvent
+from gpuwatchd.sources.merge import IncidentMerger
+
+PCI = "00000000:3A:00.0"
+
+
+def kernel(t: float, xid: int = 31, pci: str = PCI) -> XidEvent:
+    return XidEvent(
+        t, "kmsg", xid, pci_bus_id=pci, gpu=2, pid=77, process="python3", message="MMU Fault"
+    )
+
+
+def nvml(t: float, xid: int = 31, pci: str = PCI) -> XidEvent:
+    return XidEvent(t, "nvml", xid, pci_bus_id=pci, gpu=2, uuid="GPU-x")
+
+
+def merger(
+    out: list[XidEvent],
+    kernel_up: bool = True,
+    nvml_up: bool = True,
+    mismatches: list[tuple[int, str]] | None = None,
+) -> IncidentMerger:
+    return IncidentMerger(
+        3.0,
+        out.append,
+        kernel_up=lambda: kernel_up,
+        nvml_up=lambda: nvml_up,
+        on_mismatch=(lambda e, m: mismatches.append((e.xid, m)))
+        if mismatches is not None
+        else None,
+    )
+
+
+def test_pair_becomes_one_event_with_both_provenances() -> None:
+    out: list[XidEvent] = []
+    m = merger(out)
+    m.submit(nvml(100.0), 100.0)
+    assert out == []  # waits for the kernel line
+    m.submit(kernel(100.4), 100.4)
+    assert len(out) == 1
+    e = out[0]
+    assert e.source == "kmsg+nvml" and e.timestamp == 100.0
+    assert (e.pid, e.process, e.uuid, e.gpu) == (77, "python3", "GPU-x", 2)
+    m.expire(200.0)
+    assert len(out) == 1 and m.merged == 1
+
+
+def test_kernel_first_then_nvml_also_merges() -> None:
+    out: list[XidEvent] = []
+    m = merger(out)
+    m.submit(kernel(5.0), 5.0)
+    m.submit(nvml(5.1), 5.1)
+    assert [e.source for e in out] == ["kmsg+nvml"]
+
+
+def test_missing_partner_is_emitted_after_window_and_counted() -> None:
+    out: list[XidEvent] = []
+    mismatches: list[tuple[int, str]] = []
+    m = merger(out, mismatches=mismatches)
+    m.submit(nvml(10.0), 10.0)
+    m.expire(12.9)
+    assert out == []
+    m.expire(13.0)
+    assert [e.source for e in out] == ["nvml"]
+    assert mismatches == [(31, "kernel")] and m.mismatch == {"kernel": 1, "nvml": 0}
+
+
+def test_single_path_emits_immediately() -> None:
+    out: list[XidEvent] = []
+    m = merger(out, kernel_up=False)
+    m.submit(nvml(1.0), 1.0)
+    assert [e.source for e in out] == ["nvml"]
+    out2: list[XidEvent] = []
+    m2 = merger(out2, nvml_up=False)
+    m2.submit(kernel(1.0), 1.0)
+    assert [e.source for e in out2] == ["kmsg"]
+
+
+def test_different_gpus_or_codes_do_not_merge() -> None:
+    out: list[XidEvent] = []
+    m = merger(out)
+    m.submit(nvml(1.0, xid=31), 1.0)
+    m.submit(kernel(1.1, xid=43), 1.1)
+    m.submit(kernel(1.2, pci="00000000:18:00.0"), 1.2)
+    assert out == []
+    m.expire(10.0)
+    assert sorted(e.source for e in out) == ["kmsg", "kmsg", "nvml"]
+
+
+def test_storm_pairs_first_in_first_out() -> None:
+    out: list[XidEvent] = []
+    m = merger(out)
+    for i in range(5):
+        m.submit(nvml(float(i)), float(i))
+    for i in range(5):
+        m.submit(kernel(i + 0.5), i + 0.5)
+    assert [e.timestamp for e in out] == [0.0, 1.0, 2.0, 3.0, 4.0]
+    assert m.pending() == 0
+
+
+def test_bus_loss_reported_twice_by_the_driver_is_one_incident() -> None:
+    out: list[XidEvent] = []
+    m = merger(out, nvml_up=False)
+    m.submit(kernel(1.0, xid=79), 1.0)
+    fallen = XidEvent(1.1, "kmsg", 79, kind="fallen_off_bus", pci_bus_id=PCI, gpu=2)
+    m.submit(fallen, 1.1)
+    assert len(out) == 1 and m.duplicates == 1
+    m.submit(kernel(100.0, xid=79), 100.0)  # a later loss (after a reset) is new
+    assert len(out) == 2
