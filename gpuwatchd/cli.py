@@ -5,13 +5,11 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import signal
+import os
 import sys
-import threading
 import urllib.error
 import urllib.request
-from collections.abc import Sequence
-from types import FrameType
+from collections.abc import Callable, Sequence
 
 from . import __version__
 from .clock import SystemClock
@@ -21,7 +19,7 @@ from .errors import BackendUnavailable, ConfigError
 log = logging.getLogger("gpuwatchd")
 
 # Modules that add subcommands: each has ``add_parser(subparsers)`` and sets ``func``.
-COMMAND_MODULES: tuple[str, ...] = ("cli_xid",)
+COMMAND_MODULES: tuple[str, ...] = ("cli_xid", "cli_drainhelper", "cli_silence", "cli_rules")
 
 
 def _load(args: argparse.Namespace) -> Config:
@@ -30,11 +28,10 @@ def _load(args: argparse.Namespace) -> Config:
 
 
 def _setup_logging(level: str, verbose: bool = False) -> None:
-    logging.basicConfig(
-        level=logging.DEBUG if verbose else getattr(logging, level.upper(), logging.INFO),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+    """The journal when stderr is journald's stream, else tty or plain (see logsetup)."""
+    from .logsetup import setup_logging
+
+    setup_logging(level, verbose)
 
 
 def _config_errors(exc: ConfigError) -> int:
@@ -48,47 +45,87 @@ def cmd_run(args: argparse.Namespace) -> int:
     from .backend import open_backend
     from .daemon import Daemon
 
-    try:
+    def load() -> Config:  # also what a SIGHUP reload reads
         config = _load(args)
         if args.backend:
-            try:
-                spec = BackendSpec.parse(args.backend)
-            except ValueError as exc:
-                print(f"gpuwatchd run: --backend: {exc}", file=sys.stderr)
-                return 2
-            config = _replace(config, backend=spec)
+            config = _replace(config, backend=BackendSpec.parse(args.backend))
         if args.listen:
             config = _replace(config, listen=_parse_listen(args.listen))
+        return config
+
+    try:
+        try:
+            config = load()
+        except ValueError as exc:
+            print(f"gpuwatchd run: --backend: {exc}", file=sys.stderr)
+            return 2
         _setup_logging(config.log_level, args.verbose)
         clock = SystemClock()
+        from .rules import rules_stage
+
+        rules = rules_stage(config, clock, durable=True)  # bad rule files: exit 1
+        if config.backend.kind == "nvml":
+            from .backend.nvml import reexec_with_single_arena
+
+            reexec_with_single_arena()  # NVML on worker threads: see limit_malloc_arenas
         backend = open_backend(str(config.backend), clock)
     except ConfigError as exc:
         return _config_errors(exc)
     except BackendUnavailable as exc:
         print(f"gpuwatchd run: {exc}", file=sys.stderr)
         return 1
-    daemon = Daemon(config, backend, clock)
-    stop = threading.Event()
+    from .logsetup import config_secrets, register_secret, set_level
+    from .sdnotify import Notifier
+    from .watchdog import SignalInbox, Supervisor, serve
 
-    def on_signal(signum: int, frame: FrameType | None) -> None:
-        log.info("received %s, stopping", signal.Signals(signum).name)
-        stop.set()
+    environ = dict(os.environ)
+    notifier = Notifier.from_environ(unset=True)  # drain hooks must not inherit it
+    from .actions import ActionsError, build_actions
 
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
-    try:
-        daemon.start()
-    except OSError as exc:
-        print(
-            f"gpuwatchd run: cannot listen on {config.listen}: {exc.strerror or exc}",
-            file=sys.stderr,
-        )
+    try:  # before anything starts: a receiver secret that cannot be read is fatal
+        actions = build_actions(config, clock)
+    except ActionsError as exc:
+        print(f"gpuwatchd run: {exc}", file=sys.stderr)
         return 1
-    try:
-        while not stop.wait(1.0):
-            pass
-    finally:
-        daemon.stop()
+    from .pipeline import Pipeline
+
+    daemon = Daemon(config, backend, clock, pipeline=Pipeline(stages=[rules]))
+    daemon.config_loader = load
+    daemon.reload_hooks.append(rules.reload_hook)  # SIGHUP: rules validated, then swapped
+    if actions is not None:
+        daemon.pipeline.sinks.append(actions)
+
+    def reload_logging(new: Config) -> Callable[[], None]:
+        def commit() -> None:
+            for secret in config_secrets(new):
+                register_secret(secret)
+            set_level(new.log_level, args.verbose)
+
+        return commit
+
+    reload_logging(config)()
+    daemon.reload_hooks.append(reload_logging)
+    if environ.get("GPUWATCHD_TEST_FAULT"):
+        from .testing.faults import stages_from_environ
+
+        daemon.pipeline.stages.extend(stages_from_environ(environ))
+    supervisor = Supervisor.for_daemon(daemon, notifier, environ)
+    with SignalInbox() as signals:
+        try:
+            daemon.start()
+        except OSError as exc:
+            print(
+                f"gpuwatchd run: cannot listen on {config.listen}: {exc.strerror or exc}",
+                file=sys.stderr,
+            )
+            return 1
+        try:
+            daemon.wait_started(config.poll.call_timeout + 1.0)
+            supervisor.ready()
+            serve(supervisor, daemon.reload, signals)
+        finally:
+            daemon.stop()
+            notifier.close()
     return 0
 
 
@@ -128,9 +165,17 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         return _config_errors(exc)
     _setup_logging("error")
-    return run_simulation(
-        scenario, config, sys.stdout, include_samples=args.samples, metrics_out=args.metrics_out
-    )
+    try:
+        return run_simulation(
+            scenario,
+            config,
+            sys.stdout,
+            include_samples=args.samples,
+            metrics_out=args.metrics_out,
+            send=args.send,
+        )
+    except ConfigError as exc:  # the config's rule files
+        return _config_errors(exc)
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -151,11 +196,16 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 # -- check-config / status ---------------------------------------------------------------
 def cmd_check_config(args: argparse.Namespace) -> int:
+    from .rules import rules_from_config
+
     try:
         config = _load(args)
+        rules = rules_from_config(config, args.rule_files)  # every file, all problems
     except ConfigError as exc:
         return _config_errors(exc)
     where = config.source or "built-in defaults (no config file)"
+    if not args.print:
+        print(f"rules: {len(rules.rules)} rule(s) from {len(rules.files)} file(s): OK")
     if args.print:
         import yaml
 
@@ -199,6 +249,10 @@ def cmd_status(args: argparse.Namespace) -> int:
         )
     for name, s in status["sources"].items():
         print(f"  source {name}: {'up' if s['up'] else 'DOWN'} {s['detail']}")
+    from .actions.textstatus import status_lines
+
+    for line in status_lines(status):  # deliveries, silences, drain (when configured)
+        print(line)
     return 0 if all(g["status"] == "ok" for g in status["gpus"]) else 3
 
 
@@ -239,6 +293,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("scenario", metavar="SCENARIO", help="scenario file (or a bundled name)")
     p.add_argument("--metrics-out", metavar="FILE", help="write the final /metrics text here")
     p.add_argument("--samples", action="store_true", help="also print every GPU sample")
+    p.add_argument(
+        "--send",
+        action="store_true",
+        help="really send notifications to the configured receivers (default: record them; "
+        "drains are always only recorded)",
+    )
     p.set_defaults(func=cmd_simulate)
 
     p = with_config(
@@ -257,8 +317,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     p.set_defaults(func=cmd_demo)
 
-    p = with_config(sub.add_parser("check-config", help="validate the config file"))
+    p = with_config(
+        sub.add_parser("check-config", help="validate the config file and every rule file")
+    )
     p.add_argument("--print", action="store_true", help="print the effective config")
+    p.add_argument("rule_files", nargs="*", metavar="RULE_FILE", help="also check these rule files")
     p.set_defaults(func=cmd_check_config)
 
     p = with_config(sub.add_parser("status", help="ask the running daemon for per-GPU health"))

@@ -118,9 +118,7 @@ def explain_dict(entry: CatalogEntry, catalog: Catalog) -> dict[str, Any]:
                 "code": row.code,
                 "nvml_name": row.nvml_name,
                 "workbook_text": row.workbook_text,
-                **catalog.classify(
-                    154, f"recovery action changed from 0x0 to 0x{row.code:x}"
-                ).as_dict(),
+                **catalog.recovery_verdict(row.code).as_dict(),
             }
             for row in recovery_actions()
         ]
@@ -178,7 +176,7 @@ def explain_text(entry: CatalogEntry, catalog: Catalog) -> str:
     if entry.xid == 154:
         lines += ["", "Recovery-action codes (read by number; drivers have changed the words):"]
         for row in recovery_actions():
-            v = catalog.classify(154, f"recovery action changed from 0x0 to 0x{row.code:x}")
+            v = catalog.recovery_verdict(row.code)
             words = f'"{row.workbook_text}"' if row.workbook_text else "(not in the workbook)"
             rated = f"{v.severity.value}, {v.action.value}"
             lines.append(f"  0x{row.code:x}  {row.nvml_name:<20} {words:<24} {rated}")

@@ -24,6 +24,15 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, Literal, TypeVar
 
 from . import yamlsrc
+from .config_actions import (
+    DrainConfig,
+    ReceiverConfig,
+    RoutingConfig,
+    read_drain,
+    read_receivers,
+    read_routing,
+)
+from .config_rules import RulesConfig, read_rules
 from .errors import ConfigError
 from .yamlsrc import Node, Reader
 
@@ -128,6 +137,10 @@ class Config:
     gpus: GpusConfig
     metrics: MetricsConfig
     sources: SourcesConfig = field(default_factory=SourcesConfig)
+    receivers: tuple[ReceiverConfig, ...] = ()
+    routing: RoutingConfig = field(default_factory=RoutingConfig)
+    drain: DrainConfig = field(default_factory=DrainConfig)
+    rules: RulesConfig = field(default_factory=RulesConfig)
     source: str | None = field(default=None, compare=False, metadata={"internal": True})
     """The file it was loaded from (``None``: built-in defaults only)."""
 
@@ -173,6 +186,9 @@ def as_plain(value: Any) -> Any:
 class _Context:
     environ: Mapping[str, str]
     base_dir: str | None  # directory of the config file, for relative paths
+    # Values of the keys read so far, so a later section can check references to an
+    # earlier one (routing names receivers).
+    seen: dict[str, Any] = field(default_factory=dict)
 
 
 def _section_keys(r: Reader, node: Node | None, cls: type, what: str) -> dict[str, Node]:
@@ -424,6 +440,12 @@ _ENTRIES: dict[str, _Entry[Any]] = {
     "gpus": _section_entry(GpusConfig, _read_gpus),
     "metrics": _section_entry(MetricsConfig, _read_metrics),
     "sources": _section_entry(SourcesConfig, _read_sources),
+    "receivers": _Entry(lambda r, n, ctx: read_receivers(r, n), _const(())),
+    "routing": _section_entry(
+        RoutingConfig, lambda r, n, ctx: read_routing(r, n, ctx.seen.get("receivers", ()))
+    ),
+    "drain": _section_entry(DrainConfig, lambda r, n, ctx: read_drain(r, n)),
+    "rules": _section_entry(RulesConfig, lambda r, n, ctx: read_rules(r, n, ctx.base_dir)),
 }
 
 
@@ -448,6 +470,7 @@ def _build(root: Node | None, ctx: _Context, source: str | None) -> Config:
         node = keys.get(name)
         value = entry.read(r, node, ctx) if node is not None else None
         values[name] = value if value is not None else entry.default(ctx)
+        ctx.seen[name] = values[name]
     r.raise_if_any()
     return Config(**values, source=source)
 

@@ -22,6 +22,7 @@ from .fields import decode_clock_event_reasons
 from .heartbeat import HeartbeatRegistry
 from .httpd import HttpServer
 from .metrics import MetricsRenderer
+from .pci import PciWatcher
 from .pipeline import Pipeline
 from .poller import Emit, Poller, Record
 from .records import GpuInfo, GpuStatus, XidEvent
@@ -123,6 +124,7 @@ class Daemon:
         self._events_thread: threading.Thread | None = None
         self._eval_thread: threading.Thread | None = None
         self.evaluations = 0
+        self.pci: PciWatcher | None = None  # NVIDIA GPUs on the PCI bus (nvml backend)
         self.heartbeats = HeartbeatRegistry(clock)  # worker liveness (watchdog, /healthz)
         self.reload_hooks: list[ReloadHook] = []
         self.config_loader: Callable[[], Config] | None = None  # set by `run` (CLI overrides)
@@ -144,6 +146,7 @@ class Daemon:
             event.pci_bus_id,
             event.source,
             event.message or "-",
+            extra={"gpu": event.gpu, "xid": event.xid, "pci_bus_id": event.pci_bus_id},
         )
         self.emit(event)
 
@@ -197,6 +200,9 @@ class Daemon:
 
     def start(self) -> None:
         self.open_backend()
+        if self.config.backend.kind == "nvml":  # the PCI bus cross-checks NVML's GPU count
+            self.pci = PciWatcher(self.state.set_pci_gpus, on_status=self._source_status)
+            self.pci.start()
         self.xids.start()
         if self.poller is not None:
             self.poller.start()
@@ -300,6 +306,8 @@ class Daemon:
         if self.http is not None:
             self.http.stop()
         self.xids.stop()
+        if self.pci is not None:
+            self.pci.stop()
         if self._eval_thread is not None:
             self._eval_thread.join(2.0)
         for hook in self.on_stop:
@@ -343,7 +351,7 @@ class Daemon:
             if g.sample is not None:
                 d["readings_age_seconds"] = round(now - g.sample.timestamp, 3)
             gpus.append(d)
-        return {
+        out: dict[str, Any] = {
             "node": view.node_name,
             "version": __version__,
             "now": now,
@@ -359,6 +367,11 @@ class Daemon:
                 )
             ],
         }
+        for sink in self.pipeline.sinks:  # actions: pending deliveries, silences, drain state
+            extra = getattr(sink, "status", None)
+            if callable(extra):
+                out.update(extra())
+        return out
 
     def wait(self, timeout: float | None = None) -> bool:
         return self._stopped.wait(timeout)

@@ -14,6 +14,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
+    HistogramMetricFamily,
     Metric,
     UnknownMetricFamily,
 )
@@ -76,6 +77,38 @@ class Family:
                 out.append(f"{name} {format_value(value)}\n")
 
 
+class HistogramFamily(Family):
+    """A histogram: per label set, cumulative bucket counts, a sum and a count."""
+
+    __slots__ = ("buckets", "histograms")
+
+    def __init__(
+        self, name: str, help: str, label_names: Sequence[str], buckets: Sequence[float]
+    ) -> None:
+        super().__init__(name, "histogram", help, label_names)
+        self.buckets = tuple(buckets)
+        self.histograms: list[tuple[str, Sequence[int], float, int]] = []
+
+    def add_histogram(
+        self, values: Sequence[str], counts: Sequence[int], total: float, count: int
+    ) -> None:
+        """``counts[i]`` observations <= ``buckets[i]`` (cumulative); ``count`` is +Inf."""
+        self.histograms.append((label_text(self.label_names, values), counts, total, count))
+
+    def render(self, out: list[str]) -> None:
+        out.append(f"# HELP {self.name} {_escape_help(self.help)}\n")
+        out.append(f"# TYPE {self.name} histogram\n")
+        for labels, counts, total, count in self.histograms:
+            sep = "," if labels else ""
+            for le, n in zip(self.buckets, counts, strict=True):
+                le_text = format_value(le)
+                out.append(f'{self.name}_bucket{{{labels}{sep}le="{le_text}"}} {format_value(n)}\n')
+            out.append(f'{self.name}_bucket{{{labels}{sep}le="+Inf"}} {format_value(count)}\n')
+            brace = f"{{{labels}}}" if labels else ""
+            out.append(f"{self.name}_sum{brace} {format_value(total)}\n")
+            out.append(f"{self.name}_count{brace} {format_value(count)}\n")
+
+
 class Families:
     """Families by name, in first-seen order."""
 
@@ -87,6 +120,16 @@ class Families:
         if fam is None:
             fam = Family(name, kind, help, tuple(label_names))
             self._by_name[name] = fam
+        return fam
+
+    def histogram(
+        self, name: str, help: str, label_names: Iterable[str], buckets: Sequence[float]
+    ) -> HistogramFamily:
+        fam = self._by_name.get(name)
+        if fam is None:
+            fam = HistogramFamily(name, help, tuple(label_names), buckets)
+            self._by_name[name] = fam
+        assert isinstance(fam, HistogramFamily)
         return fam
 
     def __iter__(self) -> Iterator[Family]:
@@ -124,6 +167,16 @@ def _parse_labels(text: str) -> dict[str, str]:
 def to_client_metric(fam: Family) -> Metric:
     """The family as a prometheus_client metric (for the registry/OpenMetrics path)."""
     metric: Metric
+    if isinstance(fam, HistogramFamily):
+        hist = HistogramMetricFamily(fam.name, fam.help, labels=fam.label_names)
+        for labels, counts, total, count in fam.histograms:
+            parsed = _parse_labels(labels)
+            buckets = [
+                (format_value(le), float(n)) for le, n in zip(fam.buckets, counts, strict=True)
+            ]
+            buckets.append(("+Inf", float(count)))
+            hist.add_metric([parsed[n] for n in fam.label_names], buckets, total)
+        return hist
     if fam.kind == "counter":
         metric = CounterMetricFamily(fam.name, fam.help, labels=fam.label_names)
     elif fam.kind == "gauge":

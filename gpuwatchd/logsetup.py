@@ -169,7 +169,7 @@ class JournalHandler(logging.Handler):
                 LOGGER=record.name,
                 THREAD_NAME=record.threadName or "",
                 CODE_FILE=record.pathname,
-                CODE_LINE=str(record.lineno),
+                CODE_LINE=record.lineno,  # python-systemd formats it with {:d}
                 CODE_FUNC=record.funcName,
                 **_fields(record),
             )

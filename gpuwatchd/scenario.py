@@ -243,6 +243,9 @@ class _Series:
         return v
 
 
+_FieldsPlan = tuple[float, float, dict[str, float], tuple[tuple[str, "_Series", float, bool], ...]]
+
+
 @dataclass(frozen=True)
 class Scenario:
     """A loaded, validated and compiled scenario. Times are seconds from its start."""
@@ -262,6 +265,15 @@ class Scenario:
     _kernel: tuple[tuple[float, str, str], ...] = field(repr=False)
     _xids: tuple[tuple[float, int, int], ...] = field(repr=False)
     _phases: Mapping[tuple[int, str], tuple[float, float]] = field(repr=False)
+    # gpu -> (from, until, links): a GPU's link samples while none of its link counters
+    # moves, so that polling a quiet node costs (and allocates) nothing per link.
+    _links_cache: dict[int, tuple[float, float, tuple[LinkSample, ...]]] = field(
+        default_factory=dict, repr=False, compare=False
+    )
+    _fields_cache: dict[int, _FieldsPlan] = field(default_factory=dict, repr=False, compare=False)
+    _processes_cache: dict[tuple[int, int, int | None], tuple[ProcessInfo, ...]] = field(
+        default_factory=dict, repr=False, compare=False
+    )
 
     def gpu_infos(self) -> list[GpuInfo]:
         return [g.info() for g in self.gpus]
@@ -288,37 +300,85 @@ class Scenario:
     ) -> tuple[dict[str, float], tuple[LinkSample, ...], tuple[ProcessInfo, ...]]:
         """What GPU ``gpu`` answers at scenario time ``t`` (clamped to 0..duration)."""
         t = min(max(t, 0.0), self.duration)
-        fields: dict[str, float] = {}
-        for name, series in self._series[gpu].items():
+        cached = self._fields_cache.get(gpu)
+        if cached is None or not cached[0] <= t < cached[1]:
+            cached = self._fields_plan(gpu, t)
+        fields = cached[2].copy()  # the fields that hold still, in file order
+        for name, series, amplitude, temperature in cached[3]:
             value = series.value(t)
-            if value is None:
-                continue
-            amplitude = self.jitter.get(name)
+            assert value is not None
             if amplitude:
                 value += amplitude * self._noise(gpu, name, t)
                 # Like NVML: whole degrees, milliwatts; keeps golden files readable.
-                value = round(value) if name.startswith("temperature_") else round(value, 3)
+                value = round(value) if temperature else round(value, 3)
             fields[name] = _clamp(name, value)
-        links = tuple(
-            LinkSample(
-                link,
-                MappingProxyType(
-                    {
-                        name: v
-                        for name, series in link_series.items()
-                        if (v := series.value(t)) is not None
-                    }
-                ),
-            )
-            for link, link_series in enumerate(self._links[gpu])
-        )
+        links = self._links_at(gpu, t)
         count = int(fields.get("compute_processes", 0.0))
         used = fields.get("memory_used")
         per_process = None if used is None or count <= 0 else int(used // count)
-        processes = tuple(
-            ProcessInfo(pid=_pid(gpu, k), used_memory_bytes=per_process) for k in range(count)
-        )
+        key = (gpu, count, per_process)
+        processes = self._processes_cache.get(key)
+        if processes is None:
+            processes = tuple(
+                ProcessInfo(pid=_pid(gpu, k), used_memory_bytes=per_process) for k in range(count)
+            )
+            if len(self._processes_cache) < 4096:
+                self._processes_cache[key] = processes
         return fields, links, processes
+
+    def _fields_plan(self, gpu: int, t: float) -> _FieldsPlan:
+        """How to compute a GPU's fields around ``t``: the value of each field that holds
+        still (no ramp, no jitter) until the next timeline change, the series of the rest."""
+        lo, hi = -math.inf, math.inf
+        still: dict[str, float] = {}
+        moving: list[tuple[str, _Series, float, bool]] = []
+        for name, series in self._series[gpu].items():
+            starts = series.starts
+            i = bisect.bisect_right(starts, t) - 1
+            if i + 1 < len(starts):
+                hi = min(hi, starts[i + 1])
+            if i < 0:
+                continue  # absent until its first entry
+            lo = max(lo, starts[i])
+            amplitude = self.jitter.get(name) or 0.0
+            if amplitude or series.segments[i].rate:
+                still[name] = 0.0  # keeps the key's place; overwritten in values_at
+                moving.append((name, series, amplitude, name.startswith("temperature_")))
+            else:
+                value = series.value(t)
+                assert value is not None
+                still[name] = _clamp(name, value)
+        cached = (lo, hi, still, tuple(moving))
+        self._fields_cache[gpu] = cached
+        return cached
+
+    def _links_at(self, gpu: int, t: float) -> tuple[LinkSample, ...]:
+        """The link samples at ``t``; the same tuple while no link value changes."""
+        cached = self._links_cache.get(gpu)
+        if cached is not None and cached[0] <= t < cached[1]:
+            return cached[2]
+        lo, hi = -math.inf, math.inf
+        constant = True
+        samples: list[LinkSample] = []
+        for link, link_series in enumerate(self._links[gpu]):
+            values: dict[str, float] = {}
+            for name, series in link_series.items():
+                starts = series.starts
+                i = bisect.bisect_right(starts, t) - 1
+                if i + 1 < len(starts):
+                    hi = min(hi, starts[i + 1])
+                if i >= 0:
+                    lo = max(lo, starts[i])
+                    if series.segments[i].rate:
+                        constant = False
+                v = series.value(t)
+                if v is not None:
+                    values[name] = v
+            samples.append(LinkSample(link, MappingProxyType(values)))
+        links = tuple(samples)
+        if constant:
+            self._links_cache[gpu] = (lo, hi, links)
+        return links
 
     def _noise(self, gpu: int, name: str, t: float) -> float:
         # Two slow sines with phases from a hash: smooth, in [-1, 1], a pure function of t.

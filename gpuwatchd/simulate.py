@@ -41,8 +41,13 @@ class Simulation:
     on_record: Callable[[dict[str, Any]], None] = lambda record: None
     include_samples: bool = False
     pipeline: Pipeline = field(default_factory=Pipeline)
+    rules: bool = True  # put the rule engine (the config's rules, state in memory) first
 
     def __post_init__(self) -> None:
+        if self.rules:
+            from .rules import rules_stage
+
+            self.pipeline.stages.insert(0, rules_stage(self.config, self.clock, durable=False))
         self.backend = ScenarioBackend(self.scenario, self.clock, real_stalls=False)
         self.state = NodeState(self.config.node_name, self.clock.now(), self.config.gpus.expected)
         self.renderer = MetricsRenderer(
@@ -109,6 +114,10 @@ class Simulation:
         self.poller.poll_once_sync()
         for transition in self.pipeline.evaluate(self.clock.now(), self.state.view()):
             self._out(transition.as_dict())
+        for sink in self.pipeline.sinks:  # actions: group windows, retries, drain grace
+            run_pending = getattr(sink, "run_pending", None)
+            if run_pending is not None:
+                run_pending(self.clock.now())
 
     def run(self) -> None:
         duration = self.scenario.duration
@@ -138,13 +147,38 @@ def run_simulation(
     *,
     include_samples: bool = False,
     metrics_out: str | None = None,
+    send: bool = False,
 ) -> int:
     def write(record: dict[str, Any]) -> None:
         out.write(json.dumps(record, sort_keys=False) + "\n")
 
     sim = Simulation(scenario, config, on_record=write, include_samples=include_samples)
+    add_actions(sim, config, send=send)
     sim.run()
     if metrics_out:
         with open(metrics_out, "wb") as fh:
             fh.write(sim.exposition())
     return 0
+
+
+def add_actions(sim: Simulation, config: Config, *, send: bool = False) -> None:
+    """The actions stage on the simulation's clock, when the config has receivers or a
+    drain mode. Notifications and drains are printed as ``notification`` and ``drain``
+    records, not sent; with ``send`` notifications really go out (drains never do)."""
+    if not config.receivers and config.drain.mode == "none":
+        return
+    import random
+
+    from .actions import ActionsSink
+
+    sink = ActionsSink(
+        config,
+        sim.clock,
+        threaded=False,
+        db_path=":memory:",
+        simulate=True,
+        record=None if send else sim._out,
+        on_drain=sim._out,
+        rng=random.Random(0),
+    )
+    sim.pipeline.sinks.append(sink)

@@ -59,6 +59,7 @@ class NodeView:
     last_xid: Mapping[int | None, int] = field(default_factory=lambda: MappingProxyType({}))
     expected_gpus: int | None = None
     extra: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+    pci_gpus: int | None = None  # NVIDIA GPUs on the PCI bus (udev/sysfs); None: not watched
 
 
 class NodeState:
@@ -74,6 +75,7 @@ class NodeState:
         self._sources: dict[str, SourceHealth] = {}
         self._xids: dict[tuple[int | None, int], int] = {}
         self._last_xid: dict[int | None, int] = {}
+        self._pci_gpus: int | None = None
         self._view: NodeView | None = None
 
     # -- writers ---------------------------------------------------------------------
@@ -148,6 +150,13 @@ class NodeState:
             self._last_xid[gpu] = xid
             self._touch()
 
+    def set_pci_gpus(self, count: int | None) -> None:
+        """How many NVIDIA GPUs the PCI bus shows (``gpuwatchd.pci``); None: unknown."""
+        with self._lock:
+            if count != self._pci_gpus:
+                self._pci_gpus = count
+                self._touch()
+
     def touch(self) -> None:
         """Mark the view changed (e.g. rule counters moved) so cached renders refresh."""
         with self._lock:
@@ -170,5 +179,6 @@ class NodeState:
                     xid_counts=MappingProxyType(dict(self._xids)),
                     last_xid=MappingProxyType(dict(self._last_xid)),
                     expected_gpus=self._expected,
+                    pci_gpus=self._pci_gpus,
                 )
             return self._view

@@ -20,9 +20,12 @@ out); ``RELOADING=1`` + ``MONOTONIC_USEC=`` ... ``READY=1`` around a SIGHUP relo
 from __future__ import annotations
 
 import logging
+import os
+import select
+import signal
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .alerts import AlertState, AlertTransition
 from .exposition import Families
@@ -36,7 +39,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-__all__ = ["FiringTracker", "Supervisor", "status_line"]
+__all__ = ["FiringTracker", "SignalInbox", "Supervisor", "serve", "status_line"]
 
 STATUS_REFRESH = 5.0  # seconds between STATUS= updates when nothing else changed
 MAX_TICK = 1.0  # the main loop checks liveness at least this often
@@ -135,8 +138,6 @@ class Supervisor:
         ``environ`` supplies ``$WATCHDOG_USEC`` (read it before ``Notifier.from_environ(
         unset=True)`` removes it).
         """
-        import os
-
         tracker = FiringTracker()
         daemon.pipeline.sinks.append(tracker)
 
@@ -236,48 +237,68 @@ def _shape(text: str) -> str:
     return head if sep else text
 
 
-def serve(supervisor: Supervisor, reload: Callable[[], bool]) -> str:
+class SignalInbox:
+    """SIGTERM, SIGINT and SIGHUP, recorded by trivial handlers and read by the main loop.
+
+    A self-pipe (``signal.set_wakeup_fd``) wakes ``wait()``, so no lock is ever taken
+    inside a handler. Use as a context manager around the daemon's life.
+    """
+
+    HANDLED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+    def __init__(self) -> None:
+        self.pending: list[int] = []
+        self._fds: tuple[int, int] | None = None
+        self._old_fd = -1
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> SignalInbox:
+        rfd, wfd = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self._fds = (rfd, wfd)
+        self._old_fd = signal.set_wakeup_fd(wfd, warn_on_full_buffer=False)
+        self._previous = {s: signal.signal(s, self._on_signal) for s in self.HANDLED}
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        signal.set_wakeup_fd(self._old_fd)
+        for s, handler in self._previous.items():
+            signal.signal(s, handler)
+        if self._fds is not None:
+            for fd in self._fds:
+                os.close(fd)
+            self._fds = None
+
+    def _on_signal(self, signum: int, frame: object) -> None:
+        self.pending.append(signum)
+
+    def wait(self, timeout: float) -> None:
+        """Sleep up to ``timeout`` seconds, less if a signal arrives."""
+        assert self._fds is not None, "use SignalInbox as a context manager"
+        rfd = self._fds[0]
+        readable, _, _ = select.select([rfd], [], [], timeout)
+        if readable:
+            try:
+                while os.read(rfd, 512):
+                    pass
+            except BlockingIOError:
+                pass
+
+
+def serve(supervisor: Supervisor, reload: Callable[[], bool], signals: SignalInbox) -> str:
     """The daemon's main loop: tick the supervisor, reload on SIGHUP, return on SIGTERM.
 
-    Signal handlers only record the signal; a self-pipe (``signal.set_wakeup_fd``) wakes
-    the loop, so no lock is ever taken inside a handler. Returns the stopping signal's name.
+    Returns the name of the signal that stopped it, after sending ``STOPPING=1``.
     """
-    import os
-    import select
-    import signal
-
-    pending: list[int] = []
-
-    def on_signal(signum: int, frame: object) -> None:
-        pending.append(signum)
-
-    rfd, wfd = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-    old_fd = signal.set_wakeup_fd(wfd, warn_on_full_buffer=False)
-    handled = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
-    previous = {s: signal.signal(s, on_signal) for s in handled}
-    try:
-        while True:
-            while pending:
-                signum = pending.pop(0)
-                name = signal.Signals(signum).name
-                if signum == signal.SIGHUP:
-                    log.info("received SIGHUP, reloading")
-                    supervisor.reloading()
-                    supervisor.reloaded(reload())
-                    continue
-                log.info("received %s, stopping", name)
-                supervisor.stopping()
-                return name
-            readable, _, _ = select.select([rfd], [], [], supervisor.tick())
-            if readable:
-                try:
-                    while os.read(rfd, 512):
-                        pass
-                except BlockingIOError:
-                    pass
-    finally:
-        signal.set_wakeup_fd(old_fd)
-        for s, handler in previous.items():
-            signal.signal(s, handler)
-        os.close(rfd)
-        os.close(wfd)
+    while True:
+        while signals.pending:
+            signum = signals.pending.pop(0)
+            name = signal.Signals(signum).name
+            if signum == signal.SIGHUP:
+                log.info("received SIGHUP, reloading")
+                supervisor.reloading()
+                supervisor.reloaded(reload())
+                continue
+            log.info("received %s, stopping", name)
+            supervisor.stopping()
+            return name
+        signals.wait(supervisor.tick())

@@ -427,3 +427,18 @@ def test_overrides() -> None:
 def test_bad_overrides(overrides: dict[object, dict[str, str]], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         Catalog.default().with_overrides(overrides)  # type: ignore[arg-type]
+
+
+def test_recovery_verdict_per_code() -> None:
+    base = Catalog.default()
+    assert (base.recovery_verdict(2).severity, base.recovery_verdict(2).action) == (
+        "critical",
+        "reboot_node",
+    )
+    assert base.recovery_verdict(0).action == Action.NONE
+    assert base.recovery_verdict(42).action == Action.CONTACT_SUPPORT
+    calm = base.with_overrides({154: {"severity": "warning"}})
+    assert (calm.recovery_verdict(2).severity, calm.recovery_verdict(2).action) == (
+        "warning",
+        "reboot_node",
+    )

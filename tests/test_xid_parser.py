@@ -334,3 +334,32 @@ def test_random_text_never_raises() -> None:
         text = "".join(rng.choice(pieces) for _ in range(rng.randint(0, 14)))
         _check(text)
         stream.feed(text)
+
+
+def test_public_api_is_curated() -> None:
+    import types
+
+    import gpuwatchd.xid as xid
+
+    public = {
+        name
+        for name, value in vars(xid).items()
+        if not name.startswith("_") and not isinstance(value, types.ModuleType)
+    } - {"annotations"}
+    assert set(xid.__all__) == public
+    assert all(hasattr(xid, name) for name in xid.__all__)
+
+
+def test_long_lines_of_repeated_headers_stay_linear() -> None:
+    import time
+
+    for piece in (
+        "NVRM: Xid (PCI:0000:01:00): 79x",
+        "NVRM: Xid (",
+        "NVRM: The NVIDIA GPU 0000:01:00.0 ",
+    ):
+        line = piece * 50000
+        start = time.perf_counter()
+        assert parse_line(line) is None
+        XidStream().feed(line)
+        assert time.perf_counter() - start < 2.0

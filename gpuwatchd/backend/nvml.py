@@ -28,7 +28,10 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import functools
+import logging
+import os
 import struct
+import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -39,6 +42,8 @@ from typing import Any
 from ..clock import Clock
 from ..errors import BackendError, BackendUnavailable, GpuLost, NotSupported, ResetRequired
 from ..records import GpuInfo, GpuSample, LinkSample, ProcessInfo, XidEvent
+
+log = logging.getLogger(__name__)
 
 # --- NVML numbers (nvml.h; identical in pynvml 12.x and 13.x) --------------------------
 
@@ -450,6 +455,12 @@ class NvmlBackend:
         if self._open:
             return list(self._infos)
         nv = self._load()
+        if self._nvml_arg is None and os.environ.get("MALLOC_ARENA_MAX") != "1":
+            log.warning(
+                "MALLOC_ARENA_MAX=1 is not set: NVML polled from worker threads corrupted "
+                "the heap on a 2 x H200 NVLink host (docs/real-gpu.md); `gpuwatchd run` and "
+                "the systemd unit set it"
+            )
         self._nvml = nv
         try:
             nv.nvmlInit()
@@ -963,6 +974,23 @@ class NvmlBackend:
             uuid=(found.info.uuid or None) if found else None,
             pci_bus_id=(found.info.pci_bus_id or None) if found else None,
         )
+
+
+def reexec_with_single_arena() -> None:
+    """Restart this process with ``MALLOC_ARENA_MAX=1`` in its environment, if not set.
+
+    On a 2 x H200 NVLink host (driver 580.159.04), polling NVML from any thread other than
+    the main one aborted the process within about 20 s ("malloc(): corrupted top size"),
+    while the same polls on the main thread, or with ``MALLOC_ARENA_MAX=1`` set at start-up,
+    ran clean; setting the limit later with mallopt() did not help. gpuwatchd polls each
+    GPU on its own thread, so ``gpuwatchd run`` re-executes itself with the variable set
+    before anything starts (the systemd unit sets it too). docs/real-gpu.md has the
+    experiment matrix; bench/nvml_crash_matrix.sh reproduces it.
+    """
+    if os.environ.get("MALLOC_ARENA_MAX") == "1" or not sys.platform.startswith("linux"):
+        return
+    os.environ["MALLOC_ARENA_MAX"] = "1"
+    os.execv(sys.executable, [sys.executable, "-m", "gpuwatchd", *sys.argv[1:]])
 
 
 def _label(spec: _FieldSpec, link: int | None) -> str:

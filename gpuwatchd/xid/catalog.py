@@ -306,6 +306,16 @@ def nvlink5_registers(message: str) -> tuple[int, int] | None:
     return int(regs[0], 16), int(regs[1], 16)
 
 
+def _recovery_verdict(code: int) -> Verdict:
+    row = next((r for r in catalog_data.RECOVERY_ACTIONS if r.code == code), None)
+    policy = RECOVERY_POLICY.get(row.nvml_name, UNKNOWN_RECOVERY_POLICY) if row else None
+    policy = policy or UNKNOWN_RECOVERY_POLICY
+    name = row.nvml_name if row else "unknown"
+    return Verdict(
+        policy.severity, policy.action, f"XID 154: recovery action now 0x{code:x} ({name})"
+    )
+
+
 def _policy_for_bucket(name: str) -> Policy:
     if not name:
         return NO_BUCKET_POLICY
@@ -323,7 +333,10 @@ class _Override:
 
 
 class Catalog:
-    """NVIDIA's XID catalog with gpuwatchd's policy; immutable, cheap to share."""
+    """NVIDIA's XID catalog with gpuwatchd's policy; immutable, cheap to share.
+
+    Use ``Catalog.default()`` and ``with_overrides``; the constructor's argument is internal.
+    """
 
     def __init__(self, overrides: Mapping[int, _Override] | None = None) -> None:
         self._overrides: dict[int, _Override] = dict(overrides or {})
@@ -452,16 +465,18 @@ class Catalog:
     @staticmethod
     def _classify_recovery(message: str) -> Verdict | None:
         change = parse_recovery_change(message)
-        if change is None:
-            return None
-        row = change.after_action
-        policy = RECOVERY_POLICY.get(row.nvml_name, UNKNOWN_RECOVERY_POLICY) if row else None
-        policy = policy or UNKNOWN_RECOVERY_POLICY
-        name = row.nvml_name if row else "unknown"
+        return None if change is None else _recovery_verdict(change.after)
+
+    def recovery_verdict(self, code: int) -> Verdict:
+        """The verdict for an XID 154 whose recovery action is now ``code`` (overrides apply)."""
+        verdict = _recovery_verdict(code)
+        override = self._overrides.get(154)
+        if override is None:
+            return verdict
         return Verdict(
-            policy.severity,
-            policy.action,
-            f"XID 154: recovery action now 0x{change.after:x} ({name})",
+            override.severity or verdict.severity,
+            override.action or verdict.action,
+            f"{verdict.reason}; overridden by configuration",
         )
 
     def match_nvlink5(self, xid: int, message: str) -> list[NvlinkMatch]:

@@ -8,7 +8,7 @@ timestamps, syslog and ``journalctl`` short prefixes, a bare ``kernel:`` tag, th
 ``<4>`` priority, and raw ``/dev/kmsg`` records (``4,360,24122037,c;NVRM: ...``).
 
 One thing it does refuse: text whose own prefix says that user space wrote it. A syslog
-tag other than ``kernel`` right before the header (``myapp[42]: NVRM: Xid ...``), a
+tag other than ``kernel`` before the header (``myapp[42]: NVRM: Xid ...``), a
 ``dmesg --decode`` facility other than ``kern`` (``user  :warn  : ...``), a console
 priority or a /dev/kmsg record whose facility is not 0: the kernel writes its own lines
 with facility 0 and any local user can write the rest. The sources still apply their own,
@@ -48,10 +48,9 @@ _BDF_OPT_DOMAIN = (
 )
 
 _XID_HEADER = "NVRM: Xid ("
-_XID_RE = re.compile(rf"NVRM: Xid \((?:PCI:)?{_BDF}\): (?P<code>\d+)(?P<rest>.*)", re.S)
-_SXID_RE = re.compile(
-    rf"(?:nvidia-nvswitch\d+: )?SXid \((?:PCI:)?{_BDF}\): (?P<code>\d+)(?P<rest>.*)", re.S
-)
+# Headers only: what follows is sliced off, so a line full of repeated headers stays linear.
+_XID_RE = re.compile(rf"NVRM: Xid \((?:PCI:)?{_BDF}\): (?P<code>\d+)")
+_SXID_RE = re.compile(rf"(?:nvidia-nvswitch\d+: )?SXid \((?:PCI:)?{_BDF}\): (?P<code>\d+)")
 # "pid=1234, name=python3, <message>", "pid='<unknown>', name=<unknown>, <message>",
 # "pid=1122, <message>". A name runs to the first ", ": process names may hold colons
 # and brackets (ray::Wkr[0]) but the kernel's 15-character names rarely hold ", ".
@@ -210,12 +209,10 @@ def _parse_xid(text: str, raw: str) -> ParsedXid | None:
     start = text.find(_XID_HEADER)
     while start >= 0:
         m = _XID_RE.match(text, start)
-        if m is not None:
-            rest = m.group("rest")
-            if rest == "" or rest[0] == ",":
-                if _written_by_user_space(text[:start]):
-                    return None
-                return _build("xid", _pci_of(m), int(m.group("code")), rest, raw)
+        if m is not None and text[m.end() : m.end() + 1] in ("", ","):
+            if _written_by_user_space(text[:start]):
+                return None
+            return _build("xid", _pci_of(m), int(m.group("code")), text[m.end() :], raw)
         start = text.find(_XID_HEADER, start + 1)
     return None
 
@@ -238,14 +235,11 @@ def _build(kind: XidKind, pci: str, code: int, rest: str, raw: str) -> ParsedXid
 
 def _parse_sxid(text: str, raw: str) -> ParsedXid | None:
     m = _SXID_RE.search(text)
-    if m is None:
-        return None
-    rest = m.group("rest")
-    if rest and rest[0] != ",":
+    if m is None or text[m.end() : m.end() + 1] not in ("", ","):
         return None
     if _written_by_user_space(text[: m.start()]):
         return None
-    return _build("sxid", _pci_of(m), int(m.group("code")), rest, raw)
+    return _build("sxid", _pci_of(m), int(m.group("code")), text[m.end() :], raw)
 
 
 def _join_continuations(text: str) -> str:

@@ -1,0 +1,543 @@
+"""The drain hook: one drain per incident, after a grace period, within a rate limit.
+
+An *incident* is one firing transition of a rule that asks for a drain (``drain=True``);
+its key is that transition's idempotency key, so the same transition handed over twice
+(a restart, a replay) is one incident. Incidents are rows in the outbox database, written
+in the same transaction as the transition, so a restart neither forgets nor repeats one.
+
+    pending --(grace over)--> drained | already | kept_admin | dry_run
+       |                         \\--> rate_limited (page) | failed after N tries (page)
+       \\--(alert resolved first)--> cancelled
+
+While an incident is pending the node shows ``drain_pending`` in status, metrics and the
+health file (``drain.state_file``), and ``drain.notify_command`` runs once. Resume (only
+with ``drain.resume``) waits until no drain incident is unresolved and ``resume_hold`` has
+passed since the last one resolved, and then only undoes a drain gpuwatchd owns.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import random
+import sqlite3
+import tempfile
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from ..alerts import AlertState, AlertTransition, Severity
+from ..clock import Clock
+from ..config_actions import DrainConfig
+from ..exposition import Families
+from .drivers import DrainError, DrainResult, Driver, incident_env, run_argv
+from .model import dumps, short_reason
+from .store import Store, loads
+
+log = logging.getLogger(__name__)
+
+PENDING = "pending"
+# Incident states in which gpuwatchd holds (or may hold) the node drained.
+DRAINED_STATES = ("drained", "already")
+RESULTS = ("drained", "already", "kept_admin", "dry_run", "failed", "rate_limited", "cancelled")
+RESUME_RESULTS = ("resumed", "not_ours", "not_drained", "dry_run", "failed")
+LIMIT_RULE = "GpuwatchdDrainLimitReached"
+FAILED_RULE = "GpuwatchdDrainFailed"
+RETRY_BASE = 5.0
+RETRY_MAX = 300.0
+
+
+class DrainController:
+    def __init__(
+        self,
+        cfg: DrainConfig,
+        node: str,
+        store: Store,
+        clock: Clock,
+        driver: Driver,
+        *,
+        page: Callable[[list[AlertTransition]], None],
+        rng: random.Random | None = None,
+        on_record: Callable[[dict[str, Any]], None] | None = None,
+        run_notify: bool = True,
+    ) -> None:
+        self.cfg = cfg
+        self.node = node
+        self.store = store
+        self.clock = clock
+        self.driver = driver
+        self.page = page
+        self.rng = rng or random.Random()
+        self.on_record = on_record
+        self.run_notify = run_notify
+        self.actions: dict[tuple[str, str], int] = {
+            **{("drain", r): 0 for r in RESULTS},
+            **{("resume", r): 0 for r in RESUME_RESULTS},
+        }
+        self.rate_limited = 0
+        self._count_lock = threading.Lock()  # counters move on the drain and the submit thread
+        self._health_written: str | None = None
+        self._health_warned = False
+        self.last_error: str | None = None
+        with store.tx() as conn:
+            conn.execute("INSERT OR IGNORE INTO node_drain(id) VALUES(1)")
+
+    # -- called inside the outbox transaction ------------------------------------------
+    def grace_for(self, rec: dict[str, Any]) -> float:
+        from ..config_actions import parse_duration_text
+
+        ann = (rec.get("annotations") or {}).get("drain_grace")
+        if ann is not None:
+            seconds = parse_duration_text(str(ann))
+            if seconds is not None:
+                return seconds
+            log.warning("rule %s: drain_grace annotation %r is not a duration", rec["rule"], ann)
+        return self.cfg.rule_grace.get(str(rec["rule"]), self.cfg.grace)
+
+    def admit(
+        self, conn: sqlite3.Connection, rec: dict[str, Any], silenced: str | None, now: float
+    ) -> None:
+        """A firing transition of a drain rule: open its incident (once)."""
+        grace = self.grace_for(rec)
+        state = "silenced" if silenced else PENDING
+        cur = conn.execute(
+            "INSERT OR IGNORE INTO incidents(key, fingerprint, record, reason, state, opened, "
+            "drain_at, closed) VALUES(?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                rec["idempotency_key"],
+                rec["fingerprint"],
+                dumps(rec),
+                short_reason(rec),
+                state,
+                now,
+                now + grace,
+                now if silenced else None,
+            ),
+        )
+        if cur.rowcount and silenced:
+            log.warning("drain for %s not done: silenced by %s", short_reason(rec), silenced)
+
+    def resolved(self, conn: sqlite3.Connection, fingerprint: str, now: float) -> None:
+        cur = conn.execute(
+            "UPDATE incidents SET state='cancelled', closed=? WHERE fingerprint=? AND state=?",
+            (now, fingerprint, PENDING),
+        )
+        if cur.rowcount:  # the alert cleared within its grace: no drain
+            with self._count_lock:
+                self.actions[("drain", "cancelled")] += cur.rowcount
+            log.warning("drain of %s cancelled: the alert resolved within the grace", self.node)
+        conn.execute(
+            "UPDATE incidents SET resolved=?, closed=COALESCE(closed, ?) "
+            "WHERE fingerprint=? AND resolved IS NULL",
+            (now, now, fingerprint),
+        )
+
+    # -- the drain worker ------------------------------------------------------------
+    def _backoff(self, attempts: int) -> float:
+        base = min(RETRY_MAX, RETRY_BASE * 2.0 ** max(0, attempts - 1))
+        return base * (0.5 + self.rng.random() / 2)
+
+    def _window_count(self, now: float) -> int:
+        row = self.store.query(
+            "SELECT COUNT(*) FROM incidents WHERE drained_at IS NOT NULL AND drained_at > ?",
+            (now - self.cfg.window,),
+        )
+        return int(row[0][0])
+
+    def _record(
+        self, action: str, inc: dict[str, Any] | None, result: DrainResult | str, detail: str = ""
+    ) -> None:
+        name = result.result if isinstance(result, DrainResult) else result
+        text = result.detail if isinstance(result, DrainResult) else detail
+        with self._count_lock:
+            self.actions[(action, name)] = self.actions.get((action, name), 0) + 1
+        how = self.driver.mode + (", dry run" if self.cfg.dry_run else "")
+        msg = f"{action} {self.node} ({how}): {name}: {text}"
+        if name in ("failed", "rate_limited"):
+            log.error("%s", msg)
+        else:
+            log.warning("%s", msg)
+        if self.on_record is not None:
+            out: dict[str, Any] = {
+                "record": "drain",
+                "action": action,
+                "mode": self.driver.mode,
+                "node": self.node,
+                "result": name,
+                "detail": text,
+                "dry_run": self.cfg.dry_run,
+            }
+            if inc is not None:
+                out["incident"] = inc["key"]
+                out["reason"] = inc["reason"]
+            self.on_record(out)
+
+    def _incidents(self, where: str, args: tuple[Any, ...] = ()) -> list[dict[str, Any]]:
+        rows = self.store.query(f"SELECT * FROM incidents WHERE {where} ORDER BY opened, key", args)
+        out = []
+        for r in rows:
+            d = dict(r)
+            d["record"] = loads(d["record"])
+            out.append(d)
+        return out
+
+    def step(self, now: float) -> float | None:
+        """Do what is due; returns when there is more to do (None: nothing scheduled)."""
+        pages: list[AlertTransition] = []
+        for inc in self._incidents("state=? AND notified=0 AND drain_at > opened", (PENDING,)):
+            self._notify(inc)
+        for inc in self._incidents(
+            "state=? AND drain_at <= ? AND next_attempt <= ?", (PENDING, now, now)
+        ):
+            pages.extend(self._drain(inc, now))
+        pages.extend(self._limit_alert(now))
+        for inc in self._incidents("state='failed' AND resolved IS NOT NULL AND notified < 2"):
+            with self.store.tx() as conn:
+                conn.execute("UPDATE incidents SET notified=2 WHERE key=?", (inc["key"],))
+            summary = f"the fault behind the failed drain of {self.node} has resolved"
+            pages.append(self._synthetic(FAILED_RULE, AlertState.RESOLVED, inc, now, summary))
+        if self.cfg.resume:
+            self._resume(now)
+        self.write_health(now)
+        if pages:
+            self.page(pages)
+        return self._next_due(now)
+
+    def _notify(self, inc: dict[str, Any]) -> None:
+        with self.store.tx() as conn:
+            conn.execute("UPDATE incidents SET notified=1 WHERE key=?", (inc["key"],))
+        argv = self.cfg.notify_command
+        if not argv:
+            return
+        if self.cfg.dry_run or not self.run_notify:
+            log.warning("drain pending for %s: would run %s (dry run)", inc["reason"], argv[0])
+            return
+        env = {
+            **os.environ,
+            **incident_env("drain_pending", self.node, inc, inc["reason"]),
+            "GPUWATCHD_DRAIN_AT": f"{inc['drain_at']:.3f}",
+            "GPUWATCHD_GRACE_SECONDS": f"{inc['drain_at'] - inc['opened']:g}",
+        }
+        try:
+            res = run_argv(argv, timeout=self.cfg.timeout, env=env)
+            if res.returncode != 0:
+                log.error("drain notify command %s exited with status %d", argv[0], res.returncode)
+        except DrainError as exc:
+            log.error("drain notify command: %s", exc)
+
+    def _drain(self, inc: dict[str, Any], now: float) -> list[AlertTransition]:
+        owned = self.store.query("SELECT owned, reason FROM node_drain WHERE id=1")[0]
+        try:
+            if owned["owned"] and not self.driver.reads_state:
+                # The node is drained by gpuwatchd already (a cascade: XID 79, then GPU
+                # lost): one drain per node, not one hook call per alert.
+                result = DrainResult(
+                    "already", f"node already drained by gpuwatchd ({owned['reason']})"
+                )
+            elif self._window_count(now) >= self.cfg.max_drains:
+                # Over the limit nothing may change; a driver that can read the node may
+                # still find there is nothing to do (drained already, or by an admin).
+                probe = (
+                    self.driver.drain(inc, inc["reason"], True) if self.driver.reads_state else None
+                )
+                if probe is None or probe.counts:
+                    return self._rate_limited(inc, now)
+                result = probe
+            else:
+                result = self.driver.drain(inc, inc["reason"], self.cfg.dry_run)
+        except DrainError as exc:
+            self.last_error = str(exc)
+            attempts = inc["attempts"] + 1
+            if attempts >= self.cfg.attempts:
+                with self.store.tx() as conn:
+                    conn.execute(
+                        "UPDATE incidents SET state='failed', attempts=?, last_error=?, closed=? "
+                        "WHERE key=?",
+                        (attempts, str(exc), now, inc["key"]),
+                    )
+                self._record("drain", inc, "failed", f"gave up after {attempts} attempts: {exc}")
+                return [
+                    self._synthetic(
+                        FAILED_RULE,
+                        AlertState.FIRING,
+                        inc,
+                        now,
+                        f"gpuwatchd could not drain {self.node}: {exc}",
+                    )
+                ]
+            with self.store.tx() as conn:
+                conn.execute(
+                    "UPDATE incidents SET attempts=?, last_error=?, next_attempt=? WHERE key=?",
+                    (attempts, str(exc), now + self._backoff(attempts), inc["key"]),
+                )
+            log.warning("drain %s: attempt %d failed: %s", self.node, attempts, exc)
+            return []
+        with self.store.tx() as conn:
+            conn.execute(
+                "UPDATE incidents SET state=?, result=?, attempts=0, next_attempt=0, drained_at=?, "
+                "last_error=NULL WHERE key=?",
+                (result.result, result.detail, now if result.counts else None, inc["key"]),
+            )
+            if result.owns:
+                conn.execute(
+                    "UPDATE node_drain SET owned=1, reason=COALESCE(reason, ?), "
+                    "drained_at=COALESCE(drained_at, ?), "
+                    "resume_attempts=0, next_attempt=0, last_result=? WHERE id=1",
+                    (inc["reason"], now, result.result),
+                )
+        self._record("drain", inc, result)
+        return []
+
+    def _rate_limited(self, inc: dict[str, Any], now: float) -> list[AlertTransition]:
+        self.rate_limited += 1
+        with self.store.tx() as conn:
+            conn.execute(
+                "UPDATE incidents SET state='rate_limited', result=?, closed=? WHERE key=?",
+                (f"{self.cfg.max_drains} drains in {self.cfg.window:g}s already", now, inc["key"]),
+            )
+        self._record(
+            "drain",
+            inc,
+            "rate_limited",
+            f"limit of {self.cfg.max_drains} drains per {self.cfg.window:g}s reached; not draining",
+        )
+        return self._fire_limit(inc, now)
+
+    def _synthetic(
+        self, rule: str, state: AlertState, inc: dict[str, Any] | None, now: float, summary: str
+    ) -> AlertTransition:
+        labels = {"node": self.node}
+        if inc is not None:
+            src = inc["record"].get("labels") or {}
+            for k in ("gpu", "uuid", "pci_bus_id"):
+                if src.get(k) not in (None, ""):
+                    labels[k] = str(src[k])
+        from ..alerts import fingerprint
+
+        fp = fingerprint(rule, labels)
+        with self.store.tx() as conn:
+            seq = Store.next_counter(conn, f"seq:{fp}")
+            if rule == LIMIT_RULE:
+                Store.set_meta(conn, "limit_alert", "firing" if state is AlertState.FIRING else "")
+        return AlertTransition(
+            rule=rule,
+            state=state,
+            severity=Severity.PAGE,
+            labels=labels,
+            annotations={"summary": summary, "description": summary},
+            active_since=now,
+            timestamp=now,
+            sequence=seq,
+        )
+
+    def _fire_limit(self, inc: dict[str, Any], now: float) -> list[AlertTransition]:
+        firing = self.store.query("SELECT value FROM meta WHERE key='limit_alert'")
+        if firing and firing[0][0] == "firing":
+            return []
+        summary = (
+            f"drain limit reached on {self.node}: {self.cfg.max_drains} drains within "
+            f"{self.cfg.window:g}s; not draining for {inc['reason']}"
+        )
+        t = self._synthetic(LIMIT_RULE, AlertState.FIRING, None, now, summary)
+        return [t]
+
+    def _limit_alert(self, now: float) -> list[AlertTransition]:
+        firing = self.store.query("SELECT value FROM meta WHERE key='limit_alert'")
+        if not firing or firing[0][0] != "firing" or self._window_count(now) >= self.cfg.max_drains:
+            return []
+        return [
+            self._synthetic(
+                LIMIT_RULE,
+                AlertState.RESOLVED,
+                None,
+                now,
+                f"drain limit on {self.node} has room again",
+            )
+        ]
+
+    def _resume(self, now: float) -> None:
+        """Undo gpuwatchd's drain once no drain incident is unresolved and the hold is over."""
+        row = dict(self.store.query("SELECT * FROM node_drain WHERE id=1")[0])
+        if (
+            not row["owned"]
+            or row["next_attempt"] > now
+            or row["resume_attempts"] >= self.cfg.attempts
+        ):
+            return
+        open_ = self.store.query("SELECT COUNT(*) FROM incidents WHERE resolved IS NULL")[0][0]
+        last = self.store.query("SELECT MAX(resolved) FROM incidents")[0][0]
+        if open_ or last is None or now < last + self.cfg.resume_hold:
+            return
+        drained = self._incidents("state IN ('drained', 'already')")
+        inc = drained[-1] if drained else None
+        try:
+            result = self.driver.resume(inc, self.cfg.dry_run)
+        except DrainError as exc:
+            self.last_error = str(exc)
+            attempts = row["resume_attempts"] + 1
+            with self.store.tx() as conn:
+                conn.execute(
+                    "UPDATE node_drain SET resume_attempts=?, next_attempt=?, last_error=? "
+                    "WHERE id=1",
+                    (attempts, now + self._backoff(attempts), str(exc)),
+                )
+            self._record("resume", inc, "failed", str(exc))
+            return
+        with self.store.tx() as conn:
+            conn.execute(
+                "UPDATE node_drain SET owned=0, reason=NULL, drained_at=NULL, last_result=?, "
+                "last_error=NULL WHERE id=1",
+                (result.result,),
+            )
+            conn.execute(
+                "UPDATE incidents SET state='resumed', closed=COALESCE(closed, ?) "
+                "WHERE state IN ('drained', 'already') AND resolved IS NOT NULL",
+                (now,),
+            )
+        self._record("resume", inc, result)
+
+    def _next_due(self, now: float) -> float | None:
+        times: list[float] = []
+        row = self.store.query(
+            "SELECT MIN(MAX(drain_at, next_attempt)) FROM incidents WHERE state=?", (PENDING,)
+        )
+        if row and row[0][0] is not None:
+            times.append(float(row[0][0]))
+        if self.cfg.resume:
+            last = self.store.query("SELECT MAX(resolved) FROM incidents")[0][0]
+            if last is not None:
+                times.append(max(float(last) + self.cfg.resume_hold, now + 1.0))
+        if self.store.query("SELECT value FROM meta WHERE key='limit_alert'") and self.cfg.window:
+            oldest = self.store.query(
+                "SELECT MIN(drained_at) FROM incidents WHERE drained_at > ?",
+                (now - self.cfg.window,),
+            )[0][0]
+            if oldest is not None:
+                times.append(float(oldest) + self.cfg.window)
+        return min(times) if times else None
+
+    # -- state for status, metrics and the health file -------------------------------
+    def summary(self, now: float) -> dict[str, Any]:
+        node = dict(self.store.query("SELECT * FROM node_drain WHERE id=1")[0])
+        incidents = self._incidents("closed IS NULL OR closed > ?", (now - 86400.0,))
+        pending = [i for i in incidents if i["state"] == PENDING]
+        if pending:
+            state = "drain_pending"
+        elif node["owned"]:
+            state = "drained"
+        else:
+            state = "ok"
+        return {
+            "mode": self.driver.mode,
+            "dry_run": self.cfg.dry_run,
+            "node": self.node,
+            "state": state,
+            "drain_at": min((i["drain_at"] for i in pending), default=None),
+            "reason": (pending[0]["reason"] if pending else node["reason"]) or None,
+            "owned": bool(node["owned"]),
+            "drains_in_window": self._window_count(now),
+            "max_drains": self.cfg.max_drains,
+            "window_seconds": self.cfg.window,
+            "last_error": self.last_error,
+            "incidents": [
+                {
+                    "key": i["key"],
+                    "rule": i["record"]["rule"],
+                    "gpu": (i["record"].get("labels") or {}).get("gpu"),
+                    "reason": i["reason"],
+                    "state": i["state"],
+                    "opened": i["opened"],
+                    "drain_at": i["drain_at"],
+                    "resolved": i["resolved"],
+                    "result": i["result"],
+                    "attempts": i["attempts"],
+                }
+                for i in incidents
+            ],
+        }
+
+    def write_health(self, now: float) -> None:
+        path = self.cfg.state_file
+        if path is None:
+            return
+        s = self.summary(now)
+        doc = {
+            "version": 1,
+            "node": s["node"],
+            "state": s["state"],
+            "drain_pending": s["state"] == "drain_pending",
+            "drain_at": s["drain_at"],
+            "reason": s["reason"],
+            "mode": s["mode"],
+            "dry_run": s["dry_run"],
+            "incidents": [i for i in s["incidents"] if i["resolved"] is None],
+        }
+        text = json.dumps(doc, sort_keys=True)
+        if text == self._health_written:
+            return
+        doc["updated"] = now
+        try:
+            write_atomic(path, json.dumps(doc, indent=2, sort_keys=True) + "\n")
+        except OSError as exc:
+            if not self._health_warned:
+                log.warning("cannot write the health file %s: %s", path, exc.strerror or exc)
+                self._health_warned = True
+            return
+        self._health_written = text
+
+    def families(self, fams: Families, now: float) -> None:
+        s = self.summary(now)
+        fams.get(
+            "gpuwatchd_drain_pending",
+            "gauge",
+            "1 while a drain of this node waits for its grace period to end.",
+            [],
+        ).add([], 1.0 if s["state"] == "drain_pending" else 0.0)
+        fams.get(
+            "gpuwatchd_drained",
+            "gauge",
+            "1 while the node is drained by gpuwatchd (or, for exec hooks, a drain hook ran).",
+            [],
+        ).add([], 1.0 if s["state"] == "drained" else 0.0)
+        actions = fams.get(
+            "gpuwatchd_drain_actions_total",
+            "counter",
+            "Drain and resume attempts by result (drained, already, kept_admin, dry_run, ...).",
+            ["action", "result"],
+        )
+        with self._count_lock:
+            counts = sorted(self.actions.items())
+        for (action, result), n in counts:
+            actions.add([action, result], float(n))
+        fams.get(
+            "gpuwatchd_drain_rate_limited_total",
+            "counter",
+            "Drains not done because drain.max_drains was reached within drain.window.",
+            [],
+        ).add([], float(self.rate_limited))
+        fams.get(
+            "gpuwatchd_drains_in_window",
+            "gauge",
+            "Drains done (or, in dry-run, that would have been) within the current drain.window.",
+            [],
+        ).add([], float(s["drains_in_window"]))
+
+
+def write_atomic(path: str, text: str) -> None:
+    """Write ``text`` to ``path`` so that readers see the old or the new file, never half."""
+    directory = os.path.dirname(path)
+    os.makedirs(directory, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", dir=directory)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise

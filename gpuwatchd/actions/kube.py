@@ -1,0 +1,385 @@
+"""Kubernetes drain: cordon, a taint and a node condition, through the API server.
+
+Contract-tested only (against a local HTTP server that checks method, path, patch content
+type and body the way the API server would); no API server runs on the test machines.
+
+Drain: ``GET /api/v1/nodes/N``, then one JSON patch (``application/json-patch+json``)
+that starts with ``{"op": "test", "path": "/metadata/resourceVersion"}`` - so nothing is
+written if the node changed since we read it - and sets ``spec.unschedulable``, appends our
+taint and records ownership in the annotation ``gpuwatchd.io/drain``. A node cordoned by
+someone else is left alone (no taint, no annotation; never uncordoned later). The condition
+goes to ``/api/v1/nodes/N/status`` as a strategic merge patch carrying
+``metadata.resourceVersion`` as a precondition. A 409 or 422 re-reads and retries.
+
+Credentials: a kubeconfig file (``drain.kubernetes.kubeconfig``: token, token file or client
+certificate; no exec plugins), else the in-cluster service account.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import os
+import shutil
+import ssl
+import tempfile
+import urllib.parse
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+import httpx
+import yaml
+
+from ..config_actions import KubernetesDrainConfig
+from .drivers import DrainError, DrainResult
+
+ANNOTATION = "gpuwatchd.io/drain"
+JSON_PATCH = "application/json-patch+json"
+MERGE_PATCH = "application/strategic-merge-patch+json"
+SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
+CONFLICT_RETRIES = 4
+
+
+def _pointer(key: str) -> str:
+    return key.replace("~", "~0").replace("/", "~1")
+
+
+def _k8s_time(ts: float) -> str:
+    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class KubeClient:
+    """Just enough of the core/v1 Node API, over httpx (transport injectable)."""
+
+    def __init__(
+        self,
+        server: str,
+        *,
+        token: str | None = None,
+        token_file: str | None = None,
+        verify: ssl.SSLContext | bool = True,
+        cert: tuple[str, str] | None = None,
+        timeout: float = 30.0,
+        transport: httpx.BaseTransport | None = None,
+        cleanup: str | None = None,
+    ) -> None:
+        self.server = server.rstrip("/")
+        self._token = token
+        self._token_file = token_file
+        self._cleanup = cleanup
+        self._client = httpx.Client(
+            verify=verify, cert=cert, timeout=timeout, transport=transport, follow_redirects=False
+        )
+
+    @classmethod
+    def from_config(
+        cls,
+        cfg: KubernetesDrainConfig,
+        timeout: float,
+        environ: Mapping[str, str] | None = None,
+        transport: httpx.BaseTransport | None = None,
+    ) -> KubeClient:
+        env = os.environ if environ is None else environ
+        if cfg.kubeconfig is None:
+            host = env.get("KUBERNETES_SERVICE_HOST")
+            port = env.get("KUBERNETES_SERVICE_PORT", "443")
+            if not host:
+                raise DrainError(
+                    "drain.kubernetes: no kubeconfig set and not in a cluster "
+                    "($KUBERNETES_SERVICE_HOST is unset)"
+                )
+            host = f"[{host}]" if ":" in host else host
+            ca = os.path.join(SA_DIR, "ca.crt")
+            verify: ssl.SSLContext | bool = ssl.create_default_context(cafile=ca)
+            return cls(
+                f"https://{host}:{port}",
+                token_file=os.path.join(SA_DIR, "token"),
+                verify=verify,
+                timeout=timeout,
+                transport=transport,
+            )
+        return cls._from_kubeconfig(cfg.kubeconfig, timeout, transport)
+
+    @classmethod
+    def _from_kubeconfig(
+        cls, path: str, timeout: float, transport: httpx.BaseTransport | None
+    ) -> KubeClient:
+        try:
+            with open(path, encoding="utf-8") as fh:
+                doc = yaml.safe_load(fh) or {}
+        except (OSError, yaml.YAMLError) as exc:
+            raise DrainError(f"cannot read kubeconfig {path}: {exc}") from None
+        base = os.path.dirname(path)
+
+        def named(kind: str, name: str | None) -> dict[str, Any]:
+            for item in doc.get(kind + "s") or []:
+                if item.get("name") == name:
+                    return dict(item.get(kind) or {})
+            raise DrainError(f"kubeconfig {path}: no {kind} named {name!r}")
+
+        ctx = named("context", doc.get("current-context"))
+        cluster = named("cluster", ctx.get("cluster"))
+        user = named("user", ctx.get("user")) if ctx.get("user") else {}
+        if "exec" in user or "auth-provider" in user:
+            raise DrainError(f"kubeconfig {path}: exec and auth-provider plugins are not supported")
+        server = cluster.get("server")
+        if not server:
+            raise DrainError(f"kubeconfig {path}: the cluster has no server")
+        tmp = tempfile.mkdtemp(prefix="gpuwatchd-kube-")
+
+        def file_of(key: str, where: dict[str, Any]) -> str | None:
+            if where.get(key + "-data"):
+                out = os.path.join(tmp, key)
+                fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+                with os.fdopen(fd, "wb") as fh:
+                    fh.write(base64.b64decode(where[key + "-data"]))
+                return out
+            if where.get(key):
+                p = str(where[key])
+                return p if os.path.isabs(p) else os.path.join(base, p)
+            return None
+
+        verify: ssl.SSLContext | bool = True
+        if cluster.get("insecure-skip-tls-verify"):
+            verify = False
+        else:
+            ca = file_of("certificate-authority", cluster)
+            if ca and str(server).startswith("https"):
+                verify = ssl.create_default_context(cafile=ca)
+        cert_file = file_of("client-certificate", user)
+        key_file = file_of("client-key", user)
+        token_file = user.get("tokenFile")
+        if token_file and not os.path.isabs(token_file):
+            token_file = os.path.join(base, token_file)
+        return cls(
+            str(server),
+            token=user.get("token"),
+            token_file=token_file,
+            verify=verify,
+            cert=(cert_file, key_file) if cert_file and key_file else None,
+            timeout=timeout,
+            transport=transport,
+            cleanup=tmp,
+        )
+
+    def _headers(self, content_type: str | None = None) -> dict[str, str]:
+        headers = {"Accept": "application/json", "User-Agent": "gpuwatchd"}
+        token = self._token
+        if self._token_file:  # service-account tokens rotate: read each time
+            try:
+                with open(self._token_file, encoding="utf-8") as fh:
+                    token = fh.read().strip()
+            except OSError as exc:
+                raise DrainError(f"cannot read token {self._token_file}: {exc.strerror}") from None
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        if content_type:
+            headers["Content-Type"] = content_type
+        return headers
+
+    def _call(
+        self, method: str, path: str, body: Any = None, content_type: str | None = None
+    ) -> tuple[int, dict[str, Any]]:
+        url = self.server + path
+        try:
+            resp = self._client.request(
+                method,
+                url,
+                headers=self._headers(content_type),
+                content=None if body is None else json.dumps(body).encode(),
+            )
+        except httpx.HTTPError as exc:
+            raise DrainError(
+                f"kubernetes API {method} {path}: {type(exc).__name__}: {exc}"
+            ) from None
+        try:
+            data = resp.json()
+        except ValueError:
+            data = {}
+        return resp.status_code, data if isinstance(data, dict) else {}
+
+    def node_path(self, name: str) -> str:
+        return "/api/v1/nodes/" + urllib.parse.quote(name, safe="")
+
+    def get_node(self, name: str) -> dict[str, Any]:
+        status, data = self._call("GET", self.node_path(name))
+        if status != 200:
+            raise DrainError(f"GET node {name}: HTTP {status} {data.get('message', '')}".strip())
+        return data
+
+    def patch(self, path: str, body: Any, content_type: str) -> tuple[int, dict[str, Any]]:
+        return self._call("PATCH", path, body, content_type)
+
+    def close(self) -> None:
+        self._client.close()
+        if self._cleanup:
+            shutil.rmtree(self._cleanup, ignore_errors=True)
+
+
+class KubernetesDriver:
+    mode = "kubernetes"
+    reads_state = True
+
+    def __init__(
+        self, client: KubeClient, node: str, cfg: KubernetesDrainConfig, clock_now: Any
+    ) -> None:
+        self.client = client
+        self.node = node
+        self.cfg = cfg
+        self._now = clock_now
+
+    def _taint(self, reason: str) -> dict[str, str]:
+        value = "".join(
+            c if c.isalnum() or c in "-_." else "-" for c in reason.split(":", 1)[-1].strip()
+        )
+        return {
+            "key": self.cfg.taint_key,
+            "value": value.strip("-_.")[:63],
+            "effect": self.cfg.taint_effect,
+        }
+
+    def _condition(self, rv: str, fault: bool, message: str) -> None:
+        if not self.cfg.condition:
+            return
+        path = self.client.node_path(self.node) + "/status"
+        now = _k8s_time(self._now())
+        for _ in range(CONFLICT_RETRIES):
+            body = {
+                "metadata": {"resourceVersion": rv},
+                "status": {
+                    "conditions": [
+                        {
+                            "type": self.cfg.condition_type,
+                            "status": "True" if fault else "False",
+                            "reason": "GpuwatchdDrained" if fault else "GpuwatchdHealthy",
+                            "message": message[:1024],
+                            "lastHeartbeatTime": now,
+                            "lastTransitionTime": now,
+                        }
+                    ]
+                },
+            }
+            status, data = self.client.patch(path, body, MERGE_PATCH)
+            if status == 200:
+                return
+            if status not in (409, 422):
+                raise DrainError(
+                    f"PATCH node {self.node} status: HTTP {status} {data.get('message', '')}"
+                )
+            rv = str(self.client.get_node(self.node)["metadata"]["resourceVersion"])
+        raise DrainError(
+            f"PATCH node {self.node} status: still conflicting after {CONFLICT_RETRIES} tries"
+        )
+
+    def drain(self, incident: Mapping[str, Any], reason: str, dry_run: bool) -> DrainResult:
+        for _ in range(CONFLICT_RETRIES):
+            node = self.client.get_node(self.node)
+            meta = node.get("metadata") or {}
+            spec = node.get("spec") or {}
+            rv = str(meta.get("resourceVersion", ""))
+            annotations = meta.get("annotations") or {}
+            if ANNOTATION in annotations and spec.get("unschedulable"):
+                return DrainResult("already", "node is cordoned by gpuwatchd")
+            if spec.get("unschedulable") and ANNOTATION not in annotations:
+                if not dry_run:
+                    self._condition(
+                        rv, True, reason + " (node was already cordoned by someone else)"
+                    )
+                return DrainResult("kept_admin", "node was cordoned by someone else; left as is")
+            if dry_run:
+                return DrainResult(
+                    "dry_run", f"would cordon {self.node} and taint {self.cfg.taint_key}"
+                )
+            taints = list(spec.get("taints") or [])
+            add_taint = self.cfg.taint and not any(
+                t.get("key") == self.cfg.taint_key for t in taints
+            )
+            record = json.dumps(
+                {"reason": reason, "cordoned": True, "taint": add_taint, "at": self._now()},
+                sort_keys=True,
+            )
+            ops: list[dict[str, Any]] = [
+                {"op": "test", "path": "/metadata/resourceVersion", "value": rv},
+                {"op": "add", "path": "/spec/unschedulable", "value": True},
+            ]
+            if "annotations" in meta and isinstance(meta["annotations"], dict):
+                ops.append(
+                    {
+                        "op": "add",
+                        "path": "/metadata/annotations/" + _pointer(ANNOTATION),
+                        "value": record,
+                    }
+                )
+            else:
+                ops.append(
+                    {"op": "add", "path": "/metadata/annotations", "value": {ANNOTATION: record}}
+                )
+            if add_taint:
+                taint = self._taint(reason)
+                if "taints" in spec and isinstance(spec["taints"], list):
+                    ops.append({"op": "add", "path": "/spec/taints/-", "value": taint})
+                else:
+                    ops.append({"op": "add", "path": "/spec/taints", "value": [taint]})
+            status, data = self.client.patch(self.client.node_path(self.node), ops, JSON_PATCH)
+            if status in (409, 422):
+                continue
+            if status != 200:
+                raise DrainError(f"PATCH node {self.node}: HTTP {status} {data.get('message', '')}")
+            new_rv = str((data.get("metadata") or {}).get("resourceVersion", rv))
+            self._condition(new_rv, True, reason)
+            return DrainResult(
+                "drained",
+                f"cordoned {self.node}" + (f", tainted {self.cfg.taint_key}" if add_taint else ""),
+            )
+        raise DrainError(f"node {self.node} kept changing; gave up after {CONFLICT_RETRIES} tries")
+
+    def resume(self, incident: Mapping[str, Any] | None, dry_run: bool) -> DrainResult:
+        for _ in range(CONFLICT_RETRIES):
+            node = self.client.get_node(self.node)
+            meta = node.get("metadata") or {}
+            spec = node.get("spec") or {}
+            rv = str(meta.get("resourceVersion", ""))
+            annotations = meta.get("annotations") or {}
+            if ANNOTATION not in annotations:
+                return DrainResult(
+                    "not_ours", "no gpuwatchd.io/drain annotation: not cordoned by gpuwatchd"
+                )
+            try:
+                info = json.loads(annotations[ANNOTATION])
+            except ValueError:
+                info = {}
+            if dry_run:
+                return DrainResult("dry_run", f"would uncordon {self.node}")
+            ops: list[dict[str, Any]] = [
+                {"op": "test", "path": "/metadata/resourceVersion", "value": rv}
+            ]
+            if info.get("cordoned", True) and spec.get("unschedulable"):
+                ops.append({"op": "add", "path": "/spec/unschedulable", "value": False})
+            if info.get("taint", True):
+                for i, t in enumerate(spec.get("taints") or []):
+                    if t.get("key") == self.cfg.taint_key:
+                        ops.append(
+                            {
+                                "op": "test",
+                                "path": f"/spec/taints/{i}/key",
+                                "value": self.cfg.taint_key,
+                            }
+                        )
+                        ops.append({"op": "remove", "path": f"/spec/taints/{i}"})
+                        break
+            ops.append({"op": "remove", "path": "/metadata/annotations/" + _pointer(ANNOTATION)})
+            status, data = self.client.patch(self.client.node_path(self.node), ops, JSON_PATCH)
+            if status in (409, 422):
+                continue
+            if status != 200:
+                raise DrainError(f"PATCH node {self.node}: HTTP {status} {data.get('message', '')}")
+            new_rv = str((data.get("metadata") or {}).get("resourceVersion", rv))
+            self._condition(new_rv, False, "gpuwatchd: GPU faults resolved; node uncordoned")
+            return DrainResult("resumed", f"uncordoned {self.node}")
+        raise DrainError(f"node {self.node} kept changing; gave up after {CONFLICT_RETRIES} tries")
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self.client.close()

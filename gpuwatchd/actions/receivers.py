@@ -1,0 +1,532 @@
+"""Receivers: turn a group notification into an HTTP request, and judge the answer.
+
+A notification (built by the outbox at a group flush) is a dict::
+
+    {"receiver": "ops", "group_key": '{}:{node="n1"}', "group_labels": {"node": "n1"},
+     "status": "firing" | "resolved", "kind": "notify" | "repeat", "node": "n1",
+     "alerts": [<alert record: AlertTransition.as_dict() + idempotency_key, received>]}
+
+Each receiver renders it at send time (so ``endsAt`` and signatures are fresh, and the
+database never holds a secret) and classifies the response: ``ok``, ``retry`` (maybe with
+a ``Retry-After``) or ``reject`` (a permanent 4xx; retrying cannot help).
+"""
+
+from __future__ import annotations
+
+import email.utils
+import hashlib
+import hmac
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from .. import __version__
+from ..config_actions import (
+    AlertmanagerReceiver,
+    PagerDutyReceiver,
+    ReceiverConfig,
+    SlackReceiver,
+    WebhookReceiver,
+)
+from .model import (
+    GO_ZERO_TIME,
+    am_labels,
+    clean_text,
+    max_severity,
+    rfc3339,
+    short_hash,
+    xid_of,
+)
+from .secrets import read_secret as _read_secret
+from .secrets import url_secrets
+
+USER_AGENT = f"gpuwatchd/{__version__}"
+MAX_RETRY_AFTER = 3600.0
+SLACK_MAX_ALERTS = 10  # alert sections per Slack message (Slack allows 50 blocks)
+PD_SEVERITY = {"page": "critical", "ticket": "warning", "info": "info"}
+
+
+@dataclass(frozen=True)
+class HttpRequest:
+    method: str
+    url: str
+    headers: dict[str, str]
+    body: bytes
+
+
+@dataclass(frozen=True)
+class Outcome:
+    kind: str  # ok | retry | reject
+    retry_after: float | None = None
+    detail: str = ""
+
+
+def retry_after_seconds(value: str | None, now: float) -> float | None:
+    """``Retry-After`` as seconds from now: an integer, or an HTTP date."""
+    if not value:
+        return None
+    value = value.strip()
+    try:
+        seconds = float(value)
+    except ValueError:
+        try:
+            when = email.utils.parsedate_to_datetime(value)
+        except (TypeError, ValueError):
+            return None
+        if when.tzinfo is None:
+            when = when.replace(tzinfo=UTC)
+        seconds = when.timestamp() - now
+    if not math.isfinite(seconds):
+        return None
+    return min(max(0.0, seconds), MAX_RETRY_AFTER)
+
+
+def classify_http(
+    status: int, headers: Mapping[str, str], now: float, *, ok: Sequence[int] = ()
+) -> Outcome:
+    """The common judgement: 2xx ok; 408/429/5xx retry; any other 4xx is permanent."""
+    if (200 <= status < 300) or status in ok:
+        return Outcome("ok")
+    if status == 429:
+        return Outcome(
+            "retry", retry_after_seconds(headers.get("retry-after"), now), "429 rate limited"
+        )
+    if status == 408 or status >= 500:
+        after = retry_after_seconds(headers.get("retry-after"), now) if status == 503 else None
+        return Outcome("retry", after, f"HTTP {status}")
+    return Outcome("reject", None, f"HTTP {status}")
+
+
+class Receiver:
+    """Base: one configured receiver with its secrets read."""
+
+    # Alertmanager groups and repeats by itself: flush at once, resend on its own interval.
+    group_wait_override: float | None = None
+    repeat_override: float | None = None
+    coalesce = False  # may merge several pending messages into one (Slack)
+
+    def __init__(
+        self,
+        config: ReceiverConfig,
+        secrets: tuple[str, ...] = (),
+        targets: tuple[str, ...] = (),
+        extra_headers: dict[str, str] | None = None,
+    ) -> None:
+        self.config = config
+        self.secrets = secrets
+        self.targets = targets  # destination URLs (one delivery row per target)
+        self.extra_headers = dict(extra_headers or {})
+        self.min_interval = 0.0  # least time between two messages (Slack: 1s)
+
+    @property
+    def name(self) -> str:
+        return self.config.name
+
+    @property
+    def kind(self) -> str:
+        return self.config.type
+
+    @property
+    def send_resolved(self) -> bool:
+        return self.config.send_resolved
+
+    @property
+    def timeout(self) -> float:
+        return self.config.timeout
+
+    def render(self, notes: list[dict[str, Any]], target: int, key: str, now: float) -> HttpRequest:
+        raise NotImplementedError
+
+    def classify(self, status: int, headers: Mapping[str, str], body: str, now: float) -> Outcome:
+        return classify_http(status, headers, now)
+
+    def _headers(self, key: str) -> dict[str, str]:
+        return {
+            "Content-Type": "application/json",
+            "User-Agent": USER_AGENT,
+            "Idempotency-Key": key,
+            **self.extra_headers,
+        }
+
+
+def _json(value: Any) -> bytes:
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+
+
+def _common(maps: list[dict[str, str]]) -> dict[str, str]:
+    if not maps:
+        return {}
+    common = dict(maps[0])
+    for m in maps[1:]:
+        common = {k: v for k, v in common.items() if m.get(k) == v}
+    return dict(sorted(common.items()))
+
+
+def _starts_at(a: Mapping[str, Any]) -> float:
+    return float(a.get("active_since") or a.get("timestamp") or 0.0)
+
+
+def webhook_message(note: Mapping[str, Any], receiver: str) -> dict[str, Any]:
+    """Alertmanager's webhook payload, version 4."""
+    alerts = []
+    for a in note["alerts"]:
+        resolved = a["state"] == "resolved"
+        alerts.append(
+            {
+                "status": "resolved" if resolved else "firing",
+                "labels": am_labels(a),
+                "annotations": dict(sorted((a.get("annotations") or {}).items())),
+                "startsAt": rfc3339(_starts_at(a)),
+                "endsAt": rfc3339(float(a["timestamp"])) if resolved else GO_ZERO_TIME,
+                "generatorURL": "",
+                "fingerprint": a["fingerprint"],
+            }
+        )
+    return {
+        "version": "4",
+        "groupKey": note["group_key"],
+        "truncatedAlerts": 0,
+        "status": note["status"],
+        "receiver": receiver,
+        "groupLabels": dict(sorted(note["group_labels"].items())),
+        "commonLabels": _common([x["labels"] for x in alerts]),
+        "commonAnnotations": _common([x["annotations"] for x in alerts]),
+        "externalURL": "",
+        "alerts": alerts,
+    }
+
+
+class WebhookSender(Receiver):
+    def render(self, notes: list[dict[str, Any]], target: int, key: str, now: float) -> HttpRequest:
+        cfg = self.config
+        assert isinstance(cfg, WebhookReceiver)
+        body = _json(webhook_message(notes[0], self.name))
+        headers = self._headers(key)
+        hmac_key = self._hmac_key
+        if hmac_key:
+            digest = hmac.new(hmac_key.encode(), body, hashlib.sha256).hexdigest()
+            headers[cfg.signature_header] = f"sha256={digest}"
+        return HttpRequest("POST", self.targets[target], headers, body)
+
+    _hmac_key: str = ""
+
+
+# -- Slack ---------------------------------------------------------------------------------
+def _when(ts: float) -> str:
+    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:%M:%SZ")
+
+
+def _ann(a: Mapping[str, Any], *names: str) -> str | None:
+    ann = a.get("annotations") or {}
+    for n in names:
+        if ann.get(n):
+            return str(ann[n])
+    return None
+
+
+def alert_title(a: Mapping[str, Any]) -> str:
+    summary = _ann(a, "summary", "title")
+    if summary:
+        return clean_text(summary, 200)
+    labels = a.get("labels") or {}
+    gpu = labels.get("gpu")
+    xid = labels.get("xid")
+    parts = [str(a["rule"])]
+    if xid:
+        parts.append(f"XID {xid}")
+    if gpu not in (None, ""):
+        parts.append(f"GPU {gpu}")
+    return clean_text(" ".join(parts), 200)
+
+
+def _fmt_value(v: Any) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float) and v == int(v) and abs(v) < 1e15:
+        return str(int(v))
+    return f"{v:g}" if isinstance(v, float) else str(v)
+
+
+def _mrkdwn_escape(text: str) -> str:
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def _catalog_entry(xid: str | None) -> Any:
+    """NVIDIA's catalog entry for an XID (meaning and recommended action), if known."""
+    if not xid or not xid.isdigit():
+        return None
+    from ..xid import lookup
+
+    return lookup(int(xid))
+
+
+def slack_alert_fields(a: Mapping[str, Any], node: str) -> list[str]:
+    """``*Name*\\nvalue`` field texts for one alert (at most 10, Slack's limit)."""
+    labels = a.get("labels") or {}
+    out = [f"*Severity*\n{a['severity']}", f"*Node*\n{labels.get('node', node)}"]
+    gpu = labels.get("gpu")
+    if gpu not in (None, "") or labels.get("uuid") or labels.get("pci_bus_id"):
+        ids = [f"{gpu}" if gpu not in (None, "") else "?"]
+        for k in ("uuid", "pci_bus_id"):
+            if labels.get(k):
+                ids.append(f"`{labels[k]}`")
+        out.append("*GPU*\n" + " ".join(ids))
+    xid = xid_of(a)
+    entry = _catalog_entry(xid)
+    if xid:
+        meaning = _ann(a, "xid_meaning", "xid_description", "meaning") or (
+            entry.description if entry else None
+        )
+        out.append(f"*XID*\n{xid}" + (f" \u2014 {clean_text(meaning, 300)}" if meaning else ""))
+    action = _ann(a, "xid_action", "recommended_action", "action") or (
+        entry.action_text if entry else None
+    )
+    if action:
+        out.append(f"*Action*\n{clean_text(action, 300)}")
+    threshold = _ann(a, "threshold")
+    value = _fmt_value(a.get("value"))
+    if a.get("value") is not None or threshold:
+        out.append(
+            f"*Value*\n{value}" + (f" (threshold {clean_text(threshold, 60)})" if threshold else "")
+        )
+    out.append(f"*Since*\n{_when(_starts_at(a))}")
+    if a["state"] == "resolved":
+        out.append(f"*Resolved*\n{_when(float(a['timestamp']))}")
+    return [_mrkdwn_escape(t) for t in out[:10]]
+
+
+def slack_message(notes: list[dict[str, Any]]) -> dict[str, Any]:
+    """One Slack message for one or more notifications (coalesced while rate limited)."""
+    alerts: list[dict[str, Any]] = []
+    seen: dict[str, int] = {}
+    for note in notes:  # the latest state of each alert wins
+        for a in note["alerts"]:
+            if a["fingerprint"] in seen:
+                alerts[seen[a["fingerprint"]]] = a
+            else:
+                seen[a["fingerprint"]] = len(alerts)
+                alerts.append(a)
+    node = str(notes[-1].get("node") or notes[-1]["group_labels"].get("node", ""))
+    firing = [a for a in alerts if a["state"] != "resolved"]
+    resolved = [a for a in alerts if a["state"] == "resolved"]
+    repeat = all(n.get("kind") == "repeat" for n in notes)
+    status = "FIRING" if firing else "RESOLVED"
+    where = f" on {node}" if node else ""
+    if firing:
+        head = f"[{status}:{len(firing)}] {alert_title(firing[0])}"
+        if len(firing) > 1:
+            head += f" (+{len(firing) - 1} more)"
+    else:
+        head = f"[{status}] {alert_title(resolved[0])}"
+        if len(resolved) > 1:
+            head += f" (+{len(resolved) - 1} more)"
+    head = clean_text(head + where + (" - still firing" if repeat else ""), 150)
+    lines = [head]
+    for a in firing + resolved:
+        mark = "resolved" if a["state"] == "resolved" else str(a["severity"])
+        lines.append(f"- [{mark}] {alert_title(a)}")
+    blocks: list[dict[str, Any]] = [
+        {"type": "header", "text": {"type": "plain_text", "text": head, "emoji": False}}
+    ]
+    for a in (firing + resolved)[:SLACK_MAX_ALERTS]:
+        title = alert_title(a)
+        desc = _ann(a, "description")
+        text = f"*{_mrkdwn_escape(title)}*"
+        if a["state"] == "resolved":
+            text = ":white_check_mark: " + text + " (resolved)"
+        if desc:
+            text += "\n" + _mrkdwn_escape(clean_text(desc, 2000))
+        runbook = _ann(a, "runbook_url")
+        if runbook and runbook.startswith(("http://", "https://")):
+            text += f"\n<{runbook}|Runbook>"
+        blocks.append({"type": "section", "text": {"type": "mrkdwn", "text": text[:2900]}})
+        blocks.append(
+            {
+                "type": "section",
+                "fields": [{"type": "mrkdwn", "text": t} for t in slack_alert_fields(a, node)],
+            }
+        )
+    hidden = len(firing) + len(resolved) - SLACK_MAX_ALERTS
+    context = f"gpuwatchd {__version__} \u2022 rule {_mrkdwn_escape(str(alerts[0]['rule']))}"
+    if hidden > 0:
+        context += f" \u2022 +{hidden} more alert(s) not shown"
+    blocks.append({"type": "context", "elements": [{"type": "mrkdwn", "text": context}]})
+    if len(lines) > 30:
+        lines = [*lines[:30], f"- ... {len(lines) - 30} more"]
+    return {"text": "\n".join(lines)[:3000], "blocks": blocks}
+
+
+class SlackSender(Receiver):
+    coalesce = True
+
+    def render(self, notes: list[dict[str, Any]], target: int, key: str, now: float) -> HttpRequest:
+        headers = {"Content-Type": "application/json", "User-Agent": USER_AGENT}
+        return HttpRequest("POST", self.targets[0], headers, _json(slack_message(notes)))
+
+
+# -- PagerDuty -----------------------------------------------------------------------------
+def pagerduty_dedup_key(note: Mapping[str, Any]) -> str:
+    """Stable per group: the same node (and group labels) always maps to the same key."""
+    labels = note["group_labels"]
+    readable = ",".join(f"{k}={v}" for k, v in sorted(labels.items()))[:200]
+    return f"gpuwatchd/{readable}/{short_hash(note['group_key'], n=12)}"
+
+
+def pagerduty_event(note: Mapping[str, Any], routing_key: str) -> dict[str, Any]:
+    dedup = pagerduty_dedup_key(note)
+    if note["status"] == "resolved":
+        return {"routing_key": routing_key, "dedup_key": dedup, "event_action": "resolve"}
+    firing = [a for a in note["alerts"] if a["state"] != "resolved"]
+    node = str(note.get("node") or note["group_labels"].get("node", ""))
+    if len(firing) == 1:
+        summary = f"{node}: {alert_title(firing[0])}"
+    else:
+        summary = f"{node}: {len(firing)} alerts: " + "; ".join(alert_title(a) for a in firing)
+    first = firing[0]
+    gpus = sorted(
+        {
+            str((a.get("labels") or {}).get("gpu"))
+            for a in firing
+            if (a.get("labels") or {}).get("gpu") not in (None, "")
+        }
+    )
+    payload: dict[str, Any] = {
+        "summary": clean_text(summary, 1024),
+        "source": node or "gpuwatchd",
+        "severity": PD_SEVERITY.get(max_severity(firing), "error"),
+        "timestamp": rfc3339(max(float(a["timestamp"]) for a in firing)),
+        "class": str(first["rule"]),
+        "group": node,
+        "custom_details": {
+            "alerts": [
+                {
+                    "rule": a["rule"],
+                    "severity": a["severity"],
+                    "labels": a.get("labels") or {},
+                    "annotations": a.get("annotations") or {},
+                    "value": a.get("value"),
+                    "since": rfc3339(_starts_at(a)),
+                }
+                for a in firing[:20]
+            ],
+            "firing": len(firing),
+        },
+    }
+    if gpus:
+        payload["component"] = ",".join(f"gpu{g}" for g in gpus)[:255]
+    xid = xid_of(first)
+    if xid:
+        payload["custom_details"]["xid"] = xid
+    event: dict[str, Any] = {
+        "routing_key": routing_key,
+        "event_action": "trigger",
+        "dedup_key": dedup,
+        "payload": payload,
+        "client": "gpuwatchd",
+    }
+    links = [
+        {"href": r, "text": "runbook"}
+        for r in {_ann(a, "runbook_url") for a in firing}
+        if r and r.startswith(("http://", "https://"))
+    ]
+    if links:
+        event["links"] = sorted(links, key=lambda x: x["href"])
+    return event
+
+
+class PagerDutySender(Receiver):
+    routing_key: str = ""
+
+    def render(self, notes: list[dict[str, Any]], target: int, key: str, now: float) -> HttpRequest:
+        body = _json(pagerduty_event(notes[0], self.routing_key))
+        return HttpRequest("POST", self.targets[0], self._headers(key), body)
+
+    def classify(self, status: int, headers: Mapping[str, str], body: str, now: float) -> Outcome:
+        if status == 400:
+            return Outcome("reject", None, "HTTP 400 invalid event")
+        return classify_http(status, headers, now)
+
+
+# -- Alertmanager --------------------------------------------------------------------------
+def alertmanager_alerts(
+    note: Mapping[str, Any], now: float, resend_interval: float
+) -> list[dict[str, Any]]:
+    out = []
+    for a in note["alerts"]:
+        resolved = a["state"] == "resolved"
+        ends = min(float(a["timestamp"]), now) if resolved else now + 4 * resend_interval
+        out.append(
+            {
+                "labels": am_labels(a),
+                "annotations": dict(sorted((a.get("annotations") or {}).items())),
+                "startsAt": rfc3339(_starts_at(a)),
+                "endsAt": rfc3339(ends),
+            }
+        )
+    return out
+
+
+class AlertmanagerSender(Receiver):
+    group_wait_override = 0.0
+
+    def render(self, notes: list[dict[str, Any]], target: int, key: str, now: float) -> HttpRequest:
+        cfg = self.config
+        assert isinstance(cfg, AlertmanagerReceiver)
+        body = _json(alertmanager_alerts(notes[0], now, cfg.resend_interval))
+        url = self.targets[target].rstrip("/") + "/api/v2/alerts"
+        return HttpRequest("POST", url, self._headers(key), body)
+
+
+def build_receiver(
+    cfg: ReceiverConfig, environ: Mapping[str, str] | None = None, *, load_secrets: bool = True
+) -> Receiver:
+    """A ready receiver; reads its secrets (``SecretError`` when one cannot be read).
+
+    ``load_secrets=False`` (simulate, which records instead of sending) reads nothing and
+    uses placeholders."""
+    what = f"receiver {cfg.name!r}"
+    secrets: list[str] = []
+
+    def read_secret(ref: str, environ: Mapping[str, str] | None, *, what: str) -> str:
+        if not load_secrets:
+            return "http://secret.invalid/" if what.endswith("url_file") else "secret"
+        return _read_secret(ref, environ, what=what)
+
+    if isinstance(cfg, WebhookReceiver):
+        url = cfg.url or read_secret(str(cfg.url_file), environ, what=f"{what} url_file")
+        extra = dict(cfg.headers)
+        for header, ref in cfg.header_files.items():
+            extra[header] = read_secret(ref, environ, what=f"{what} header_files.{header}")
+            secrets.append(extra[header])
+        key = cfg.hmac_secret or (
+            read_secret(cfg.hmac_secret_file, environ, what=f"{what} hmac_secret_file")
+            if cfg.hmac_secret_file
+            else ""
+        )
+        if key:
+            secrets.append(key)
+        secrets.extend(url_secrets(url))
+        w = WebhookSender(cfg, tuple(secrets), (url,), extra)
+        w._hmac_key = key
+        return w
+    if isinstance(cfg, SlackReceiver):
+        url = cfg.url or read_secret(str(cfg.url_file), environ, what=f"{what} url_file")
+        s = SlackSender(cfg, tuple(url_secrets(url)), (url,))
+        s.min_interval = cfg.min_interval
+        return s
+    if isinstance(cfg, PagerDutyReceiver):
+        rk = cfg.routing_key or read_secret(
+            str(cfg.routing_key_file), environ, what=f"{what} routing_key_file"
+        )
+        p = PagerDutySender(cfg, (rk,), (cfg.url,))
+        p.routing_key = rk
+        return p
+    import urllib.parse
+
+    passwords = tuple(pw for u in cfg.urls if (pw := urllib.parse.urlsplit(u).password))
+    am = AlertmanagerSender(cfg, passwords, tuple(cfg.urls))
+    am.repeat_override = cfg.resend_interval
+    return am

@@ -1,0 +1,113 @@
+"""The rule engine as the daemon and simulate wire it: rules from the config, a state
+store, and reload.
+
+``rules_stage(config, clock, durable=True)`` is what ``gpuwatchd run`` puts in its
+pipeline (state in ``state_dir``); ``durable=False`` is simulate's (state in memory).
+Reload (SIGHUP) goes through ``reload_hook``, which ``Daemon.reload`` calls with the new
+config: the new rules are loaded and fully validated first; on any error the running
+rules stay, the problems are logged as ``PATH:LINE:COL: message`` and
+``gpuwatchd_rules_reload_success`` drops to 0 until a reload succeeds.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable
+
+from ..alerts import AlertTransition
+from ..clock import Clock
+from ..config import Config, load_config
+from ..errors import ConfigError
+from ..exposition import Families
+from ..records import DeviceEvent, GpuSample, XidEvent
+from ..snapshot import NodeView
+from .engine import Engine
+from .loader import rules_from_config
+from .model import RuleSet
+from .store import StateStore
+
+log = logging.getLogger(__name__)
+
+SIMULATE_BOOT_ID = "simulate"
+
+
+class RulesStage:
+    """A pipeline ``Stage`` around the ``Engine`` that knows where its rules come from."""
+
+    def __init__(self, config: Config, engine: Engine, extra_files: Iterable[str] = ()) -> None:
+        self.config = config
+        self.engine = engine
+        self.extra_files = tuple(extra_files)
+
+    # -- Stage ----------------------------------------------------------------------------
+    def observe(self, record: GpuSample | DeviceEvent | XidEvent) -> None:
+        self.engine.observe(record)
+
+    def evaluate(self, now: float, view: NodeView) -> list[AlertTransition]:
+        return self.engine.evaluate(now, view)
+
+    def families(self, view: NodeView, fams: Families) -> None:
+        self.engine.families(view, fams)
+
+    def close(self) -> None:
+        self.engine.close()
+
+    # -- reload ---------------------------------------------------------------------------
+    def load(self, config: Config) -> RuleSet:
+        return rules_from_config(config, self.extra_files)
+
+    def reload_hook(self, new: Config) -> Callable[[], None]:
+        """``Daemon.reload``'s hook: validate the new rules now (raising ``ConfigError``,
+        which keeps the old rules), swap them in when every hook has succeeded."""
+        try:
+            rules = self.load(new)
+        except ConfigError:
+            self.engine.reload_success = False
+            raise
+
+        def commit() -> None:
+            self.engine.replace_rules(rules)
+            self.engine.reload_success = True
+            self.config = new
+            log.info("loaded %d rule(s) from %d file(s)", len(rules.rules), len(rules.files))
+
+        return commit
+
+    def reload(self, config: Config | None = None) -> bool:
+        """Reload the rules (from ``config``, or the running config's file read again).
+        True on success; on failure the old rules stay and the problems are logged."""
+        try:
+            if config is None:
+                old = self.config
+                config = load_config(old.source, must_exist=old.source is not None)
+            self.reload_hook(config)()
+        except ConfigError as exc:
+            self.engine.reload_success = False
+            for line in exc.lines():
+                log.error("%s", line)
+            log.error("rule reload failed: keeping the %d running rule(s)", len(self.engine.rules))
+            return False
+        return True
+
+
+def rules_stage(
+    config: Config,
+    clock: Clock,
+    *,
+    durable: bool,
+    extra_files: Iterable[str] = (),
+    store: StateStore | None = None,
+) -> RulesStage:
+    """The rule engine for a pipeline. Raises ``ConfigError`` when the rules do not load.
+
+    ``durable``: keep alert states and counter history in ``config.state_dir`` (the
+    daemon); otherwise in memory (simulate, rule tests).
+    """
+    rules = rules_from_config(config, extra_files)
+    if store is None:
+        store = (
+            StateStore.in_state_dir(config.state_dir)
+            if durable
+            else StateStore(":memory:", boot_id=SIMULATE_BOOT_ID)
+        )
+    return RulesStage(config, Engine(rules, store, clock), extra_files)

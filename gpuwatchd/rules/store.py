@@ -1,0 +1,381 @@
+"""The rule engine's durable state: SQLite in the state directory.
+
+What survives a restart (and a reboot):
+
+- **alert states**: a firing alert stays firing without a second page, and its resolve is
+  still sent later; sequence numbers continue, so receivers can drop repeats;
+- **counter history**, downsampled to one point per 5 minutes, for 30 days, with each
+  counter's reset bookkeeping (last raw value, offset), so trends and windows that span a
+  restart stay exact;
+- **fault history**: in which boots each alert fired, for reboot-aware escalation.
+
+Every write is one transaction (WAL journal, ``synchronous=FULL``). A database that is
+missing is created; one that is corrupt or from another schema is moved aside
+(``rules.sqlite3.corrupt-<time>``) and rebuilt, with a logged warning, never a crash
+loop. After a write error the store keeps the engine running and retries on the next
+write. ``simulate`` and rule tests use the same code on an in-memory database.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import sqlite3
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+SCHEMA_VERSION = "1"
+DB_NAME = "rules.sqlite3"
+PERSIST_RESOLUTION = 300.0
+HISTORY_RETENTION = 30 * 86400.0
+INACTIVE_RETENTION = 90 * 86400.0
+BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS alerts (
+    fingerprint TEXT PRIMARY KEY,
+    rule TEXT NOT NULL,
+    labels TEXT NOT NULL,
+    state TEXT NOT NULL,
+    severity TEXT NOT NULL,
+    active_since REAL NOT NULL,
+    last_true REAL NOT NULL,
+    fired_at REAL,
+    sequence INTEGER NOT NULL,
+    value REAL,
+    annotations TEXT NOT NULL,
+    boot_id TEXT NOT NULL,
+    escalated INTEGER NOT NULL,
+    updated REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS counters (
+    key TEXT PRIMARY KEY, last_raw REAL, "offset" REAL NOT NULL, last_t REAL
+);
+CREATE TABLE IF NOT EXISTS history (
+    key TEXT NOT NULL, t REAL NOT NULL, v REAL NOT NULL, PRIMARY KEY (key, t)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS faults (
+    fingerprint TEXT NOT NULL, boot_id TEXT NOT NULL, first REAL NOT NULL, last REAL NOT NULL,
+    PRIMARY KEY (fingerprint, boot_id)
+) WITHOUT ROWID;
+"""
+
+
+def read_boot_id(path: str = BOOT_ID_PATH) -> str:
+    """The kernel's id of this boot (changes at every reboot); "unknown" if unreadable."""
+    try:
+        with open(path, encoding="ascii") as fh:
+            return fh.read().strip() or "unknown"
+    except OSError:
+        return "unknown"
+
+
+@dataclass
+class AlertRecord:
+    fingerprint: str
+    rule: str
+    labels: Mapping[str, str]
+    state: str  # inactive | pending | firing
+    severity: str
+    active_since: float
+    last_true: float
+    fired_at: float | None
+    sequence: int
+    value: float | None
+    annotations: Mapping[str, str]
+    boot_id: str
+    escalated: bool = False
+
+
+@dataclass
+class CounterRecord:
+    last_raw: float | None
+    offset: float
+    last_t: float | None
+    points: list[tuple[float, float]] = field(default_factory=list)
+
+
+class StateStore:
+    """SQLite-backed state. ``path=":memory:"`` keeps it in memory (simulate, tests)."""
+
+    def __init__(self, path: str, *, boot_id: str | None = None) -> None:
+        self.path = path
+        self.boot_id = boot_id if boot_id is not None else read_boot_id()
+        self.errors = 0
+        self.rebuilt = False
+        self._conn: sqlite3.Connection | None = None
+        self._open()
+
+    # -- opening and rebuilding -----------------------------------------------------------
+    @classmethod
+    def in_state_dir(cls, state_dir: str, *, boot_id: str | None = None) -> StateStore:
+        try:
+            os.makedirs(state_dir, mode=0o700, exist_ok=True)
+        except OSError as exc:
+            log.warning(
+                "state directory %s unusable (%s): rule state is kept in memory only",
+                state_dir,
+                exc.strerror or exc,
+            )
+            return cls(":memory:", boot_id=boot_id)
+        return cls(os.path.join(state_dir, DB_NAME), boot_id=boot_id)
+
+    @property
+    def memory(self) -> bool:
+        return self.path == ":memory:"
+
+    def _connect(self) -> sqlite3.Connection:
+        conn = sqlite3.connect(self.path, timeout=5.0, check_same_thread=False)
+        conn.execute("PRAGMA journal_mode=WAL" if not self.memory else "PRAGMA journal_mode=MEMORY")
+        conn.execute("PRAGMA synchronous=FULL")
+        return conn
+
+    def _check(self, conn: sqlite3.Connection) -> str | None:
+        """None when the database is usable, else why not."""
+        row = conn.execute("PRAGMA quick_check").fetchone()
+        if row is None or row[0] != "ok":
+            return f"integrity check failed: {row[0] if row else 'no answer'}"
+        tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        if "meta" in tables:
+            got = conn.execute("SELECT value FROM meta WHERE key='schema'").fetchone()
+            if got is not None and got[0] != SCHEMA_VERSION:
+                return f"schema version {got[0]}, expected {SCHEMA_VERSION}"
+        return None
+
+    def _open(self) -> None:
+        try:
+            conn = self._connect()
+            problem = self._check(conn)
+            if problem is None:
+                with conn:
+                    conn.executescript(_SCHEMA)
+                    conn.execute(
+                        "INSERT OR IGNORE INTO meta(key, value) VALUES ('schema', ?)",
+                        (SCHEMA_VERSION,),
+                    )
+                self._conn = conn
+                return
+            conn.close()
+        except sqlite3.Error as exc:
+            problem = str(exc)
+        self._rebuild(problem)
+
+    def _rebuild(self, problem: str) -> None:
+        if self._conn is not None:
+            with contextlib.suppress(sqlite3.Error):
+                self._conn.close()
+            self._conn = None
+        if not self.memory:
+            stamp = time.strftime("%Y%m%dT%H%M%S")
+            aside = f"{self.path}.corrupt-{stamp}"
+            log.warning(
+                "rule state database %s is unusable (%s): moved to %s and rebuilt; alert "
+                "states and counter history start afresh",
+                self.path,
+                problem,
+                aside,
+            )
+            for suffix in ("", "-wal", "-shm"):
+                try:
+                    os.replace(self.path + suffix, aside + suffix)
+                except FileNotFoundError:
+                    pass
+                except OSError as exc:
+                    log.warning("cannot move %s aside: %s", self.path + suffix, exc)
+        self.rebuilt = True
+        try:
+            conn = self._connect()
+            with conn:
+                conn.executescript(_SCHEMA)
+                conn.execute(
+                    "INSERT OR REPLACE INTO meta(key, value) VALUES ('schema', ?)",
+                    (SCHEMA_VERSION,),
+                )
+            self._conn = conn
+        except sqlite3.Error as exc:
+            log.error(
+                "cannot create rule state database %s (%s): keeping state in memory", self.path, exc
+            )
+            self.path = ":memory:"
+            conn = self._connect()
+            conn.executescript(_SCHEMA)
+            self._conn = conn
+
+    def _db(self) -> sqlite3.Connection:
+        if self._conn is None:
+            self._open()
+        assert self._conn is not None
+        return self._conn
+
+    def _write(self, what: str, fn: Any) -> bool:
+        """Run ``fn(conn)`` in one transaction; on a database error log, count and retry
+        once on a rebuilt database (a corrupt file is moved aside)."""
+        for attempt in (1, 2):
+            try:
+                conn = self._db()
+                with conn:
+                    fn(conn)
+                return True
+            except sqlite3.DatabaseError as exc:
+                self.errors += 1
+                if (
+                    attempt == 1
+                    and isinstance(exc, sqlite3.DatabaseError)
+                    and ("malformed" in str(exc) or "not a database" in str(exc))
+                ):
+                    self._rebuild(str(exc))
+                    continue
+                log.error("rule state: %s failed: %s", what, exc)
+                return False
+        return False
+
+    def close(self) -> None:
+        if self._conn is not None:
+            try:
+                self._conn.close()
+            finally:
+                self._conn = None
+
+    # -- alerts ---------------------------------------------------------------------------
+    def load_alerts(self) -> list[AlertRecord]:
+        try:
+            rows = (
+                self._db()
+                .execute(
+                    "SELECT fingerprint, rule, labels, state, severity, active_since, last_true,"
+                    " fired_at, sequence, value, annotations, boot_id, escalated FROM alerts"
+                    " ORDER BY rowid"
+                )
+                .fetchall()
+            )
+        except sqlite3.DatabaseError as exc:
+            self._rebuild(str(exc))
+            return []
+        out: list[AlertRecord] = []
+        for row in rows:
+            try:
+                out.append(
+                    AlertRecord(
+                        fingerprint=row[0],
+                        rule=row[1],
+                        labels=json.loads(row[2]),
+                        state=row[3],
+                        severity=row[4],
+                        active_since=row[5],
+                        last_true=row[6],
+                        fired_at=row[7],
+                        sequence=int(row[8]),
+                        value=row[9],
+                        annotations=json.loads(row[10]),
+                        boot_id=row[11],
+                        escalated=bool(row[12]),
+                    )
+                )
+            except (ValueError, TypeError) as exc:
+                log.warning("rule state: skipping unreadable alert row %r: %s", row[0], exc)
+        return out
+
+    def save_alerts(self, records: Iterable[AlertRecord], now: float) -> bool:
+        rows = [
+            (
+                a.fingerprint,
+                a.rule,
+                json.dumps(dict(a.labels), sort_keys=True),
+                a.state,
+                a.severity,
+                a.active_since,
+                a.last_true,
+                a.fired_at,
+                a.sequence,
+                a.value,
+                json.dumps(dict(a.annotations), sort_keys=True),
+                a.boot_id,
+                int(a.escalated),
+                now,
+            )
+            for a in records
+        ]
+        if not rows:
+            return True
+
+        def write(conn: sqlite3.Connection) -> None:
+            conn.executemany(
+                "INSERT OR REPLACE INTO alerts VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)", rows
+            )
+            for a in rows:
+                if a[3] == "firing":
+                    conn.execute(
+                        "INSERT INTO faults(fingerprint, boot_id, first, last) VALUES (?,?,?,?)"
+                        " ON CONFLICT(fingerprint, boot_id) DO UPDATE SET last=excluded.last",
+                        (a[0], a[11], now, now),
+                    )
+
+        return self._write("saving alert states", write)
+
+    def fault_boots(self, fingerprint: str, since: float) -> set[str]:
+        """The boots in which this alert was firing at some time after ``since``."""
+        try:
+            rows = (
+                self._db()
+                .execute(
+                    "SELECT boot_id FROM faults WHERE fingerprint=? AND last>=?",
+                    (fingerprint, since),
+                )
+                .fetchall()
+            )
+        except sqlite3.DatabaseError as exc:
+            log.error("rule state: reading fault history failed: %s", exc)
+            return set()
+        return {r[0] for r in rows}
+
+    # -- counter history ------------------------------------------------------------------
+    def load_counters(self) -> dict[str, CounterRecord]:
+        try:
+            db = self._db()
+            out = {
+                r[0]: CounterRecord(r[1], r[2], r[3])
+                for r in db.execute('SELECT key, last_raw, "offset", last_t FROM counters')
+            }
+            for key, t, v in db.execute("SELECT key, t, v FROM history ORDER BY key, t"):
+                rec = out.get(key)
+                if rec is None:
+                    rec = out[key] = CounterRecord(None, 0.0, None)
+                rec.points.append((t, v))
+        except sqlite3.DatabaseError as exc:
+            self._rebuild(str(exc))
+            return {}
+        return out
+
+    def save_counters(self, batch: Mapping[str, CounterRecord], now: float) -> bool:
+        if not batch:
+            return True
+
+        def write(conn: sqlite3.Connection) -> None:
+            conn.executemany(
+                'INSERT OR REPLACE INTO counters(key, last_raw, "offset", last_t) VALUES (?,?,?,?)',
+                [(k, r.last_raw, r.offset, r.last_t) for k, r in batch.items()],
+            )
+            conn.executemany(
+                "INSERT OR REPLACE INTO history(key, t, v) VALUES (?,?,?)",
+                [(k, t, v) for k, r in batch.items() for t, v in r.points],
+            )
+
+        return self._write("saving counter history", write)
+
+    def trim(self, now: float) -> None:
+        def write(conn: sqlite3.Connection) -> None:
+            conn.execute("DELETE FROM history WHERE t < ?", (now - HISTORY_RETENTION,))
+            conn.execute("DELETE FROM faults WHERE last < ?", (now - INACTIVE_RETENTION,))
+            conn.execute(
+                "DELETE FROM alerts WHERE state='inactive' AND updated < ?",
+                (now - INACTIVE_RETENTION,),
+            )
+
+        self._write("trimming old state", write)

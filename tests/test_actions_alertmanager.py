@@ -1,0 +1,184 @@
+"""The real Alertmanager (Debian prometheus-alertmanager) receives pushed alerts from two
+"URLs" (two instances), forwards them to a webhook, and the resolve flows through."""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.request
+from collections.abc import Iterator
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+from actions_support import HttpReceiver, make_config, transition
+from conftest import Proc, free_port, need_binary, wait_http
+
+from gpuwatchd.actions import ActionsSink
+from gpuwatchd.alerts import AlertState
+from gpuwatchd.clock import SystemClock
+
+AM_CONFIG = """\
+route:
+  receiver: hook
+  group_by: [alertname, node]
+  group_wait: 0s
+  group_interval: 1s
+  repeat_interval: 1h
+receivers:
+  - name: hook
+    webhook_configs:
+      - url: {url}
+        send_resolved: true
+"""
+
+
+def start_alertmanager(tmp_path: Path, name: str, hook_url: str) -> tuple[Proc, str]:
+    binary = need_binary("prometheus-alertmanager")
+    port = free_port()
+    work = tmp_path / name
+    (work / "data").mkdir(parents=True)
+    (work / "am.yml").write_text(AM_CONFIG.format(url=hook_url))
+    proc = Proc(
+        [
+            binary,
+            f"--config.file={work / 'am.yml'}",
+            f"--storage.path={work / 'data'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+            "--cluster.listen-address=",
+            "--log.level=warn",
+        ],
+        work / "am.log",
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_http(url + "/-/ready", timeout=20)
+    except AssertionError as exc:
+        proc.stop()
+        pytest.fail(f"Alertmanager did not start: {exc}\n{proc.output()}")
+    return proc, url
+
+
+def am_alerts(url: str) -> list[dict[str, Any]]:
+    with urllib.request.urlopen(
+        url + "/api/v2/alerts?active=true&silenced=true&inhibited=true"
+    ) as r:
+        out: list[dict[str, Any]] = json.load(r)
+    return out
+
+
+def parse_time(text: str) -> float:
+    return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+
+
+@pytest.fixture
+def hook() -> Iterator[HttpReceiver]:
+    rx = HttpReceiver(free_port()).start()
+    yield rx
+    rx.stop()
+
+
+def test_alertmanager_push_forward_and_resolve(tmp_path: Path, hook: HttpReceiver) -> None:
+    am1, url1 = start_alertmanager(tmp_path, "am1", hook.url + "/am1")
+    am2, url2 = start_alertmanager(tmp_path, "am2", hook.url + "/am2")
+    config = make_config(
+        tmp_path,
+        f"""receivers:
+  - name: am
+    type: alertmanager
+    urls: ["{url1}", "{url2}/"]
+    resend_interval: 1s
+routing:
+  group_wait: 10s  # ignored for Alertmanager receivers: Alertmanager groups itself
+""",
+    )
+    sink = ActionsSink(config, SystemClock())
+    try:
+        since = time.time() - 60
+        sink.deliver([transition(at=since + 60, since=since)], time.time())
+        for path in ("/am1", "/am2"):
+            deadline = time.time() + 10
+            while not any(r.path == path for r in hook.requests):
+                assert time.time() < deadline, f"no webhook from {path}: {am1.output()}"
+                time.sleep(0.05)
+        for url in (url1, url2):
+            (alert,) = am_alerts(url)
+            assert alert["labels"] == {
+                "alertname": "gpu_xid_fatal",
+                "severity": "page",
+                "node": "node17",
+                "gpu": "3",
+                "uuid": "GPU-5d9e3c52-0a8c-4f1e-9b61-3f6c2f6e7a13",
+                "pci_bus_id": "00000000:3E:00.0",
+                "model": "NVIDIA H200",
+                "xid": "79",
+            }
+            assert alert["annotations"]["summary"] == "XID 79 on GPU 3"
+            assert alert["status"]["state"] == "active"
+            assert abs(parse_time(alert["startsAt"]) - since) < 0.01
+            ends = parse_time(alert["endsAt"])
+            assert time.time() + 2 < ends <= time.time() + 4.5  # now + 4 x resend_interval
+        fired = next(r for r in hook.requests if r.path == "/am1").json()
+        assert fired["version"] == "4" and fired["status"] == "firing"
+        assert fired["alerts"][0]["labels"]["alertname"] == "gpu_xid_fatal"
+        # firing alerts are re-sent: endsAt keeps moving ahead
+        first_end = parse_time(am_alerts(url1)[0]["endsAt"])
+        time.sleep(2.5)
+        assert parse_time(am_alerts(url1)[0]["endsAt"]) > first_end + 1
+        sink.deliver(
+            [transition(state=AlertState.RESOLVED, seq=2, at=time.time(), since=since)], time.time()
+        )
+        deadline = time.time() + 15
+        while True:
+            resolved = [r.json() for r in hook.requests if r.json()["status"] == "resolved"]
+            paths = {r.path for r in hook.requests if r.json()["status"] == "resolved"}
+            if paths == {"/am1", "/am2"}:
+                break
+            assert time.time() < deadline, "no resolved webhook from both Alertmanagers"
+            time.sleep(0.05)
+        assert resolved[0]["alerts"][0]["status"] == "resolved"
+        assert not am_alerts(url1) and not am_alerts(url2)
+        time.sleep(1.5)  # no more re-sends after the resolve: Alertmanager stays clear
+        assert not am_alerts(url1)
+    finally:
+        sink.close()
+        am1.stop()
+        am2.stop()
+
+
+def test_one_alertmanager_down_does_not_stop_resends_to_the_other(
+    tmp_path: Path, hook: HttpReceiver
+) -> None:
+    from gpuwatchd.clock import VirtualClock
+
+    down = f"http://127.0.0.1:{free_port()}"
+    config = make_config(
+        tmp_path,
+        f"receivers:\n  - {{name: am, type: alertmanager, urls: ['{hook.url}', '{down}'], "
+        "resend_interval: 1m}\n",
+    )
+    clock = VirtualClock(1_800_000_000.0)
+    sink = ActionsSink(config, clock, threaded=False)
+    try:
+        sink.deliver([transition(at=clock.now())], clock.now())
+        sink.run_pending()
+        for _ in range(3):
+            clock.advance(60)
+            sink.run_pending()
+        pushes = [r for r in hook.requests if r.path == "/api/v2/alerts"]
+        assert len(pushes) == 4
+        body = pushes[0].json()
+        assert isinstance(body, list) and set(body[0]) == {
+            "labels",
+            "annotations",
+            "startsAt",
+            "endsAt",
+        }
+        ends = [parse_time(p.json()[0]["endsAt"]) for p in pushes]
+        assert ends == sorted(ends) and ends[-1] - ends[0] == pytest.approx(180, abs=1)
+        assert ends[0] == pytest.approx(1_800_000_000.0 + 240, abs=1)  # 4 x resend_interval
+        queue = sink.status()["deliveries"]["queue"]
+        assert [q["target"] for q in queue] == [1]  # only the first push waits for the other
+    finally:
+        sink.close()

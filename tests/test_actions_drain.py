@@ -1,0 +1,353 @@
+"""The drain hook's safety rules with the exec mode: the documented environment, timeouts,
+retries, grace with ``drain pending`` everywhere, the rate limit and its page, silences,
+and drains only from rules that ask for one."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from pathlib import Path
+from typing import Any
+
+from actions_support import HttpReceiver, make_config, transition
+from conftest import free_port
+
+from gpuwatchd.actions import ActionsSink
+from gpuwatchd.actions.silences import add_silence, path_in
+from gpuwatchd.alerts import AlertState
+from gpuwatchd.clock import VirtualClock
+from gpuwatchd.exposition import Families
+
+HOOK = """#!/bin/sh
+# records each call's GPUWATCHD_* environment as one JSON line
+python3 - "$@" <<'EOF' >> {log}
+import json, os
+print(json.dumps({{k: v for k, v in sorted(os.environ.items()) if k.startswith("GPUWATCHD_")}}))
+EOF
+{tail}
+"""
+
+
+def hook(tmp_path: Path, name: str = "hook.sh", tail: str = "exit 0") -> tuple[Path, Path]:
+    log = tmp_path / f"{name}.log"
+    script = tmp_path / name
+    script.write_text(HOOK.format(log=log, tail=tail))
+    script.chmod(script.stat().st_mode | stat.S_IXUSR)
+    return script, log
+
+
+def calls(log: Path) -> list[dict[str, str]]:
+    return [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+
+
+def metrics(sink: ActionsSink) -> str:
+    fams = Families()
+    sink.families(None, fams)  # type: ignore[arg-type]
+    return fams.render().decode()
+
+
+def ops_receiver(rx: HttpReceiver) -> str:
+    return (
+        f"receivers:\n  - {{name: ops, type: webhook, url: '{rx.url}/'}}\n"
+        "routing:\n  group_wait: 0s\n  group_by: [node, alertname]\n"
+    )
+
+
+def exec_config(tmp_path: Path, script: Path, extra: str = "", receivers: str = "") -> Any:
+    return make_config(
+        tmp_path,
+        f"""{receivers}drain:
+  mode: exec
+  exec: {{command: ["{script}", "--from-gpuwatchd"]}}
+  state_file: {tmp_path / "run" / "health.json"}
+{extra}""",
+    )
+
+
+def test_exec_environment_and_resume(tmp_path: Path) -> None:
+    script, log = hook(tmp_path)
+    clock = VirtualClock(1_767_225_600.0)
+    sink = ActionsSink(
+        exec_config(tmp_path, script, "  resume: true\n  resume_hold: 5m\n"), clock, threaded=False
+    )
+    try:
+        fire = transition(at=clock.now(), drain=True)
+        sink.deliver([fire], clock.now())
+        sink.run_pending()
+        (call,) = calls(log)
+        assert call == {
+            "GPUWATCHD_ACTION": "drain",
+            "GPUWATCHD_NODE": "node17",
+            "GPUWATCHD_GPU": "3",
+            "GPUWATCHD_UUID": "GPU-5d9e3c52-0a8c-4f1e-9b61-3f6c2f6e7a13",
+            "GPUWATCHD_PCI_BUS_ID": "00000000:3E:00.0",
+            "GPUWATCHD_XID": "79",
+            "GPUWATCHD_RULE": "gpu_xid_fatal",
+            "GPUWATCHD_SEVERITY": "page",
+            "GPUWATCHD_REASON": "gpuwatchd: XID 79 GPU 3 00000000:3E:00.0",
+            "GPUWATCHD_INCIDENT": fire.idempotency_key,
+        }
+        assert json.loads((tmp_path / "run" / "health.json").read_text())["state"] == "drained"
+        clock.advance(60)
+        sink.deliver([transition(state=AlertState.RESOLVED, seq=2, at=clock.now())], clock.now())
+        sink.run_pending()
+        assert len(calls(log)) == 1  # hold time not over
+        clock.advance(300)
+        sink.run_pending()
+        assert calls(log)[1]["GPUWATCHD_ACTION"] == "resume"
+        assert calls(log)[1]["GPUWATCHD_REASON"] == call["GPUWATCHD_REASON"]
+        assert json.loads((tmp_path / "run" / "health.json").read_text())["state"] == "ok"
+    finally:
+        sink.close()
+
+
+def test_only_transitions_that_ask_drain(tmp_path: Path) -> None:
+    script, log = hook(tmp_path)
+    clock = VirtualClock(1_767_225_600.0)
+    sink = ActionsSink(exec_config(tmp_path, script), clock, threaded=False)
+    try:
+        sink.deliver([transition(at=clock.now(), drain=False)], clock.now())
+        sink.deliver(
+            [transition("other", state=AlertState.RESOLVED, at=clock.now(), drain=True)],
+            clock.now(),
+        )
+        sink.run_pending()
+        assert calls(log) == []
+        assert sink.status()["drain"]["incidents"] == []
+    finally:
+        sink.close()
+
+
+def test_failing_hook_is_retried_then_pages(tmp_path: Path) -> None:
+    script, log = hook(tmp_path, tail="echo 'scheduler unreachable' >&2; exit 3")
+    rx = HttpReceiver(free_port()).start()
+    clock = VirtualClock(1_767_225_600.0)
+    cfg = exec_config(
+        tmp_path,
+        script,
+        "  attempts: 3\n",
+        receivers=ops_receiver(rx),
+    )
+    sink = ActionsSink(cfg, clock, threaded=False)
+    try:
+        sink.deliver([transition(at=clock.now(), drain=True)], clock.now())
+        for _ in range(3):
+            sink.run_pending()
+            clock.advance(600)
+        assert len(calls(log)) == 3
+        inc = sink.status()["drain"]["incidents"][0]
+        assert inc["state"] == "failed" and inc["attempts"] == 3
+        assert "exited with status 3: scheduler unreachable" in sink.status()["drain"]["last_error"]
+        sink.run_pending()
+        rules = [a["labels"]["alertname"] for r in rx.requests for a in r.json()["alerts"]]
+        assert "GpuwatchdDrainFailed" in rules
+        assert 'gpuwatchd_drain_actions_total{action="drain",result="failed"} 1.0' in metrics(sink)
+    finally:
+        sink.close()
+        rx.stop()
+
+
+def test_hook_timeout_kills_it(tmp_path: Path) -> None:
+    script, _ = hook(tmp_path, tail="sleep 30")
+    clock = VirtualClock(1_767_225_600.0)
+    sink = ActionsSink(
+        exec_config(tmp_path, script, "  timeout: 500ms\n  attempts: 1\n"), clock, threaded=False
+    )
+    try:
+        sink.deliver([transition(at=clock.now(), drain=True)], clock.now())
+        sink.run_pending()
+        assert "did not finish within 0.5s (killed)" in sink.status()["drain"]["last_error"]
+        assert sink.status()["drain"]["incidents"][0]["state"] == "failed"
+    finally:
+        sink.close()
+
+
+def test_grace_shows_drain_pending_then_drains(tmp_path: Path) -> None:
+    script, log = hook(tmp_path)
+    notify, notify_log = hook(tmp_path, "notify.sh")
+    clock = VirtualClock(1_767_225_600.0)
+    cfg = exec_config(
+        tmp_path,
+        script,
+        f'  grace: 2m\n  rule_grace: {{gpu_lost: 0s}}\n  notify_command: ["{notify}"]\n',
+    )
+    sink = ActionsSink(cfg, clock, threaded=False)
+    health = tmp_path / "run" / "health.json"
+    try:
+        sink.deliver([transition(at=clock.now(), drain=True)], clock.now())
+        sink.run_pending()
+        assert calls(log) == []
+        doc = json.loads(health.read_text())
+        assert doc["state"] == "drain_pending" and doc["drain_pending"] is True
+        assert doc["drain_at"] == clock.now() + 120
+        assert doc["reason"] == "gpuwatchd: XID 79 GPU 3 00000000:3E:00.0"
+        assert doc["incidents"][0]["rule"] == "gpu_xid_fatal"
+        assert sink.status()["drain"]["state"] == "drain_pending"
+        assert "gpuwatchd_drain_pending 1.0" in metrics(sink)
+        (note,) = calls(notify_log)
+        assert note["GPUWATCHD_ACTION"] == "drain_pending"
+        assert note["GPUWATCHD_DRAIN_AT"] == f"{clock.now() + 120:.3f}"
+        assert note["GPUWATCHD_GRACE_SECONDS"] == "120"
+        clock.advance(119)
+        sink.run_pending()
+        assert calls(log) == []
+        clock.advance(1)
+        sink.run_pending()
+        assert [c["GPUWATCHD_ACTION"] for c in calls(log)] == ["drain"]
+        assert json.loads(health.read_text())["state"] == "drained"
+        assert "gpuwatchd_drain_pending 0.0" in metrics(sink)
+        assert "gpuwatchd_drained 1.0" in metrics(sink)
+        # a rule with grace 0 (the GPU is already gone) is due at once; the node is drained
+        # already, so the hook does not run again (one drain per node, not per alert)
+        sink.deliver(
+            [transition("gpu_lost", at=clock.now(), drain=True, gpu=5, xid=None)], clock.now()
+        )
+        sink.run_pending()
+        assert len(calls(log)) == 1 and len(calls(notify_log)) == 1
+        states = {i["rule"]: i["state"] for i in sink.status()["drain"]["incidents"]}
+        assert states == {"gpu_xid_fatal": "drained", "gpu_lost": "already"}
+        assert (os.stat(health).st_mode & 0o777) == 0o644
+    finally:
+        sink.close()
+
+
+def test_resolved_during_grace_cancels_the_drain(tmp_path: Path) -> None:
+    script, log = hook(tmp_path)
+    clock = VirtualClock(1_767_225_600.0)
+    sink = ActionsSink(exec_config(tmp_path, script, "  grace: 5m\n"), clock, threaded=False)
+    try:
+        sink.deliver([transition(at=clock.now(), drain=True)], clock.now())
+        sink.run_pending()
+        clock.advance(60)
+        sink.deliver([transition(state=AlertState.RESOLVED, seq=2, at=clock.now())], clock.now())
+        clock.advance(600)
+        sink.run_pending()
+        assert calls(log) == []
+        assert sink.status()["drain"]["incidents"][0]["state"] == "cancelled"
+        assert json.loads((tmp_path / "run" / "health.json").read_text())["state"] == "ok"
+    finally:
+        sink.close()
+
+
+def test_a_burst_across_gpus_is_one_drain(tmp_path: Path) -> None:
+    script, log = hook(tmp_path)
+    clock = VirtualClock(1_767_225_600.0)
+    sink = ActionsSink(exec_config(tmp_path, script, "  max_drains: 2\n"), clock, threaded=False)
+    try:
+        burst = [transition(f"r{gpu}", at=clock.now(), drain=True, gpu=gpu) for gpu in range(8)]
+        sink.deliver(burst, clock.now())  # a burst of firing drain alerts across 8 GPUs
+        sink.run_pending()
+        assert len(calls(log)) == 1
+        states = [i["state"] for i in sink.status()["drain"]["incidents"]]
+        assert states == ["drained"] + ["already"] * 7
+        text = metrics(sink)
+        assert "gpuwatchd_drains_in_window 1.0" in text
+        assert "gpuwatchd_drain_rate_limited_total 0.0" in text
+    finally:
+        sink.close()
+
+
+def test_rate_limit_holds_and_pages(tmp_path: Path) -> None:
+    script, log = hook(tmp_path)
+    rx = HttpReceiver(free_port()).start()
+    clock = VirtualClock(1_767_225_600.0)
+    cfg = exec_config(
+        tmp_path,
+        script,
+        "  max_drains: 2\n  window: 1h\n  resume: true\n  resume_hold: 0s\n",
+        receivers=ops_receiver(rx),
+    )
+    sink = ActionsSink(cfg, clock, threaded=False)
+
+    def flap(gpu: int) -> None:  # a fault that drains, clears and is resumed
+        sink.deliver([transition(at=clock.now(), drain=True, gpu=gpu)], clock.now())
+        sink.run_pending()
+        clock.advance(60)
+        resolved = transition(state=AlertState.RESOLVED, seq=2, at=clock.now(), gpu=gpu)
+        sink.deliver([resolved], clock.now())
+        sink.run_pending()
+        clock.advance(60)
+
+    def limit_pages() -> list[str]:
+        return [
+            a["status"]
+            for r in rx.requests
+            for a in r.json()["alerts"]
+            if a["labels"]["alertname"] == "GpuwatchdDrainLimitReached"
+        ]
+
+    try:
+        for gpu in range(4):
+            flap(gpu)
+        actions = [c["GPUWATCHD_ACTION"] for c in calls(log)]
+        assert actions == ["drain", "resume", "drain", "resume"]  # the 3rd and 4th: held
+        states = [i["state"] for i in sink.status()["drain"]["incidents"]]
+        assert states == ["resumed", "resumed", "rate_limited", "rate_limited"]
+        text = metrics(sink)
+        assert "gpuwatchd_drain_rate_limited_total 2.0" in text
+        assert "gpuwatchd_drains_in_window 2.0" in text
+        assert limit_pages() == ["firing"]  # one page, not one per held drain
+        # the window moves on: the limit page resolves, and a new fault drains again
+        clock.advance(3600)
+        sink.run_pending()
+        assert limit_pages() == ["firing", "resolved"]
+        sink.deliver([transition(at=clock.now(), drain=True, gpu=9)], clock.now())
+        sink.run_pending()
+        assert [c["GPUWATCHD_ACTION"] for c in calls(log)][-1] == "drain"
+        assert len(calls(log)) == 5
+    finally:
+        sink.close()
+        rx.stop()
+
+
+def test_silenced_gpu_is_not_drained(tmp_path: Path) -> None:
+    script, log = hook(tmp_path)
+    clock = VirtualClock(1_767_225_600.0)
+    cfg = exec_config(tmp_path, script)
+    os.makedirs(cfg.state_dir, exist_ok=True)
+    add_silence(
+        path_in(cfg.state_dir),
+        node="node17",
+        gpu="00000000:3E:00.0",
+        rule=None,
+        duration=3600,
+        reason="RMA",
+        author="t",
+        now=clock.now(),
+    )
+    sink = ActionsSink(cfg, clock, threaded=False)
+    try:
+        sink.deliver(
+            [
+                transition(at=clock.now(), drain=True, gpu=3),
+                transition(at=clock.now(), drain=True, gpu=4),
+            ],
+            clock.now(),
+        )
+        sink.run_pending()
+        assert [c["GPUWATCHD_GPU"] for c in calls(log)] == ["4"]
+        states = {i["gpu"]: i["state"] for i in sink.status()["drain"]["incidents"]}
+        assert states == {"3": "silenced", "4": "drained"}
+    finally:
+        sink.close()
+
+
+def test_drain_survives_a_restart_mid_grace(tmp_path: Path) -> None:
+    script, log = hook(tmp_path)
+    clock = VirtualClock(1_767_225_600.0)
+    cfg = exec_config(tmp_path, script, "  grace: 1m\n")
+    sink = ActionsSink(cfg, clock, threaded=False)
+    fire = transition(at=clock.now(), drain=True)
+    sink.deliver([fire], clock.now())
+    sink.run_pending()
+    sink.close()
+    clock.advance(61)
+    sink = ActionsSink(cfg, clock, threaded=False)
+    try:
+        sink.deliver([fire], clock.now())  # replayed by the rule engine after the restart
+        sink.run_pending()
+        assert len(calls(log)) == 1  # drained once, after the grace that started before
+        assert sink.status()["drain"]["state"] == "drained"
+    finally:
+        sink.close()
