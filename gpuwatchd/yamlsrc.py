@@ -89,7 +89,12 @@ def _build(path: str, loader: yaml.SafeLoader, node: yaml.Node) -> Node:
 
 def parse(text: str, path: str) -> Node | None:
     """Parse YAML text into a ``Node`` tree; ``None`` for an empty document."""
-    loader = _Loader(text)
+    try:
+        loader = _Loader(text)
+    except yaml.reader.ReaderError as exc:
+        raise ConfigError.at(
+            _reader_location(path, text, exc), f"YAML error: {exc.reason}"
+        ) from None
     try:
         root = loader.get_single_node()
         if root is None:
@@ -99,10 +104,23 @@ def parse(text: str, path: str) -> Node | None:
         mark = exc.problem_mark or exc.context_mark
         where = _loc(path, mark) if mark is not None else Location(path, 1, 1)
         raise ConfigError.at(where, f"YAML syntax error: {exc.problem or exc}") from None
-    except yaml.YAMLError as exc:  # pragma: no cover - every PyYAML error we know is marked
+    except yaml.reader.ReaderError as exc:
+        raise ConfigError.at(
+            _reader_location(path, text, exc), f"YAML error: {exc.reason}"
+        ) from None
+    except yaml.YAMLError as exc:
         raise ConfigError.at(Location(path, 1, 1), f"YAML error: {exc}") from None
+    except RecursionError:
+        raise ConfigError.at(Location(path, 1, 1), "YAML error: nested too deeply") from None
     finally:
         loader.dispose()
+
+
+def _reader_location(path: str, text: str, exc: yaml.reader.ReaderError) -> Location:
+    """Line and column of a character PyYAML's reader refused (it gives an offset)."""
+    before = text[: max(0, exc.position)]
+    line = before.count("\n") + 1
+    return Location(path, line, len(before) - (before.rfind("\n") + 1) + 1)
 
 
 def load_file(path: str) -> Node | None:

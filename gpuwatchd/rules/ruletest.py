@@ -77,10 +77,11 @@ ALERTS_KEYS = ("at", "rule", "firing")
 MATCH_KEYS = ("rule", "severity", "gpu", "link", "xid", "labels", "annotations")
 TRANSITION_KEYS = ("at", "rule", "state", "severity", "gpu", "link", "xid", "labels")
 STATES = ("pending", "firing", "resolved")
+_NUM = r"[-+]?[0-9.]+(?:[eE][-+]?\d+)?"
 _TOKEN_RE = re.compile(
     r"(?P<skip>_)(?:x(?P<skipn>\d+))?$"
-    r"|(?P<a>[-+]?[0-9.]+(?:[eE][-+]?\d+)?)(?:(?P<sign>[-+])(?P<b>[0-9.]+(?:[eE][-+]?\d+)?))?"
-    r"x(?P<n>\d+)$"
+    rf"|(?P<a>{_NUM})(?:(?P<sign>[-+])(?P<b>[0-9.]+(?:[eE][-+]?\d+)?))?x(?P<n>\d+)$"
+    rf"|(?P<rv>{_NUM}[A-Za-z%]+?)x(?P<rn>\d+)$"
     r"|(?P<v>\S+)$"
 )
 
@@ -146,10 +147,13 @@ def _alert_text(rule: str, severity: str, labels: Any) -> str:
     return f"{rule}{{{inner}}} severity={severity}"
 
 
-def _transition_line(t: float, rule: str, state: str, labels: Any) -> str:
+def _transition_line(
+    t: float, rule: str, state: str, labels: Any, severity: str | None = None
+) -> str:
     shown = {k: v for k, v in labels.items() if k in ("gpu", "link", "xid")}
     inner = " ".join(f"{k}={v}" for k, v in sorted(shown.items()))
-    return f"{format_duration(t)} {rule} {state} {inner}".rstrip()
+    sev = f" severity={severity}" if severity else ""
+    return f"{format_duration(t)} {rule} {state}{sev} {inner}".rstrip()
 
 
 # -- parsing the test file ------------------------------------------------------------------
@@ -313,6 +317,8 @@ class TestFileParser:
                 return None
             if m.group("skip"):
                 values.extend([None] * (int(m.group("skipn") or 0) + 1))
+            elif m.group("rn") is not None:  # a value with a unit, repeated: 1980MHzx20
+                values.extend([m.group("rv")] * (int(m.group("rn")) + 1))
             elif m.group("n") is not None:
                 a = float(m.group("a"))
                 b = float(m.group("b") or 0) * (-1 if m.group("sign") == "-" else 1)
@@ -507,8 +513,16 @@ def _check_transitions(test: TestCase, seen: list[tuple[float, AlertTransition]]
     assert test.transitions is not None
     rules = {m.rule for m in test.transitions}
     states = {"firing", "resolved"} | {m.state for m in test.transitions if m.state}
+    # severities are compared when the expectation names any (then it must name all)
+    with_severity = any(m.severity for m in test.transitions)
     expected = [
-        _transition_line(m.at or 0.0, m.rule or "", m.state or "", m.labels)
+        _transition_line(
+            m.at or 0.0,
+            m.rule or "",
+            m.state or "",
+            m.labels,
+            m.severity or "?" if with_severity else None,
+        )
         for m in test.transitions
     ]
     # labels the expectation does not name (e.g. uuid) are not compared
@@ -517,7 +531,11 @@ def _check_transitions(test: TestCase, seen: list[tuple[float, AlertTransition]]
         named |= set(m.labels)
     got = [
         _transition_line(
-            t, tr.rule, tr.state.value, {k: v for k, v in tr.labels.items() if k in named}
+            t,
+            tr.rule,
+            tr.state.value,
+            {k: v for k, v in tr.labels.items() if k in named},
+            tr.severity.value if with_severity else None,
         )
         for t, tr in seen
         if tr.rule in rules and tr.state.value in states

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import os
 import threading
 from collections.abc import Callable, Iterator
 from datetime import datetime
@@ -31,8 +32,6 @@ StatusFn = Callable[[bool, str], None]
 
 
 def journal_available() -> bool:
-    import os
-
     try:
         importlib.import_module("systemd.journal")
     except ImportError:
@@ -84,7 +83,12 @@ class JournaldSource:
     # -- reader set-up -----------------------------------------------------------------
     def _open(self) -> Any:
         journal = importlib.import_module("systemd.journal")
-        reader = journal.Reader(path=self.directory) if self.directory else journal.Reader()
+        if self.directory and os.path.isfile(self.directory):
+            reader = journal.Reader(files=[self.directory])
+        elif self.directory:
+            reader = journal.Reader(path=self.directory)
+        else:
+            reader = journal.Reader()
         reader.add_match(_TRANSPORT="kernel")
         reader.add_disjunction()
         reader.add_match(SYSLOG_IDENTIFIER="kernel")
@@ -149,6 +153,21 @@ class JournaldSource:
                 }
             )
         return count
+
+    def scan(self) -> int:
+        """Post-mortem: every entry from the start, same trust rules, no position saved."""
+        reader = self._open()
+        try:
+            reader.seek_head()
+            count = 0
+            for entry in self._entries(reader):
+                message = _message(entry)
+                if message is not None:
+                    self.handler.handle(message, _timestamp(entry, 0.0), is_trusted(entry))
+                count += 1
+            return count
+        finally:
+            reader.close()
 
     @staticmethod
     def _entries(reader: Any) -> Iterator[dict[str, Any]]:

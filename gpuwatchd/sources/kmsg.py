@@ -68,7 +68,8 @@ class KmsgSource:
         self.last_seq = -1
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._boot_wall = 0.0  # wall time of boot, to timestamp records
+        # wall time of boot, to timestamp records (None: stamp with the clock on arrival)
+        self.time_base: float | None = None
         self._dirty = False
 
     # -- records -----------------------------------------------------------------------
@@ -86,7 +87,8 @@ class KmsgSource:
             return record  # already handled before a restart
         self.last_seq = record.seq
         self._dirty = True
-        timestamp = self._boot_wall + record.usec / 1e6 if self._boot_wall else self.clock.now()
+        base = self.time_base
+        timestamp = self.clock.now() if base is None else base + record.usec / 1e6
         self.handler.handle(record.message, timestamp, record.facility == 0)
         return record
 
@@ -110,7 +112,7 @@ class KmsgSource:
             self.last_seq = resume  # read from the buffer's start; skip handled records
         elif not self.from_start:
             os.lseek(fd, 0, os.SEEK_END)  # first start: only what happens from now on
-        self._boot_wall = self._boot_time()
+        self.time_base = self._boot_time() or None
         poller = select.poll()
         poller.register(fd, select.POLLIN)
         while not self._stop.is_set():
@@ -128,6 +130,19 @@ class KmsgSource:
                     continue
                 raise
             self.handle_record(data.decode("utf-8", "replace"))
+
+    def scan(self) -> int:
+        """Post-mortem over a saved dump: every record once, same trust rule, no position.
+        Events are stamped in seconds since boot (a dump carries no wall time)."""
+        self.time_base = 0.0
+        count = 0
+        with open(self.path, encoding="utf-8", errors="replace") as fh:
+            for line in fh:
+                if line.startswith(" "):
+                    continue  # dictionary continuation lines
+                if self.handle_record(line.rstrip("\n")) is not None:
+                    count += 1
+        return count
 
     def _run_file(self) -> None:
         resume = self._resume_seq()
