@@ -51,6 +51,7 @@ def add_parser(
     p.add_argument(
         "file", nargs="?", default="-", metavar="FILE", help="log file to read (default: stdin)"
     )
+    p.add_argument("-c", "--config", metavar="FILE", help="apply this config's xid.overrides")
     p.set_defaults(func=cmd_parse)
 
     p = sub.add_parser(
@@ -60,6 +61,7 @@ def add_parser(
     )
     p.add_argument("code", type=int, metavar="N", help="XID number")
     p.add_argument("--json", action="store_true", help="print the entry as a JSON object")
+    p.add_argument("-c", "--config", metavar="FILE", help="apply this config's xid.overrides")
     p.set_defaults(func=cmd_explain)
 
     p = sub.add_parser(
@@ -73,14 +75,24 @@ def add_parser(
     where = p.add_mutually_exclusive_group(required=True)
     where.add_argument("--journal", metavar="DIR", help="journal directory or .journal file")
     where.add_argument("--kmsg", metavar="FILE", help="file of /dev/kmsg records")
+    p.add_argument("-c", "--config", metavar="FILE", help="apply this config's xid.overrides")
     p.set_defaults(func=cmd_scan)
     return xid
 
 
 def _catalog(args: argparse.Namespace) -> Catalog:
-    """The catalog the commands use (config overrides will be applied here)."""
+    """The catalog the commands use: NVIDIA's, with the config's ``xid.overrides``."""
     catalog = getattr(args, "catalog", None)
-    return catalog if isinstance(catalog, Catalog) else Catalog.default()
+    if isinstance(catalog, Catalog):
+        return catalog
+    path = getattr(args, "config", None)
+    if path:
+        from gpuwatchd.config import load_config
+
+        config_catalog = load_config(path, must_exist=True).xid.catalog()
+        assert isinstance(config_catalog, Catalog)
+        return config_catalog
+    return Catalog.default()
 
 
 def report(found: ParsedXid, catalog: Catalog) -> dict[str, Any]:
@@ -105,8 +117,21 @@ def write_reports(lines: Iterable[str], catalog: Catalog, out: TextIO) -> int:
     return count
 
 
+def _catalog_or_exit(args: argparse.Namespace) -> Catalog | None:
+    from gpuwatchd.errors import ConfigError
+
+    try:
+        return _catalog(args)
+    except ConfigError as exc:
+        for line in exc.lines():
+            print(line, file=sys.stderr)
+        return None
+
+
 def cmd_parse(args: argparse.Namespace) -> int:
-    catalog = _catalog(args)
+    catalog = _catalog_or_exit(args)
+    if catalog is None:
+        return 1
     if args.file == "-":
         buffer = getattr(sys.stdin, "buffer", None)
         source: TextIO = (
@@ -151,7 +176,9 @@ def cmd_scan(args: argparse.Namespace) -> int:
     from gpuwatchd.clock import SystemClock
     from gpuwatchd.sources.kernel import GpuResolver, KernelLineHandler
 
-    catalog = _catalog(args)
+    catalog = _catalog_or_exit(args)
+    if catalog is None:
+        return 1
     kmsg = args.kmsg is not None
 
     def emit(event: XidEvent) -> None:
@@ -274,7 +301,9 @@ def explain_text(entry: CatalogEntry, catalog: Catalog) -> str:
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
-    catalog = _catalog(args)
+    catalog = _catalog_or_exit(args)
+    if catalog is None:
+        return 1
     entry = catalog.lookup(args.code)
     if entry is None:
         codes = catalog.codes()

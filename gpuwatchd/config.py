@@ -127,6 +127,22 @@ class SourcesConfig:
 
 
 @dataclass(frozen=True)
+class XidConfig:
+    """Per-code overrides of the XID catalog's severity and action."""
+
+    overrides: tuple[tuple[int, tuple[tuple[str, str], ...]], ...] = ()
+
+    def catalog(self) -> Any:
+        """The XID catalog with these overrides applied (``gpuwatchd.xid.Catalog``)."""
+        from .xid.catalog import Catalog
+
+        base = Catalog.default()
+        if not self.overrides:
+            return base
+        return base.with_overrides({code: dict(fields) for code, fields in self.overrides})
+
+
+@dataclass(frozen=True)
 class Config:
     node_name: str
     listen: ListenAddress
@@ -141,6 +157,7 @@ class Config:
     routing: RoutingConfig = field(default_factory=RoutingConfig)
     drain: DrainConfig = field(default_factory=DrainConfig)
     rules: RulesConfig = field(default_factory=RulesConfig)
+    xid: XidConfig = field(default_factory=XidConfig)
     source: str | None = field(default=None, compare=False, metadata={"internal": True})
     """The file it was loaded from (``None``: built-in defaults only)."""
 
@@ -163,6 +180,8 @@ def as_plain(value: Any) -> Any:
     """
     if isinstance(value, ListenAddress | BackendSpec):
         return str(value)
+    if isinstance(value, XidConfig):
+        return {"overrides": {code: dict(fields) for code, fields in value.overrides}}
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         out: dict[str, Any] = {}
         for f in dataclasses.fields(value):
@@ -408,6 +427,42 @@ def _read_sources(r: Reader, node: Node | None, ctx: _Context) -> SourcesConfig:
     )
 
 
+def _read_xid(r: Reader, node: Node | None, ctx: _Context) -> XidConfig:
+    keys = _section_keys(r, node, XidConfig, "xid")
+    if "overrides" not in keys or keys["overrides"].value is None:
+        return XidConfig()
+    from .xid.catalog import Catalog
+
+    table = keys["overrides"]
+    if not table.is_mapping():
+        r.error(table.loc, "xid.overrides: expected a mapping of XID number to {severity, action}")
+        return XidConfig()
+    out: list[tuple[int, tuple[tuple[str, str], ...]]] = []
+    for key_node, value_node in table.items():
+        what = f"xid.overrides.{key_node.value}"
+        if not str(key_node.value).isdigit():
+            r.error(key_node.loc, f"xid.overrides: {key_node.value!r} is not an XID number")
+            continue
+        code = int(key_node.value)
+        fields = r.mapping(value_node, ["severity", "action"], what)
+        if fields is None:
+            continue
+        pairs: list[tuple[str, str]] = []
+        for name, fnode in fields.items():
+            text = r.string(fnode, f"{what}.{name}")
+            if text is None:
+                continue
+            try:
+                Catalog.default().with_overrides({code: {name: text}})
+            except ValueError as exc:
+                r.error(fnode.loc, f"{what}.{name}: {exc}")
+                continue
+            pairs.append((name, text))
+        if pairs:
+            out.append((code, tuple(sorted(pairs))))
+    return XidConfig(tuple(sorted(out)))
+
+
 # -- the table of top-level keys -----------------------------------------------------------
 @dataclass(frozen=True)
 class _Entry(Generic[T]):
@@ -446,6 +501,7 @@ _ENTRIES: dict[str, _Entry[Any]] = {
     ),
     "drain": _section_entry(DrainConfig, lambda r, n, ctx: read_drain(r, n)),
     "rules": _section_entry(RulesConfig, lambda r, n, ctx: read_rules(r, n, ctx.base_dir)),
+    "xid": _section_entry(XidConfig, _read_xid),
 }
 
 

@@ -178,3 +178,28 @@ def test_xid_needs_a_subcommand() -> None:
     with pytest.raises(SystemExit) as exc:
         run(["xid"])
     assert exc.value.code == 2
+
+
+def test_config_overrides_change_severity_and_action(tmp_path: Path) -> None:
+    config = tmp_path / "gpuwatchd.yaml"
+    config.write_text("xid:\n  overrides:\n    63: {severity: critical, action: reset_gpu}\n")
+    line = "NVRM: Xid (PCI:0000:3b:00): 63, pid=1, name=x, Row Remapper: New row marked\n"
+    out = subprocess.run(
+        [sys.executable, "-m", "gpuwatchd", "xid", "parse", "-c", str(config)],
+        input=line,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    report = json.loads(out)
+    assert (report["severity"], report["action"]) == ("critical", "reset_gpu")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("xid:\n  overrides:\n    63: {severity: fatal}\n")
+    result = subprocess.run(
+        [sys.executable, "-m", "gpuwatchd", "xid", "parse", "-c", str(bad)],
+        input=line,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 1 and result.stderr.startswith(f"{bad}:3:20: ")
