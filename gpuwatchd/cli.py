@@ -179,11 +179,11 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from .demo import run_demo
+    from .demo import default_demo_config, run_demo
     from .scenario import bundled_scenario_path, load_scenario
 
     try:
-        config = _load(args)
+        config = _load(args) if args.config else default_demo_config()
         scenario = load_scenario(
             _scenario_path(args.scenario) if args.scenario else bundled_scenario_path("demo")
         )

@@ -9,16 +9,21 @@ temperatures near the slowdown threshold), then a summary.
 from __future__ import annotations
 
 import dataclasses
+import os
 import sys
+import tempfile
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TextIO
+from typing import Any, TextIO
 
+from .alerts import AlertState, AlertTransition, Severity
 from .backend.scenario import ScenarioBackend
 from .clock import ScaledClock
 from .config import Config, ListenAddress
 from .daemon import Daemon
 from .fields import HEALTH_CLOCK_EVENT_REASONS, decode_clock_event_reasons
+from .pipeline import Pipeline, Sink, Stage
 from .poller import Record
 from .records import DeviceEvent, DeviceEventKind, GpuSample, GpuStatus, XidEvent
 from .scenario import Scenario, format_duration
@@ -77,6 +82,7 @@ class Narrator:
         self._hot: set[int] = set()
         self._link_errors: dict[tuple[int, int], float] = {}
         self.findings = 0
+        self._clock_now: Callable[[], float] | None = None
 
     def say(self, t: float, text: str) -> None:
         secs = int(max(0.0, t - self.t0))
@@ -92,6 +98,46 @@ class Narrator:
         self.findings += 1
         mark = self.style.red("!!") if severe else self.style.yellow("! ")
         self.say(t, f"{mark} {text}")
+
+    def alert(self, t: AlertTransition) -> None:
+        if t.state is AlertState.PENDING:
+            return
+        summary = t.annotations.get("summary") or t.rule
+        tag = f"[{t.severity.value}]"
+        if t.state is AlertState.FIRING:
+            head = (
+                self.style.red(f"ALERT {tag:<8}")
+                if t.severity is Severity.PAGE
+                else (self.style.yellow(f"ALERT {tag:<8}"))
+            )
+            action = t.annotations.get("action")
+            extra = f"\n{' ' * 12}   what to do: {action}" if action else ""
+            self.say(t.timestamp, f"{head} {t.rule}: {summary}{extra}")
+        else:
+            self.say(t.timestamp, self.style.green(f"RESOLVED {tag:<5}") + f" {t.rule}: {summary}")
+
+    def action(self, record: dict[str, Any]) -> None:
+        """A page or drain the actions stage recorded (the demo sends nothing)."""
+        now = self.clock_now()
+        if record.get("record") == "notification":
+            alerts = record.get("alerts", [])
+            firing = [a for a in alerts if a.get("state") == "firing"]
+            names = ", ".join(sorted({str(a.get("rule")) for a in firing})) or "resolves only"
+            self.say(
+                now,
+                self.style.cyan("-> notified ") + f"{record.get('receiver')} "
+                f"({record.get('type')}): {len(firing)} firing [{names}]",
+            )
+        elif record.get("record") == "drain":
+            how = "dry run" if record.get("dry_run") else str(record.get("mode"))
+            self.say(
+                now,
+                self.style.red("-> DRAIN ") + f"node {record.get('node')} ({how}): "
+                f"{record.get('reason') or record.get('detail')}",
+            )
+
+    def clock_now(self) -> float:
+        return self._clock_now() if self._clock_now is not None else self.t0
 
     def record(self, record: Record) -> None:
         if isinstance(record, DeviceEvent):
@@ -192,6 +238,39 @@ def demo_config(base: Config, scenario: Scenario, listen: ListenAddress) -> Conf
     return dataclasses.replace(base, poll=poll, listen=listen)
 
 
+def _demo_pipeline(
+    config: Config, clock: ScaledClock, narrator: Narrator, state_dir: str
+) -> Pipeline:
+    """The rule engine (in memory) and the actions stage in record-only mode."""
+    from .rules import rules_stage
+
+    stages: list[Stage] = [rules_stage(config, clock, durable=False)]
+    sinks: list[Sink] = []
+    if config.receivers or config.drain.mode != "none":
+        from .actions import ActionsSink
+
+        sinks.append(
+            ActionsSink(
+                config,
+                clock,
+                db_path=os.path.join(state_dir, "demo.db"),
+                simulate=True,
+                record=narrator.action,
+                on_drain=narrator.action,
+            )
+        )
+    return Pipeline(stages, sinks, on_transition=narrator.alert)
+
+
+def default_demo_config() -> Config:
+    from importlib import resources
+
+    from .config import load_config
+
+    path = resources.files("gpuwatchd").joinpath("data", "demo-config.yaml")
+    return load_config(str(path), must_exist=True)
+
+
 def run_demo(
     scenario: Scenario,
     base: Config,
@@ -205,16 +284,47 @@ def run_demo(
     style = Style(out.isatty() if color is None else color)
     factor = scenario.duration / seconds
     clock = ScaledClock(factor)
-    config = demo_config(base, scenario, listen or base.listen)
+    with tempfile.TemporaryDirectory(prefix="gpuwatchd-demo-") as state_dir:
+        config = dataclasses.replace(
+            demo_config(base, scenario, listen or base.listen), state_dir=state_dir
+        )
+        return _play(
+            scenario, config, clock, factor, seconds, forever, listen, out, style, state_dir
+        )
+
+
+def _play(
+    scenario: Scenario,
+    config: Config,
+    clock: ScaledClock,
+    factor: float,
+    seconds: float,
+    forever: bool,
+    listen: ListenAddress | None,
+    out: TextIO,
+    style: Style,
+    state_dir: str,
+) -> int:
     backend = ScenarioBackend(scenario, clock, real_stalls=True)
     narrator = Narrator(scenario, out, style, clock.now())
-    daemon = Daemon(config, backend, clock, emit=narrator.record)
+    narrator._clock_now = clock.now
+
+    def make_daemon(cfg: Config) -> Daemon:
+        return Daemon(
+            cfg,
+            backend,
+            clock,
+            emit=narrator.record,
+            pipeline=_demo_pipeline(cfg, clock, narrator, state_dir),
+        )
+
+    daemon = make_daemon(config)
     try:
         daemon.start()
     except OSError as exc:
         if listen is None and config.listen.port != 0:  # default port busy: take a free one
             config = dataclasses.replace(config, listen=ListenAddress(config.listen.host, 0))
-            daemon = Daemon(config, backend, clock, emit=narrator.record)
+            daemon = make_daemon(config)
             daemon.start()
         else:
             raise SystemExit(f"gpuwatchd demo: cannot listen on {config.listen}: {exc}") from None
@@ -223,7 +333,8 @@ def run_demo(
     out.write(
         f"  {len(daemon.infos)} GPUs, {format_duration(scenario.duration)} of node time "
         f"played {factor:.0f}x faster (about {seconds:.0f} s). Poll every "
-        f"{format_duration(scenario.step)} of node time.\n"
+        f"{format_duration(scenario.step)} of node time. Pages and drains are printed, "
+        "never sent.\n"
     )
     out.write(f"  Metrics: {url}/metrics   Status: {url}/api/v1/status\n\n")
     out.flush()
@@ -238,11 +349,14 @@ def run_demo(
                 break
             stop.wait(0.02)
         view = daemon.state.view()
+        firing = daemon.status().get("alerts", [])
         out.write("\n" + style.bold("Summary") + f": {narrator.findings} findings.\n")
         for g in view.gpus:
             word = g.status.value
             text = style.green(word) if g.status is GpuStatus.OK else style.red(word)
             out.write(f"  GPU {g.info.index} {g.info.pci_bus_id} {text}\n")
+        if isinstance(firing, list) and firing:
+            out.write(f"  {len(firing)} alert(s) still firing.\n")
         if forever:
             out.write(f"\nStill serving {url}/metrics (Ctrl-C to stop).\n")
             out.flush()

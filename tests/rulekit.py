@@ -95,9 +95,7 @@ class Node:
     def xid(self, gpu: int | None, code: int, **kw: Any) -> None:
         pci = kw.pop("pci_bus_id", pci_of(gpu) if gpu is not None else None)
         source = kw.pop("source", "journald")
-        self.engine.observe(
-            XidEvent(self.clock.now(), source, code, gpu=gpu, pci_bus_id=pci, **kw)
-        )
+        self.engine.observe(XidEvent(self.clock.now(), source, code, gpu=gpu, pci_bus_id=pci, **kw))
 
     def sample(self, gpu: int) -> GpuSample:
         info = self.infos[gpu]

@@ -16,8 +16,10 @@ from gpuwatchd.pci import PciWatcher, is_nvidia_gpu, read_sysfs, read_udev
 DEVICES = [
     ("0000:00:00.0", "0x8086", "0x09a2", "0x060000"),
     ("0000:17:00.0", "0x15b3", "0x1021", "0x020000"),
-    *[(f"0000:{bus}:00.0", "0x10de", "0x2330", "0x030200")
-      for bus in ("18", "2a", "3a", "5d", "9a", "ab", "ba", "db")],
+    *[
+        (f"0000:{bus}:00.0", "0x10de", "0x2330", "0x030200")
+        for bus in ("18", "2a", "3a", "5d", "9a", "ab", "ba", "db")
+    ],
     *[(f"0000:{bus}:00.0", "0x10de", "0x22a3", "0x068000") for bus in ("05", "06", "07", "08")],
     ("0000:c1:00.1", "0x10de", "0x22ba", "0x040300"),  # an HDMI audio function: not a GPU
     ("0000:c1:00.0", "0x10de", "0x2684", "0x030000"),  # a VGA-class GeForce: a GPU

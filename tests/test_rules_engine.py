@@ -21,7 +21,7 @@ rules:
 """
 
 
-# -- threshold, for, keep_firing_for ---------------------------------------------------------
+# -- threshold, for, keep_firing_for --------------------------------------------------------------
 def test_threshold_boundary_is_strict() -> None:
     n = Node(TEMP)
     n.set(0, temperature_gpu=85.0)
@@ -43,9 +43,7 @@ def test_for_fires_exactly_when_held_long_enough() -> None:
     assert n.events() == [(0.0, "Hot", "pending", "1"), (300.0, "Hot", "firing", "1")]
     tr = n.transitions[-1][1]
     assert tr.severity is Severity.PAGE
-    assert tr.annotations["summary"] == (
-        f"GPU 1 ({pci_of(1)}) on node-a at 90.0 C (limit 85)"
-    )
+    assert tr.annotations["summary"] == (f"GPU 1 ({pci_of(1)}) on node-a at 90.0 C (limit 85)")
     assert tr.active_since == n.t0 and tr.sequence == 2
 
 
@@ -122,7 +120,7 @@ def test_link_threshold_one_alert_per_link() -> None:
     assert n.events("resolved") == [(20.0, "LinkDown", "resolved", "2")]
 
 
-# -- increase, rate, count: windows and counter resets -------------------------------------------
+# -- increase, rate, count: windows and counter resets --------------------------------------------
 ECC = """
 rules:
 - name: EccRising
@@ -204,7 +202,7 @@ def test_count_needs_distinct_increments() -> None:
     assert ("EccOften", "0") not in n.firing()
 
 
-# -- XIDs ---------------------------------------------------------------------------------------
+# -- XIDs -----------------------------------------------------------------------------------------
 XIDS = """
 rules:
 - name: XidFatal
@@ -297,7 +295,7 @@ def test_xid_by_bucket_and_one_alert_per_code() -> None:
     ]
 
 
-# -- throttle -----------------------------------------------------------------------------------
+# -- throttle -------------------------------------------------------------------------------------
 THROTTLE = """
 rules:
 - name: Thermal
@@ -385,7 +383,7 @@ def test_trend_needs_history_covering_the_baseline() -> None:
     assert not n.transitions
 
 
-# -- peer outliers ---------------------------------------------------------------------------------
+# -- peer outliers --------------------------------------------------------------------------------
 PEERS = """
 rules:
 - name: SlowClock
@@ -432,7 +430,7 @@ def test_peer_outlier_on_a_counter_rate_needs_peers_and_a_real_difference() -> N
     assert lonely.firing("EccOutlier") == set()
 
 
-# -- GPU status, count, PCIe, stuck work ---------------------------------------------------------
+# -- GPU status, count, PCIe, stuck work ----------------------------------------------------------
 STATUS = """
 rules:
 - name: Lost
@@ -505,7 +503,8 @@ rules:
   when: {field: utilization_gpu, op: '>', value: 0.5}
   condition:
     pcie_downtrained: {}
-  annotations: {summary: 'Gen{generation:.0f} x{width:.0f} of Gen{generation_max:.0f} x{width_max:.0f}'}
+  annotations:
+    summary: 'Gen{generation:.0f} x{width:.0f} of Gen{generation_max:.0f} x{width_max:.0f}'
 - name: Stuck
   severity: page
   for: 10m
@@ -538,7 +537,7 @@ def test_stuck_workload_needs_a_process_and_zero_utilization() -> None:
     assert n.firing("Stuck") == set()
 
 
-# -- labels, fingerprints, sequence, select -----------------------------------------------------------
+# -- labels, fingerprints, sequence, select -------------------------------------------------------
 def test_labels_fingerprints_and_sequence_numbers() -> None:
     n = Node(
         TEMP.replace("  for: 5m\n", "  labels: {team: infra}\n"),
@@ -568,9 +567,7 @@ def test_labels_fingerprints_and_sequence_numbers() -> None:
 
 
 def test_select_limits_the_gpus() -> None:
-    n = Node(
-        TEMP.replace("  for: 5m\n", f"  select: {{gpus: ['{n_uuid(1)}', '{pci_of(2)}']}}\n")
-    )
+    n = Node(TEMP.replace("  for: 5m\n", f"  select: {{gpus: ['{n_uuid(1)}', '{pci_of(2)}']}}\n"))
     n.set([0, 1, 2, 3], temperature_gpu=90)
     n.step()
     assert n.firing() == {("Hot", "1"), ("Hot", "2")}
@@ -582,7 +579,7 @@ def n_uuid(i: int) -> str:
     return uuid_of(i)
 
 
-# -- reload and metrics --------------------------------------------------------------------------------
+# -- reload and metrics ---------------------------------------------------------------------------
 def test_metrics_exist_at_zero_for_every_rule_from_the_start() -> None:
     n = Node(TEMP + XIDS.replace("rules:\n", ""))
     text = n.metrics()

@@ -49,7 +49,7 @@ def test_a_good_rule_loads() -> None:
     assert str(rule.loc) == "r.yaml:2:9"
 
 
-# -- one test per kind of mistake --------------------------------------------------------------
+# -- one test per kind of mistake -----------------------------------------------------------------
 def test_unknown_key_with_did_you_mean() -> None:
     assert errors(one_rule(OK_RULE + "anotations: {}\n")) == [
         "r.yaml:6:3: rules[0]: unknown key 'anotations' (did you mean 'annotations'?)"
@@ -111,7 +111,9 @@ def test_bad_durations() -> None:
 
 
 def test_unknown_field_name() -> None:
-    text = one_rule("severity: page\ncondition:\n  threshold: {field: temprature, op: '>', value: 1}\n")
+    text = one_rule(
+        "severity: page\ncondition:\n  threshold: {field: temprature, op: '>', value: 1}\n"
+    )
     assert errors(text) == [
         "r.yaml:5:24: rule 'R'.condition.threshold.field: unknown field 'temprature' "
         "(did you mean 'temperature_gpu'?)"
@@ -119,19 +121,27 @@ def test_unknown_field_name() -> None:
 
 
 def test_a_gauge_is_not_a_counter() -> None:
-    text = one_rule("severity: page\ncondition:\n  increase: {field: temperature_gpu, window: 1h}\n")
+    text = one_rule(
+        "severity: page\ncondition:\n  increase: {field: temperature_gpu, window: 1h}\n"
+    )
     assert errors(text)[0].startswith(
         "r.yaml:5:23: rule 'R'.condition.increase.field: 'temperature_gpu' is a gauge"
     )
 
 
 def test_bad_value_unit() -> None:
-    text = one_rule("severity: page\ncondition:\n  threshold: {field: sm_clock, op: '<', value: 1980MB}\n")
+    text = one_rule(
+        "severity: page\ncondition:\n  threshold: {field: sm_clock, op: '<', value: 1980MB}\n"
+    )
     assert errors(text)[0].startswith(
         "r.yaml:5:50: rule 'R'.condition.threshold.value: unknown unit 'MB'"
     )
-    (rule,) = parse_rules(one_rule(OK_RULE.replace("value: 85", "value: 1980MHz").replace(
-        "temperature_gpu", "sm_clock")), "r.yaml")
+    (rule,) = parse_rules(
+        one_rule(
+            OK_RULE.replace("value: 85", "value: 1980MHz").replace("temperature_gpu", "sm_clock")
+        ),
+        "r.yaml",
+    )
     assert rule.condition.value == 1.98e9  # type: ignore[union-attr]
 
 
@@ -181,12 +191,15 @@ def test_annotation_placeholders_are_checked_at_load() -> None:
         + "  f: 'unbalanced {'\n"
     )
     lines = errors(text)
-    assert lines[0].startswith("r.yaml:7:8: rule 'R'.annotations.a: unknown placeholder {gpuu} "
-                               "(did you mean {gpu}?)")
-    assert lines[1].startswith("r.yaml:8:8: rule 'R'.annotations.b: placeholder {gpu.__class__}"
-                               " is not allowed")
-    assert lines[2].startswith("r.yaml:9:8: rule 'R'.annotations.c: placeholder {value:.x}: "
-                               "bad format spec for a number")
+    assert lines[0].startswith(
+        "r.yaml:7:8: rule 'R'.annotations.a: unknown placeholder {gpuu} (did you mean {gpu}?)"
+    )
+    assert lines[1].startswith(
+        "r.yaml:8:8: rule 'R'.annotations.b: placeholder {gpu.__class__} is not allowed"
+    )
+    assert lines[2].startswith(
+        "r.yaml:9:8: rule 'R'.annotations.c: placeholder {value:.x}: bad format spec for a number"
+    )
     assert lines[3].startswith("r.yaml:10:8: rule 'R'.annotations.d: unknown placeholder {xid}")
     assert lines[4] == (
         "r.yaml:11:8: rule 'R'.annotations.e: placeholder {uuid!r}: conversions are not allowed"
@@ -253,9 +266,7 @@ def test_duplicate_rule_names_across_files(tmp_path: Path) -> None:
     b.write_text("# another file\n" + one_rule(OK_RULE))
     with pytest.raises(ConfigError) as info:
         load_rule_set([str(a), str(b)], defaults=False)
-    assert info.value.lines() == [
-        f"{b}:3:9: rules[0].name: rule 'R' is already defined at {a}:2:9"
-    ]
+    assert info.value.lines() == [f"{b}:3:9: rules[0].name: rule 'R' is already defined at {a}:2:9"]
 
 
 def test_every_problem_in_every_file_is_reported_at_once(tmp_path: Path) -> None:
@@ -327,13 +338,13 @@ def test_config_rules_section(tmp_path: Path) -> None:
 
 def test_config_rules_errors_point_into_the_config(tmp_path: Path) -> None:
     cfg = tmp_path / "gpuwatchd.yaml"
-    cfg.write_text(
-        "rules:\n  files: [missing.yaml]\n  disable: [GpuTemperatureHihg]\n"
-    )
+    cfg.write_text("rules:\n  files: [missing.yaml]\n  disable: [GpuTemperatureHihg]\n")
     config = load_config(str(cfg), must_exist=True, environ={})
     with pytest.raises(ConfigError) as info:
         rules_from_config(config)
-    assert info.value.lines() == [f"{cfg}:2:11: rules.files: '{tmp_path}/missing.yaml' does not exist"]
+    assert info.value.lines() == [
+        f"{cfg}:2:11: rules.files: '{tmp_path}/missing.yaml' does not exist"
+    ]
     cfg.write_text("rules:\n  disable: [GpuTemperatureHihg]\n")
     config = load_config(str(cfg), must_exist=True, environ={})
     with pytest.raises(ConfigError) as info:
@@ -352,7 +363,7 @@ def test_config_rules_errors_point_into_the_config(tmp_path: Path) -> None:
     ]
 
 
-# -- the shipped rules --------------------------------------------------------------------------------
+# -- the shipped rules ----------------------------------------------------------------------------
 def test_shipped_rules_are_the_package_defaults() -> None:
     assert [os.path.basename(p) for p in default_rule_files()] == [
         os.path.basename(p) for p in SHIPPED

@@ -46,8 +46,9 @@ def test_shipped_rule_tests_pass(path: str) -> None:
 def alerts(scenario: str) -> list[dict[str, object]]:
     """The alert records of simulating a shipped scenario with the shipped rules."""
     records: list[dict[str, object]] = []
-    sim = Simulation(load_scenario(str(SCENARIOS / scenario)), default_config({}),
-                     on_record=records.append)
+    sim = Simulation(
+        load_scenario(str(SCENARIOS / scenario)), default_config({}), on_record=records.append
+    )
     sim.run()
     return [r for r in records if r.get("record") == "alert"]
 
@@ -129,7 +130,9 @@ def test_check_config_validates_rule_files(tmp_path: Path) -> None:
     cfg.write_text("rules:\n  files: [nope.yaml]\n")
     missing = cli("check-config", "-c", str(cfg))
     assert missing.returncode == 1
-    assert missing.stderr.strip() == f"{cfg}:2:11: rules.files: '{tmp_path}/nope.yaml' does not exist"
+    assert (
+        missing.stderr.strip() == f"{cfg}:2:11: rules.files: '{tmp_path}/nope.yaml' does not exist"
+    )
 
 
 def test_rules_test_reports_a_readable_diff_and_exit_1(tmp_path: Path) -> None:
@@ -138,7 +141,7 @@ def test_rules_test_reports_a_readable_diff_and_exit_1(tmp_path: Path) -> None:
         f"""\
 tests:
 - name: expects the wrong time
-  scenario: {SCENARIOS / 'thermal-slowdown.yaml'}
+  scenario: {SCENARIOS / "thermal-slowdown.yaml"}
   alerts:
   - at: 44m
     rule: GpuTemperatureHigh
@@ -161,7 +164,9 @@ tests:
     assert result.returncode == 1
     out = result.stdout
     assert f"{tests}: FAIL expects the wrong time" in out
-    assert f"{tests}:5:5: at 44m (evaluated at 44m): firing alerts of GpuTemperatureHigh differ" in out
+    assert (
+        f"{tests}:5:5: at 44m (evaluated at 44m): firing alerts of GpuTemperatureHigh differ" in out
+    )
     assert "expected, not firing: GpuTemperatureHigh{gpu=6}" in out
     assert f"{tests}:10:5: transitions differ:" in out
     assert "-40m GpuTemperatureHigh firing gpu=6" in out
@@ -172,8 +177,10 @@ tests:
 
 def test_rules_test_file_errors_have_locations(tmp_path: Path) -> None:
     tests = tmp_path / "t.yaml"
-    tests.write_text("tests:\n- name: x\n  scenario: nope.yaml\n  alerts:\n  - at: 1m\n"
-                     "    rule: NoSuchRule\n    firing: []\n")
+    tests.write_text(
+        "tests:\n- name: x\n  scenario: nope.yaml\n  alerts:\n  - at: 1m\n"
+        "    rule: NoSuchRule\n    firing: []\n"
+    )
     result = cli("rules", "test", str(tests))
     assert result.returncode == 1
     assert f"{tests}:6:11: test 'x'.alerts[0].rule: no rule named 'NoSuchRule' is loaded" in (
@@ -250,8 +257,7 @@ def test_sighup_reload_keeps_old_rules_on_error(
         time.sleep(0.1)
     assert f"{site}:3:13: rule 'SiteHot'.severity: 'pager' is not one of" in proc.output()
     site.write_text(
-        BAD_RULE.replace("pager", "page")
-        + "- name: SiteWarm\n  severity: ticket\n  condition:\n"
+        BAD_RULE.replace("pager", "page") + "- name: SiteWarm\n  severity: ticket\n  condition:\n"
         "    threshold: {field: temperature_gpu, op: '>', value: 70}\n"
     )
     proc.popen.send_signal(signal.SIGHUP)

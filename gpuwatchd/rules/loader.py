@@ -171,8 +171,9 @@ class _Ctx:
 class RuleParser:
     """Reads rule files into ``Rule`` objects, collecting every problem in one ``Reader``."""
 
-    def __init__(self) -> None:
+    def __init__(self, catalog: xid_catalog.Catalog | None = None) -> None:
         self.r = Reader()
+        self.catalog = catalog or xid_catalog.Catalog.default()
         self.buckets = _catalog_buckets()
         self.codes = _catalog_codes()
         self.seen: dict[str, Location] = {}
@@ -620,7 +621,7 @@ class RuleParser:
                         f"{', '.join(CATALOG_SEVERITIES)}){_hint(text, CATALOG_SEVERITIES)}",
                     )
                     continue
-                for entry in xid_catalog.Catalog.default():
+                for entry in self.catalog:  # the config's xid.overrides apply
                     if entry.severity.value == text:
                         codes.add(entry.xid)
         count = 1
@@ -850,10 +851,11 @@ def load_rule_set(
     defaults: bool = True,
     disable: Iterable[str] = (),
     config_source: str | None = None,
+    catalog: xid_catalog.Catalog | None = None,
 ) -> RuleSet:
     """Load the shipped rules (``defaults``) then ``files`` (paths or globs), drop the
     rules named in ``disable``; raises one ``ConfigError`` with every problem."""
-    parser = RuleParser()
+    parser = RuleParser(catalog)
     rules: list[Rule] = []
     loaded: list[str] = []
     paths = (default_rule_files() if defaults else []) + [p for _, p in expand_files(files)]
@@ -917,8 +919,13 @@ def rules_from_config(config: Config, extra_files: Iterable[str] = ()) -> RuleSe
                 for p in missing
             ]
         )
+    xid = getattr(config, "xid", None)
     return load_rule_set(
-        [*files, *extra_files], defaults=defaults, disable=disable, config_source=config.source
+        [*files, *extra_files],
+        defaults=defaults,
+        disable=disable,
+        config_source=config.source,
+        catalog=xid.catalog() if xid is not None else None,
     )
 
 

@@ -66,6 +66,7 @@ class RulesStage:
             raise
 
         def commit() -> None:
+            self.engine.catalog = new.xid.catalog()
             self.engine.replace_rules(rules)
             self.engine.reload_success = True
             self.config = new
@@ -110,4 +111,5 @@ def rules_stage(
             if durable
             else StateStore(":memory:", boot_id=SIMULATE_BOOT_ID)
         )
-    return RulesStage(config, Engine(rules, store, clock), extra_files)
+    engine = Engine(rules, store, clock, catalog=config.xid.catalog())
+    return RulesStage(config, engine, extra_files)
