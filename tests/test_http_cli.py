@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
+import tempfile
 import urllib.error
 import urllib.request
 from collections.abc import Callable
@@ -15,9 +17,15 @@ from conftest import GPUWATCHD, ROOT, Proc
 STEADY = ROOT / "tests" / "data" / "steady-4gpu.yaml"
 
 
+_STATE = tempfile.mkdtemp(prefix="gpuwatchd-test-state-")
+
+
 def cli(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    """The CLI as a user runs it, with its state kept out of the real /var/lib."""
+    env = dict(os.environ, STATE_DIRECTORY=_STATE)
     return subprocess.run(
         [*GPUWATCHD, *args],
+        env=env,
         capture_output=True,
         text=True,
         input=stdin,
@@ -114,4 +122,7 @@ def test_demo_runs_the_story_quickly() -> None:
     assert "Metrics: http://127.0.0.1:" in out
     assert "fell off the bus" in out
     assert "XID 79" in out
+    assert "ALERT [page]   GpuLost" in out  # the rule engine decided
+    assert "-> DRAIN node demo-node (dry run)" in out  # the drain hook was asked, dry run
+    assert "-> notified oncall (webhook)" in out  # the page went to the (recorded) receiver
     assert "Summary" in out
