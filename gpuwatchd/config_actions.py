@@ -17,7 +17,7 @@ import urllib.parse
 from dataclasses import dataclass, field
 from typing import Any
 
-from .yamlsrc import Node, Reader
+from .yamlsrc import Node, Reader, type_name
 
 SEVERITIES = ("page", "ticket", "info")
 RECEIVER_TYPES = ("webhook", "slack", "pagerduty", "alertmanager")
@@ -225,7 +225,7 @@ def _string_map(
     if node.value is None:
         return {}
     if not node.is_mapping():
-        r.error(node.loc, f"{what}: expected a mapping, got {_type(node.value)}")
+        r.error(node.loc, f"{what}: expected a mapping, got {type_name(node.value)}")
         return None
     out: dict[str, str] = {}
     ok = True
@@ -237,32 +237,16 @@ def _string_map(
             continue
         value = value_node.value
         if isinstance(value, bool) or not isinstance(value, str | int | float):
-            r.error(value_node.loc, f"{what}.{key}: expected a string, got {_type(value)}")
+            r.error(value_node.loc, f"{what}.{key}: expected a string, got {type_name(value)}")
             ok = False
             continue
         out[key] = str(value)
     return out if ok else None
 
 
-def _type(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "boolean"
-    if isinstance(value, int | float):
-        return "number"
-    if isinstance(value, str):
-        return "string"
-    if isinstance(value, list):
-        return "list"
-    if isinstance(value, dict):
-        return "mapping"
-    return type(value).__name__
-
-
 def _http_url(r: Reader, node: Node, what: str, *, secret: bool) -> str | None:
     if not isinstance(node.value, str):
-        r.error(node.loc, f"{what}: expected a string, got {_type(node.value)}")
+        r.error(node.loc, f"{what}: expected a string, got {type_name(node.value)}")
         return None
     text = node.value.strip()
     parsed = urllib.parse.urlsplit(text)
@@ -306,7 +290,7 @@ def _one_of(
 # -- receivers -----------------------------------------------------------------------------
 def _read_receiver(r: Reader, node: Node, what: str) -> ReceiverConfig | None:
     if not node.is_mapping():
-        r.error(node.loc, f"{what}: expected a mapping, got {_type(node.value)}")
+        r.error(node.loc, f"{what}: expected a mapping, got {type_name(node.value)}")
         return None
     type_node = node.get("type")
     if type_node is None:
@@ -659,7 +643,7 @@ def _rule_grace(r: Reader, node: Node, what: str) -> dict[str, float] | None:
     if not node.is_mapping():
         r.error(
             node.loc,
-            f"{what}: expected a mapping of rule name to duration, got {_type(node.value)}",
+            f"{what}: expected a mapping of rule name to duration, got {type_name(node.value)}",
         )
         return None
     out: dict[str, float] = {}

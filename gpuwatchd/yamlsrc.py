@@ -153,7 +153,8 @@ def parse_duration(text: str) -> float | None:
     return total if pos == len(text) else None
 
 
-def _type_name(value: Any) -> str:
+def type_name(value: Any) -> str:
+    """How an error message names a YAML value's type."""
     if value is None:
         return "null"
     if isinstance(value, bool):
@@ -192,7 +193,7 @@ class Reader:
     ) -> dict[str, Node] | None:
         """The keys of a mapping node; unknown keys are reported with a did-you-mean."""
         if not node.is_mapping():
-            self.error(node.loc, f"{what}: expected a mapping, got {_type_name(node.value)}")
+            self.error(node.loc, f"{what}: expected a mapping, got {type_name(node.value)}")
             return None
         out: dict[str, Node] = {}
         allowed_set = set(allowed)
@@ -211,7 +212,7 @@ class Reader:
 
     def sequence(self, node: Node, what: str) -> list[Node] | None:
         if not node.is_sequence():
-            self.error(node.loc, f"{what}: expected a list, got {_type_name(node.value)}")
+            self.error(node.loc, f"{what}: expected a list, got {type_name(node.value)}")
             return None
         items: list[Node] = node.value
         return items
@@ -219,7 +220,7 @@ class Reader:
     # -- scalars ---------------------------------------------------------------------
     def string(self, node: Node, what: str, choices: tuple[str, ...] | None = None) -> str | None:
         if not isinstance(node.value, str):
-            self.error(node.loc, f"{what}: expected a string, got {_type_name(node.value)}")
+            self.error(node.loc, f"{what}: expected a string, got {type_name(node.value)}")
             return None
         if choices is not None and node.value not in choices:
             hint = difflib.get_close_matches(node.value, choices, n=1, cutoff=0.6)
@@ -233,7 +234,7 @@ class Reader:
 
     def boolean(self, node: Node, what: str) -> bool | None:
         if not isinstance(node.value, bool):
-            self.error(node.loc, f"{what}: expected true or false, got {_type_name(node.value)}")
+            self.error(node.loc, f"{what}: expected true or false, got {type_name(node.value)}")
             return None
         return node.value
 
@@ -248,7 +249,7 @@ class Reader:
         value = node.value
         if isinstance(value, bool) or not isinstance(value, int | float):
             kind = "an integer" if integer else "a number"
-            self.error(node.loc, f"{what}: expected {kind}, got {_type_name(value)}")
+            self.error(node.loc, f"{what}: expected {kind}, got {type_name(value)}")
             return None
         if integer and not isinstance(value, int):
             self.error(node.loc, f"{what}: expected an integer, got {value!r}")
@@ -300,7 +301,7 @@ class Reader:
         """``HOST:PORT`` with an IP literal or ``localhost`` (``[::1]:9835`` for IPv6)."""
         value = node.value
         if not isinstance(value, str):
-            self.error(node.loc, f"{what}: expected 'HOST:PORT', got {_type_name(value)}")
+            self.error(node.loc, f"{what}: expected 'HOST:PORT', got {type_name(value)}")
             return None
         host, sep, port_text = value.rpartition(":")
         if not sep or not port_text.isdigit() or not host:

@@ -17,18 +17,17 @@ passed since the last one resolved, and then only undoes a drain gpuwatchd owns.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
 import random
 import sqlite3
-import tempfile
 import threading
 from collections.abc import Callable
 from typing import Any
 
 from ..alerts import AlertState, AlertTransition, Severity
+from ..atomicfile import write_atomic
 from ..clock import Clock
 from ..config_actions import DrainConfig
 from ..exposition import Families
@@ -523,21 +522,3 @@ class DrainController:
             "Drains done (or, in dry-run, that would have been) within the current drain.window.",
             [],
         ).add([], float(s["drains_in_window"]))
-
-
-def write_atomic(path: str, text: str) -> None:
-    """Write ``text`` to ``path`` so that readers see the old or the new file, never half."""
-    directory = os.path.dirname(path)
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", dir=directory)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise

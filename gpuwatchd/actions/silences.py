@@ -13,11 +13,11 @@ import fcntl
 import json
 import os
 import secrets
-import tempfile
 from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from ..atomicfile import write_atomic
 from ..config import normalize_gpu_id
 
 FILE_NAME = "silences.json"
@@ -124,20 +124,8 @@ def _locked(path: str) -> Iterator[None]:
 
 
 def _write(path: str, items: list[Silence]) -> None:
-    directory = os.path.dirname(path)
-    fd, tmp = tempfile.mkstemp(prefix=".silences.", dir=directory)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump({"version": 1, "silences": [s.as_dict() for s in items]}, fh, indent=2)
-            fh.write("\n")
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    doc = {"version": 1, "silences": [s.as_dict() for s in items]}
+    write_atomic(path, json.dumps(doc, indent=2) + "\n")
 
 
 def add_silence(

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import tempfile
 from typing import Any
+
+from ..atomicfile import write_atomic
 
 log = logging.getLogger(__name__)
 
@@ -33,18 +33,7 @@ class PositionFile:
     def save(self, data: dict[str, Any]) -> None:
         if self.path is None:
             return
-        directory = os.path.dirname(self.path) or "."
         try:
-            os.makedirs(directory, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(prefix=".pos-", dir=directory)
-            try:
-                with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                    json.dump(data, fh)
-                    fh.flush()
-                    os.fsync(fh.fileno())
-                os.replace(tmp, self.path)
-            except BaseException:
-                os.unlink(tmp)
-                raise
+            write_atomic(self.path, json.dumps(data))
         except OSError as exc:
             log.warning("cannot save position to %s: %s", self.path, exc)
