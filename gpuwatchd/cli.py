@@ -119,6 +119,8 @@ def cmd_run(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
             return 1
+        except ConfigError as exc:  # the web config file changed under us
+            return _config_errors(exc)
         try:
             daemon.wait_started(config.poll.call_timeout + 1.0)
             supervisor.ready()

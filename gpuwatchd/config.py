@@ -143,6 +143,16 @@ class XidConfig:
 
 
 @dataclass(frozen=True)
+class WebSection:
+    """The HTTP server's guards (see ``httpd`` and ``webconfig``)."""
+
+    config_file: str | None = None  # exporter-toolkit web config: TLS, basic auth, headers
+    max_request_bytes: int = 65536
+    rate_limit: float = 50.0  # requests per second per client address; 0 turns it off
+    rate_burst: int = 100
+
+
+@dataclass(frozen=True)
 class Config:
     node_name: str
     listen: ListenAddress
@@ -158,6 +168,7 @@ class Config:
     drain: DrainConfig = field(default_factory=DrainConfig)
     rules: RulesConfig = field(default_factory=RulesConfig)
     xid: XidConfig = field(default_factory=XidConfig)
+    web: WebSection = field(default_factory=WebSection)
     source: str | None = field(default=None, compare=False, metadata={"internal": True})
     """The file it was loaded from (``None``: built-in defaults only)."""
 
@@ -427,6 +438,36 @@ def _read_sources(r: Reader, node: Node | None, ctx: _Context) -> SourcesConfig:
     )
 
 
+def _read_web(r: Reader, node: Node | None, ctx: _Context) -> WebSection:
+    keys = _section_keys(r, node, WebSection, "web")
+    values: dict[str, Any] = {}
+    n = keys.get("config_file")
+    if n is not None and n.value is not None:
+        text = r.string(n, "web.config_file")
+        if text is not None and ctx.base_dir is not None and not os.path.isabs(text):
+            text = os.path.normpath(os.path.join(ctx.base_dir, text))
+        if text is not None:
+            from .webconfig import load_web_config
+
+            try:
+                load_web_config(text)  # every problem of that file, at its own location
+                values["config_file"] = text
+            except ConfigError as exc:
+                r.error(n.loc, f"web.config_file: {text} does not load")
+                r.problems.extend(exc.problems)
+    if "max_request_bytes" in keys:
+        values["max_request_bytes"] = r.integer(
+            keys["max_request_bytes"], "web.max_request_bytes", minimum=1024, maximum=1 << 30
+        )
+    if "rate_limit" in keys:
+        values["rate_limit"] = r.number(keys["rate_limit"], "web.rate_limit", minimum=0.0)
+    if "rate_burst" in keys:
+        values["rate_burst"] = r.integer(
+            keys["rate_burst"], "web.rate_burst", minimum=1, maximum=1_000_000
+        )
+    return dataclasses.replace(WebSection(), **{k: v for k, v in values.items() if v is not None})
+
+
 def _read_xid(r: Reader, node: Node | None, ctx: _Context) -> XidConfig:
     keys = _section_keys(r, node, XidConfig, "xid")
     if "overrides" not in keys or keys["overrides"].value is None:
@@ -502,6 +543,7 @@ _ENTRIES: dict[str, _Entry[Any]] = {
     "drain": _section_entry(DrainConfig, lambda r, n, ctx: read_drain(r, n)),
     "rules": _section_entry(RulesConfig, lambda r, n, ctx: read_rules(r, n, ctx.base_dir)),
     "xid": _section_entry(XidConfig, _read_xid),
+    "web": _section_entry(WebSection, _read_web),
 }
 
 
@@ -570,6 +612,7 @@ __all__ = [
     "ListenAddress",
     "MetricsConfig",
     "PollConfig",
+    "WebSection",
     "as_plain",
     "config_keys",
     "default_config",

@@ -28,6 +28,7 @@ from .poller import Emit, Poller, Record
 from .records import GpuInfo, GpuStatus, XidEvent
 from .snapshot import GpuState, NodeState, NodeView
 from .sources.wiring import XidInputs
+from .webconfig import WebGuard
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +37,16 @@ ReloadHook = Callable[[Config], Callable[[], None] | None]
 (rule files, receivers), raising ``ConfigError`` to reject the reload; return a function
 that swaps it in (called only when every hook succeeded), or ``None``."""
 
-RESTART_ONLY = ("node_name", "listen", "backend", "state_dir", "poll", "gpus", "metrics")
+RESTART_ONLY = (
+    "node_name",
+    "listen",
+    "backend",
+    "state_dir",
+    "poll",
+    "gpus",
+    "metrics",
+    "web",  # the web config *file* is re-read when it changes; the key takes a restart
+)
 """Config keys a reload does not change (the running value stays until a restart)."""
 
 STATUS_FIELDS = (
@@ -109,7 +119,7 @@ class Daemon:
             per_link=config.metrics.per_link,
             dcgm_compat=config.metrics.dcgm_compat,
             hostname_label=config.metrics.hostname_label,
-            extra_families=(self.pipeline.families, self._xid_families),
+            extra_families=(self.pipeline.families, self._xid_families, self._http_families),
         )
         self.xids = XidInputs(config, backend, clock, self._xid, self._source_status)
         self._listen = listen or (config.listen.host, config.listen.port)
@@ -134,6 +144,10 @@ class Daemon:
 
     def _xid_families(self, view: NodeView, fams: Families) -> None:
         self.xids.families(fams)
+
+    def _http_families(self, view: NodeView, fams: Families) -> None:
+        if self.http is not None:
+            self.http.families(fams)
 
     def _xid(self, event: XidEvent) -> None:
         """A merged, trusted XID incident from the kernel log and/or NVML events."""
@@ -218,7 +232,14 @@ class Daemon:
                 self._events_thread.start()
         if self._serve_http:
             host, port = self._listen
-            self.http = HttpServer(host, port, self.renderer, self.health, self.status)
+            web = self.config.web
+            guard = WebGuard(  # ConfigError if the web config file no longer loads
+                web.config_file,
+                rate_interval=1.0 / web.rate_limit if web.rate_limit > 0 else 0.0,
+                rate_burst=web.rate_burst,
+                max_request_bytes=web.max_request_bytes,
+            )
+            self.http = HttpServer(host, port, self.renderer, self.health, self.status, guard)
             self.http.start()
             log.info("serving on %s", self.http.url)
 

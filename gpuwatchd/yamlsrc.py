@@ -67,28 +67,71 @@ def _construct_scalar(path: str, loader: yaml.SafeLoader, node: yaml.ScalarNode)
     return Node(value, _loc(path, node.start_mark), node.tag)
 
 
-def _build(path: str, loader: yaml.SafeLoader, node: yaml.Node) -> Node:
+MAX_BYTES = 4 * 1024 * 1024
+"""Largest YAML file (config, rules, scenario) that is read at all."""
+MAX_NODES = 200_000
+"""Most values a document may hold once every alias is expanded ("billion laughs")."""
+MAX_DEPTH = 64
+"""Deepest nesting of mappings and lists."""
+
+
+class _Budget:
+    """Counts the nodes built, so that aliases cannot multiply a small file into millions
+    of values: the expansion stops at ``MAX_NODES`` in linear time."""
+
+    def __init__(self, path: str, max_nodes: int) -> None:
+        self.path = path
+        self.left = max_nodes
+        self.max_nodes = max_nodes
+
+    def take(self, node: yaml.Node, depth: int) -> None:
+        self.left -= 1
+        if self.left < 0:
+            raise ConfigError.at(
+                _loc(self.path, node.start_mark),
+                f"YAML error: document too large after alias expansion (more than "
+                f"{self.max_nodes} values); aliases that multiply content are refused",
+            )
+        if depth > MAX_DEPTH:
+            raise ConfigError.at(
+                _loc(self.path, node.start_mark),
+                f"YAML error: nested too deeply (more than {MAX_DEPTH} levels)",
+            )
+
+
+def _build(
+    path: str, loader: yaml.SafeLoader, node: yaml.Node, budget: _Budget, depth: int = 0
+) -> Node:
+    budget.take(node, depth)
     if isinstance(node, yaml.MappingNode):
         loader.flatten_mapping(node)
         out: dict[str, tuple[Node, Node]] = {}
         for key_node, value_node in node.value:
-            key = _build(path, loader, key_node)
+            key = _build(path, loader, key_node, budget, depth + 1)
             if not isinstance(key.value, str | int | float | bool) or key.value is None:
                 raise ConfigError.at(key.loc, "mapping keys must be plain scalars")
             skey = str(key.value)
             if skey in out:
                 raise ConfigError.at(key.loc, f"duplicate key {skey!r}")
-            out[skey] = (Node(skey, key.loc, key.tag), _build(path, loader, value_node))
+            value = _build(path, loader, value_node, budget, depth + 1)
+            out[skey] = (Node(skey, key.loc, key.tag), value)
         return Node(out, _loc(path, node.start_mark), node.tag)
     if isinstance(node, yaml.SequenceNode):
-        items = [_build(path, loader, child) for child in node.value]
+        items = [_build(path, loader, child, budget, depth + 1) for child in node.value]
         return Node(items, _loc(path, node.start_mark), node.tag)
     assert isinstance(node, yaml.ScalarNode)
     return _construct_scalar(path, loader, node)
 
 
-def parse(text: str, path: str) -> Node | None:
-    """Parse YAML text into a ``Node`` tree; ``None`` for an empty document."""
+def parse(text: str, path: str, *, max_nodes: int = MAX_NODES) -> Node | None:
+    """Parse YAML text into a ``Node`` tree; ``None`` for an empty document.
+
+    Hostile input is refused with a ``ConfigError``, within limits: more than ``MAX_BYTES``
+    of text, more than ``max_nodes`` values after alias expansion, nesting deeper than
+    ``MAX_DEPTH``.
+    """
+    if len(text) > MAX_BYTES:
+        raise ConfigError.at(Location(path, 1, 1), _too_large())
     try:
         loader = _Loader(text)
     except yaml.reader.ReaderError as exc:
@@ -99,7 +142,7 @@ def parse(text: str, path: str) -> Node | None:
         root = loader.get_single_node()
         if root is None:
             return None
-        return _build(path, loader, root)
+        return _build(path, loader, root, _Budget(path, max_nodes))
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         where = _loc(path, mark) if mark is not None else Location(path, 1, 1)
@@ -123,12 +166,21 @@ def _reader_location(path: str, text: str, exc: yaml.reader.ReaderError) -> Loca
     return Location(path, line, len(before) - (before.rfind("\n") + 1) + 1)
 
 
+def _too_large() -> str:
+    return f"file too large (more than {MAX_BYTES // (1024 * 1024)} MiB)"
+
+
 def load_file(path: str) -> Node | None:
+    """Read and parse a YAML file (at most ``MAX_BYTES``; see ``parse`` for the limits)."""
     try:
-        with open(path, encoding="utf-8") as fh:
-            text = fh.read()
+        with open(path, "rb") as fh:
+            data = fh.read(MAX_BYTES + 1)
     except OSError as exc:
         raise ConfigError.at(Location(path, 1, 1), f"cannot read file: {exc.strerror}") from None
+    if len(data) > MAX_BYTES:
+        raise ConfigError.at(Location(path, 1, 1), _too_large())
+    try:
+        text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise ConfigError.at(Location(path, 1, 1), f"not UTF-8 text: {exc.reason}") from None
     return parse(text, path)

@@ -284,6 +284,14 @@ def test_xid_without_gpu_index_is_matched_by_pci_bus_id_or_kept_on_the_node() ->
     ]
 
 
+def test_xids_of_ignored_gpus_never_fire() -> None:
+    n = Node(XIDS)
+    n.engine.ignore = frozenset({pci_of(2)})
+    n.xid(None, 79, pci_bus_id=pci_of(2).lower())
+    n.step()
+    assert not n.transitions
+
+
 def test_xid_by_bucket_and_one_alert_per_code() -> None:
     n = Node(XIDS)
     n.xid(0, 13)

@@ -185,8 +185,10 @@ class Engine:
         clock: Clock,
         *,
         catalog: xid_catalog.Catalog | None = None,
+        ignore: tuple[str, ...] = (),
     ) -> None:
         self.store = store
+        self.ignore = frozenset(i.upper() for i in ignore)  # gpus.ignore: never alerted on
         self.clock = clock
         self.catalog = catalog or xid_catalog.Catalog.default()
         self._lock = threading.RLock()
@@ -253,15 +255,17 @@ class Engine:
         state; firing alerts of rules that are gone are resolved at the next evaluation."""
         with self._lock:
             names = {r.name for r in new.rules}
+            old = {r.name: r for r in self._rules}
+            now = self._last_now if self._last_now is not None else self.clock.now()
             for name in [n for n in self._alerts if n not in names]:
                 for alert in self._alerts.pop(name).values():
                     if alert.state is AlertState.FIRING:
                         self._queued.append(
                             self._transition(
-                                None,
+                                old.get(name),
                                 alert,
                                 AlertState.RESOLVED,
-                                alert.last_true,
+                                now,
                                 note="the rule was removed or disabled",
                             )
                         )
@@ -432,7 +436,12 @@ class Engine:
         if isinstance(record, GpuSample):
             self._observe_sample(record)
         elif isinstance(record, XidEvent):
-            if not record.trusted or record.kind == "sxid":
+            if (
+                not record.trusted
+                or record.kind == "sxid"
+                or (record.pci_bus_id or "").upper() in self.ignore
+                or (record.uuid or "").upper() in self.ignore
+            ):
                 self.xids_ignored += 1
                 return
             with self._lock:

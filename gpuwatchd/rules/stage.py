@@ -111,5 +111,5 @@ def rules_stage(
             if durable
             else StateStore(":memory:", boot_id=SIMULATE_BOOT_ID)
         )
-    engine = Engine(rules, store, clock, catalog=config.xid.catalog())
+    engine = Engine(rules, store, clock, catalog=config.xid.catalog(), ignore=config.gpus.ignore)
     return RulesStage(config, engine, extra_files)

@@ -1,0 +1,200 @@
+"""Helpers for the fault and abuse suite (tests/test_fault_*.py, tests/test_abuse_*.py):
+the real daemon as a subprocess with a given config, metrics parsing, timing, memory.
+
+The numbers the suite measures are printed as ``RELIABILITY <test> key=value ...`` lines
+(visible with ``pytest -s``); docs/RELIABILITY.md quotes them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from conftest import GPUWATCHD, ROOT, free_port
+
+_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
+_LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
+
+
+def samples(text: str) -> list[tuple[str, dict[str, str], float]]:
+    """(name, labels, value) of every sample in a text exposition."""
+    out = []
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        m = _SAMPLE.match(line)
+        if m is None:
+            continue
+        labels = dict(_LABEL.findall(m.group(2) or ""))
+        out.append((m.group(1), labels, float(m.group(3))))
+    return out
+
+
+def metric(text: str, name: str, **labels: str) -> float:
+    """Sum of the samples of ``name`` whose labels include ``labels`` (0 if none)."""
+    return sum(
+        v
+        for n, lab, v in samples(text)
+        if n == name and all(lab.get(k) == want for k, want in labels.items())
+    )
+
+
+def report(test: str, **values: object) -> None:
+    """One line of measurements for docs/RELIABILITY.md."""
+    print(f"RELIABILITY {test} " + " ".join(f"{k}={v}" for k, v in values.items()), flush=True)
+
+
+def wait_until(cond: Callable[[], Any], timeout: float, what: str, step: float = 0.05) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = cond()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s: {what}")
+        time.sleep(step)
+
+
+def rss_kib(pid: int) -> int:
+    with open(f"/proc/{pid}/status", encoding="ascii") as fh:
+        for line in fh:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    raise AssertionError(f"no VmRSS for {pid}")
+
+
+class Daemon:
+    """``gpuwatchd run -c CONFIG --backend scenario:SCENARIO`` with its own log file.
+
+    ``start()`` may be called again after ``stop()``/``kill()``: a restart with the same
+    state directory.
+    """
+
+    def __init__(
+        self,
+        tmp_path: Path,
+        config: str,
+        scenario: Path | None,
+        *,
+        env: dict[str, str] | None = None,
+        name: str = "daemon",
+        port: int | None = None,
+        verbose: bool = True,
+    ) -> None:
+        self.tmp_path = tmp_path
+        self.cfg = tmp_path / f"{name}.yaml"
+        self.cfg.write_text(config)
+        self.scenario = scenario
+        self.port = port or free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.env = dict(os.environ, PYTHONUNBUFFERED="1", **(env or {}))
+        self.env.pop("NOTIFY_SOCKET", None)
+        self.env.pop("JOURNAL_STREAM", None)
+        self.name = name
+        self.verbose = verbose
+        self.runs = 0
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.logs: list[Path] = []
+
+    def start(self, *, wait: bool = True, extra: tuple[str, ...] = ()) -> Daemon:
+        self.runs += 1
+        log = self.tmp_path / f"{self.name}-{self.runs}.log"
+        self.logs.append(log)
+        argv = [*GPUWATCHD, "run", "-c", str(self.cfg), "--listen", f"127.0.0.1:{self.port}"]
+        if self.scenario is not None:
+            argv += ["--backend", f"scenario:{self.scenario}"]
+        if self.verbose:
+            argv.append("-v")
+        argv += list(extra)
+        with log.open("wb") as out:
+            self.proc = subprocess.Popen(
+                argv, stdout=out, stderr=subprocess.STDOUT, env=self.env, cwd=ROOT
+            )
+        if wait:
+            self.wait_ready()
+        return self
+
+    def wait_ready(self, timeout: float = 20.0) -> None:
+        def up() -> bool:
+            assert self.proc is not None
+            if self.proc.poll() is not None:
+                raise AssertionError(f"daemon exited with {self.proc.returncode}:\n{self.output()}")
+            try:
+                self.get("/healthz", timeout=1.0)
+                return True
+            except urllib.error.HTTPError:
+                return True  # answering, if not (yet) healthy
+            except OSError:
+                return False
+
+        wait_until(up, timeout, f"daemon on {self.url}")
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def get(self, path: str, timeout: float = 5.0) -> bytes:
+        with urllib.request.urlopen(self.url + path, timeout=timeout) as resp:
+            body: bytes = resp.read()
+            return body
+
+    def metrics(self) -> str:
+        return self.get("/metrics").decode()
+
+    def status(self) -> dict[str, Any]:
+        out: dict[str, Any] = json.loads(self.get("/api/v1/status"))
+        return out
+
+    def output(self) -> str:
+        """Everything every run of the daemon logged, in order."""
+        return "".join(p.read_text(errors="replace") for p in self.logs if p.exists())
+
+    def stop(self, timeout: float = 15.0) -> int:
+        """SIGTERM and wait; the exit status."""
+        if self.proc is None:
+            return 0
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode
+
+    def kill(self) -> None:
+        """SIGKILL: a crash, no shutdown code runs."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def timed_get(url: str, timeout: float = 5.0) -> tuple[float, int]:
+    """(seconds, status) of one GET."""
+    start = time.perf_counter()
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:
+            resp.read()
+            code = resp.status
+    except urllib.error.HTTPError as exc:
+        exc.read()
+        exc.close()
+        code = exc.code
+    return time.perf_counter() - start, code
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    if not ordered:
+        return float("nan")
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
