@@ -161,7 +161,9 @@ class _Handler(BaseHTTPRequestHandler):
     server: _Server
     protocol_version = "HTTP/1.1"
     server_version = "gpuwatchd"
-    sys_version = ""
+
+    def version_string(self) -> str:
+        return self.server_version  # no Python version for scanners
 
     def log_message(self, format: str, *args: Any) -> None:
         log.debug("http %s - " + format, self.client_address[0], *args)

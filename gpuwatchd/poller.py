@@ -41,7 +41,6 @@ def _failed_sample(info: GpuInfo, now: float, status: GpuStatus, error: str) -> 
 
 def poll_gpu(backend: Backend, info: GpuInfo, clock: Clock) -> GpuSample:
     """One poll of one GPU, with every backend failure turned into a sample status."""
-    start = clock.monotonic()
     try:
         return backend.sample(info.index)
     except GpuLost as exc:
@@ -54,12 +53,7 @@ def poll_gpu(backend: Backend, info: GpuInfo, clock: Clock) -> GpuSample:
         return _failed_sample(info, clock.now(), GpuStatus.ERROR, str(exc))
     except Exception as exc:  # a bug in one GPU's path must not stop the others
         log.exception("unexpected error polling GPU %d", info.index)
-        return _failed_sample(
-            info,
-            clock.now(),
-            GpuStatus.ERROR,
-            f"internal error: {exc!r} after {clock.monotonic() - start:.3f}s",
-        )
+        return _failed_sample(info, clock.now(), GpuStatus.ERROR, f"internal error: {exc!r}")
 
 
 def _device_event(info: GpuInfo, kind: DeviceEventKind, now: float, detail: str) -> DeviceEvent:
@@ -126,27 +120,30 @@ class Poller:
             sample.error or "",
         )
 
-    def _source_health(self, durations: list[float]) -> None:
+    def _source_health(self, durations: list[float], answered: int | None = None) -> None:
         now = self.clock.now()
-        view = self.state.view()
-        answered = sum(1 for g in view.gpus if g.status is GpuStatus.OK)
+        total = len(self.infos)
+        if answered is None:
+            answered = sum(1 for g in self.state.view().gpus if g.status is GpuStatus.OK)
         self.state.source(
             "nvml",
-            up=answered > 0 or not view.gpus,
+            up=answered > 0 or not total,
             now=now,
             duration=max(durations) if durations else None,
-            detail=f"{answered}/{len(view.gpus)} GPUs answering",
+            detail=f"{answered}/{total} GPUs answering",
         )
 
     # -- synchronous (simulate) ------------------------------------------------------
     def poll_once_sync(self) -> None:
         durations = []
+        answered = 0
         for info in self.infos:
             sample = poll_gpu(self.backend, info, self.clock)
             durations.append(sample.duration_seconds)
+            answered += sample.status is GpuStatus.OK
             self._store(info, sample)
         self.cycles += 1
-        self._source_health(durations)
+        self._source_health(durations, answered)
 
     # -- threaded (run, demo) --------------------------------------------------------
     def start(self) -> None:

@@ -14,6 +14,7 @@ from types import MappingProxyType
 from typing import Any
 
 _EMPTY: Mapping[str, float] = MappingProxyType({})
+_EMPTY_TEXT: Mapping[str, str] = MappingProxyType({})
 
 
 @dataclass(frozen=True)
@@ -84,7 +85,7 @@ class GpuSample:
     processes: tuple[ProcessInfo, ...] = ()
     duration_seconds: float = 0.0
     error: str | None = None
-    errors: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    errors: Mapping[str, str] = field(default_factory=lambda: _EMPTY_TEXT)
 
     def as_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {

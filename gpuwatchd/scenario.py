@@ -243,7 +243,13 @@ class _Series:
         return v
 
 
-_FieldsPlan = tuple[float, float, dict[str, float], tuple[tuple[str, "_Series", float, bool], ...]]
+# A moving field in a plan: name, segment (start, base, rate), integer?, jitter amplitude,
+# noise phases, whole-degree rounding?, clamp kind (see _clamp_kind).
+_Moving = tuple[str, float, float, float, bool, float, tuple[float, float], bool, int]
+_FieldsPlan = tuple[float, float, dict[str, float], tuple[_Moving, ...]]
+
+_W1 = 2 * math.pi / 173.0  # the two periods of the deterministic jitter, in seconds
+_W2 = 2 * math.pi / 31.0
 
 
 @dataclass(frozen=True)
@@ -304,14 +310,21 @@ class Scenario:
         if cached is None or not cached[0] <= t < cached[1]:
             cached = self._fields_plan(gpu, t)
         fields = cached[2].copy()  # the fields that hold still, in file order
-        for name, series, amplitude, temperature in cached[3]:
-            value = series.value(t)
-            assert value is not None
+        for name, start, base, rate, integer, amplitude, phases, temperature, clamp in cached[3]:
+            value = base + rate * (t - start)
+            if integer:
+                value = float(math.floor(value + 1e-9))  # as _Series.value does
             if amplitude:
-                value += amplitude * self._noise(gpu, name, t)
+                value += amplitude * (
+                    0.6 * math.sin(_W1 * t + phases[0]) + 0.4 * math.sin(_W2 * t + phases[1])
+                )
                 # Like NVML: whole degrees, milliwatts; keeps golden files readable.
                 value = round(value) if temperature else round(value, 3)
-            fields[name] = _clamp(name, value)
+            if clamp == 1:
+                value = min(max(value, 0.0), 1.0)
+            elif clamp == 2:
+                value = max(value, 0.0)
+            fields[name] = value
         links = self._links_at(gpu, t)
         count = int(fields.get("compute_processes", 0.0))
         used = fields.get("memory_used")
@@ -331,7 +344,7 @@ class Scenario:
         still (no ramp, no jitter) until the next timeline change, the series of the rest."""
         lo, hi = -math.inf, math.inf
         still: dict[str, float] = {}
-        moving: list[tuple[str, _Series, float, bool]] = []
+        moving: list[_Moving] = []
         for name, series in self._series[gpu].items():
             starts = series.starts
             i = bisect.bisect_right(starts, t) - 1
@@ -341,9 +354,23 @@ class Scenario:
                 continue  # absent until its first entry
             lo = max(lo, starts[i])
             amplitude = self.jitter.get(name) or 0.0
-            if amplitude or series.segments[i].rate:
+            seg = series.segments[i]
+            if amplitude or seg.rate:
                 still[name] = 0.0  # keeps the key's place; overwritten in values_at
-                moving.append((name, series, amplitude, name.startswith("temperature_")))
+                phases = self._phases[(gpu, name)] if amplitude else (0.0, 0.0)
+                moving.append(
+                    (
+                        name,
+                        seg.start,
+                        seg.base,
+                        seg.rate,
+                        series.integer,
+                        amplitude,
+                        phases,
+                        name.startswith("temperature_"),
+                        _clamp_kind(name),
+                    )
+                )
             else:
                 value = series.value(t)
                 assert value is not None
@@ -382,14 +409,22 @@ class Scenario:
 
     def _noise(self, gpu: int, name: str, t: float) -> float:
         # Two slow sines with phases from a hash: smooth, in [-1, 1], a pure function of t.
+        # (values_at inlines this for speed; keep the two in step.)
         p1, p2 = self._phases[(gpu, name)]
-        return 0.6 * math.sin(2 * math.pi * t / 173.0 + p1) + 0.4 * math.sin(
-            2 * math.pi * t / 31.0 + p2
-        )
+        return 0.6 * math.sin(_W1 * t + p1) + 0.4 * math.sin(_W2 * t + p2)
 
 
 def _pid(gpu: int, k: int) -> int:
     return 40000 + gpu * 100 + k
+
+
+def _clamp_kind(name: str) -> int:
+    """0: no clamp (temperatures), 1: ratio in [0, 1], 2: not negative."""
+    if name.startswith("utilization_"):
+        return 1
+    if name.startswith("temperature_"):
+        return 0
+    return 2
 
 
 def _clamp(name: str, value: float) -> float:

@@ -1,0 +1,514 @@
+"""The HTTP endpoints under abuse: localhost by default; TLS, mutual TLS and basic auth
+(bcrypt) from an exporter-toolkit web config file, with real clients (curl, Python's ssl);
+size, rate and connection limits; no secret in any response or log line; and random
+requests (hypothesis) that never get a 5xx or take the server down."""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import dataclasses
+import os
+import re
+import socket
+import ssl
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import bcrypt
+import pytest
+from conftest import GPUWATCHD, ROOT, need_binary
+from fault_support import Daemon, metric, report, wait_until
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from gpuwatchd.clock import SystemClock
+from gpuwatchd.config import default_config, load_config
+from gpuwatchd.daemon import Daemon as InProcessDaemon
+from gpuwatchd.testing.fake_backend import FakeBackend
+
+STEADY = ROOT / "tests" / "data" / "steady-4gpu.yaml"
+PASSWORD = "correct-horse-battery-9f3a"  # the secret that must never show up anywhere
+TOKEN = "T0KEN-5ecret-webhook-77c1"  # a receiver URL secret, likewise
+
+
+# -- certificates -------------------------------------------------------------------------
+@dataclasses.dataclass
+class Pki:
+    ca: Path
+    server_crt: Path
+    server_key: Path
+    client_crt: Path
+    client_key: Path
+
+
+def _openssl(*args: str, cwd: Path) -> None:
+    res = subprocess.run(
+        [need_binary("openssl"), *args], cwd=cwd, capture_output=True, text=True, check=False
+    )
+    assert res.returncode == 0, res.stderr
+
+
+def make_pki(d: Path) -> Pki:
+    """A throwaway CA, a server certificate for 127.0.0.1 and a client certificate."""
+    d.mkdir(parents=True, exist_ok=True)
+    ec = ("-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes")
+    _openssl("req", "-x509", *ec, "-keyout", "ca.key", "-out", "ca.crt", "-days", "2",
+             "-subj", "/CN=gpuwatchd test CA", cwd=d)  # fmt: skip
+    for name, ext in (
+        ("server", "subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth\n"),
+        ("client", "extendedKeyUsage=clientAuth\n"),
+    ):
+        (d / f"{name}.ext").write_text("basicConstraints=CA:FALSE\n" + ext)
+        _openssl("req", *ec, "-keyout", f"{name}.key", "-out", f"{name}.csr",
+                 "-subj", f"/CN=gpuwatchd test {name}", cwd=d)  # fmt: skip
+        _openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.crt", "-CAkey", "ca.key",
+                 "-CAcreateserial", "-out", f"{name}.crt", "-days", "2",
+                 "-extfile", f"{name}.ext", cwd=d)  # fmt: skip
+    os.chmod(d / "server.key", 0o600)
+    return Pki(d / "ca.crt", d / "server.crt", d / "server.key", d / "client.crt", d / "client.key")
+
+
+def bcrypt_hash(password: str) -> str:
+    return bcrypt.hashpw(password.encode(), bcrypt.gensalt(rounds=4)).decode()
+
+
+def https_get(
+    url: str,
+    pki: Pki,
+    auth: tuple[str, str] | None = None,
+    client_cert: bool = False,
+    max_version: ssl.TLSVersion | None = None,
+) -> tuple[int, dict[str, str], bytes]:
+    """A real TLS client (Python's ssl + http.client) that verifies the server."""
+    import http.client
+    import urllib.parse
+
+    ctx = ssl.create_default_context(cafile=str(pki.ca))
+    if client_cert:
+        ctx.load_cert_chain(str(pki.client_crt), str(pki.client_key))
+    if max_version is not None:
+        ctx.maximum_version = max_version
+    u = urllib.parse.urlsplit(url)
+    conn = http.client.HTTPSConnection(u.hostname or "", u.port, context=ctx, timeout=5)
+    headers = {}
+    if auth is not None:
+        headers["Authorization"] = "Basic " + base64.b64encode(":".join(auth).encode()).decode()
+    try:
+        conn.request("GET", u.path or "/", headers=headers)
+        resp = conn.getresponse()
+        return resp.status, {k.lower(): v for k, v in resp.getheaders()}, resp.read()
+    finally:
+        conn.close()
+
+
+def curl(url: str, pki: Pki, *args: str) -> tuple[int, str]:
+    res = subprocess.run(
+        [need_binary("curl"), "-sS", "--cacert", str(pki.ca), "-w", "\n%{http_code}", *args, url],
+        capture_output=True,
+        text=True,
+        timeout=20,
+        check=False,
+    )
+    body, _, code = res.stdout.rpartition("\n")
+    return int(code or 0), body + res.stderr
+
+
+def listening_sockets(pid: int) -> list[tuple[str, int]]:
+    """(address, port) of every TCP socket the process listens on, from /proc."""
+    inodes = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        with contextlib.suppress(OSError):
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            if target.startswith("socket:["):
+                inodes.add(target[8:-1])
+    out = []
+    for table, width in (("tcp", 8), ("tcp6", 32)):
+        with open(f"/proc/{pid}/net/{table}", encoding="ascii") as fh:
+            for line in fh.readlines()[1:]:
+                cols = line.split()
+                if cols[3] != "0A" or cols[9] not in inodes:  # 0A: LISTEN
+                    continue
+                hexaddr, hexport = cols[1].split(":")
+                raw = bytes.fromhex(hexaddr)
+                if width == 8:
+                    addr = socket.inet_ntop(socket.AF_INET, raw[::-1])
+                else:
+                    words = b"".join(raw[i : i + 4][::-1] for i in range(0, 16, 4))
+                    addr = socket.inet_ntop(socket.AF_INET6, words)
+                out.append((addr, int(hexport, 16)))
+    return out
+
+
+# -- bind address --------------------------------------------------------------------------
+def test_endpoints_listen_on_localhost_by_default(tmp_path: Path) -> None:
+    assert str(default_config({}).listen) == "127.0.0.1:9835"
+    shipped = load_config(str(ROOT / "packaging" / "gpuwatchd.yaml"), must_exist=True, environ={})
+    assert str(shipped.listen) == "127.0.0.1:9835"
+    with socket.socket() as probe:  # the default port must be free for this check
+        try:
+            probe.bind(("0.0.0.0", 9835))
+        except OSError as exc:
+            pytest.fail(f"port 9835 is in use on this machine ({exc}); stop whatever holds it")
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"state_dir: {tmp_path / 'state'}\nsources: {{kernel_log: none}}\n")
+    proc = subprocess.Popen(
+        [*GPUWATCHD, "run", "-c", str(cfg), "--backend", f"scenario:{STEADY}"],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        listeners = wait_until(lambda: listening_sockets(proc.pid), 20, "daemon listening")
+        assert listeners == [("127.0.0.1", 9835)], listeners
+        addrs = {
+            a[4][0] for a in socket.getaddrinfo(socket.gethostname(), None, socket.AF_INET)
+        } - {"127.0.0.1", "127.0.1.1"}
+        for addr in addrs:  # not reachable on the host's other addresses
+            with socket.socket() as s, pytest.raises(OSError):
+                s.settimeout(2)
+                s.connect((addr, 9835))
+    finally:
+        proc.terminate()
+        proc.wait(15)
+
+
+# -- TLS and basic auth ---------------------------------------------------------------------
+def tls_daemon(tmp_path: Path, web_config: str, extra: str = "") -> Daemon:
+    (tmp_path / "web.yml").write_text(web_config)
+    config = f"""state_dir: {tmp_path / "state"}
+sources: {{kernel_log: none}}
+web:
+  config_file: web.yml
+{extra}"""
+    d = Daemon(tmp_path, config, STEADY)
+    d.url = d.url.replace("http://", "https://")
+    d.start(wait=False)
+    return d
+
+
+def wait_tls(d: Daemon, pki: Pki, auth: tuple[str, str] | None = None) -> None:
+    def up() -> bool:
+        assert d.proc is not None
+        assert d.proc.poll() is None, d.output()
+        try:
+            https_get(d.url + "/healthz", pki, auth)
+            return True
+        except OSError:
+            return False
+
+    wait_until(up, 20, "TLS daemon")
+
+
+def test_tls_basic_auth_headers_and_live_reload(tmp_path: Path) -> None:
+    pki = make_pki(tmp_path / "pki")
+    token_file = tmp_path / "hook-url"
+    token_file.write_text(f"http://127.0.0.1:9/hook?token={TOKEN}\n")  # port 9: nobody
+    hashed = bcrypt_hash(PASSWORD)
+    d = tls_daemon(
+        tmp_path,
+        f"""tls_server_config:
+  cert_file: {pki.server_crt}
+  key_file: {pki.server_key}
+http_server_config:
+  headers: {{X-Content-Type-Options: nosniff, X-Frame-Options: deny}}
+basic_auth_users:
+  prometheus: {hashed}
+""",
+        f"""receivers:
+  - {{name: ops, type: webhook, url_file: {token_file}}}
+""",
+    )
+    try:
+        wait_tls(d, pki, ("prometheus", PASSWORD))
+        # curl, a real client: verifies our CA, sends basic auth
+        code, body = curl(d.url + "/metrics", pki, "-u", f"prometheus:{PASSWORD}")
+        assert code == 200 and "gpuwatchd_gpu_temperature_celsius" in body, body[:500]
+        assert curl(d.url + "/metrics", pki)[0] == 401
+        assert curl(d.url + "/metrics", pki, "-u", "prometheus:wrong")[0] == 401
+        assert curl(d.url + "/metrics", pki, "-u", f"nobody:{PASSWORD}")[0] == 401
+        code, text = curl(d.url + "/metrics", pki, "--insecure", "--http1.1", "--tlsv1.3")
+        assert code == 401  # TLS 1.3 works; still no way in without the password
+        # plain HTTP on the TLS port gets nothing useful
+        with socket.create_connection(("127.0.0.1", d.port), timeout=5) as s:
+            s.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+            with contextlib.suppress(OSError):
+                assert b"gpuwatchd_" not in s.recv(65536)
+        # every endpoint needs the password; answers carry the configured headers
+        for path in ("/metrics", "/healthz", "/api/v1/status", "/", "/nope"):
+            status, headers, body = https_get(d.url + path, pki)
+            assert status == 401 and headers["www-authenticate"].startswith("Basic"), path
+            status, headers, body = https_get(d.url + path, pki, ("prometheus", PASSWORD))
+            assert status == (404 if path == "/nope" else 200), (path, status)
+            assert headers["x-content-type-options"] == "nosniff"
+            assert headers["x-frame-options"] == "deny"
+            for secret in (PASSWORD, hashed, TOKEN):
+                assert secret.encode() not in body, (path, secret)
+
+        # live reload: a new password takes over within a couple of seconds
+        new_password = "second-" + PASSWORD[::-1]
+        (tmp_path / "web.yml").write_text(
+            (tmp_path / "web.yml").read_text().replace(hashed, bcrypt_hash(new_password))
+        )
+        wait_until(
+            lambda: https_get(d.url + "/healthz", pki, ("prometheus", new_password))[0] == 200,
+            5,
+            "new password accepted",
+        )
+        assert https_get(d.url + "/healthz", pki, ("prometheus", PASSWORD))[0] == 401
+        # a broken edit keeps the running settings
+        (tmp_path / "web.yml").write_text("basic_auth_users:\n  prometheus: not-a-hash\n")
+        time.sleep(1.5)
+        assert https_get(d.url + "/healthz", pki, ("prometheus", new_password))[0] == 200
+        status, _, body = https_get(d.url + "/metrics", pki, ("prometheus", new_password))
+        assert metric(body.decode(), "gpuwatchd_web_config_reload_failures_total") == 1
+        assert metric(body.decode(), "gpuwatchd_http_requests_refused_total", reason="auth") >= 8
+        assert d.stop() == 0
+        log = d.output()
+        assert "authentication failed" in log and "web config" in log
+        for secret in (PASSWORD, new_password, hashed, TOKEN, pki.server_key.read_text()):
+            assert secret not in log, f"a secret is in the log: {secret[:12]}..."
+    finally:
+        d.stop()
+
+
+def test_mutual_tls_and_minimum_version(tmp_path: Path) -> None:
+    pki = make_pki(tmp_path / "pki")
+    d = tls_daemon(
+        tmp_path,
+        f"""tls_server_config:
+  cert_file: {pki.server_crt}
+  key_file: {pki.server_key}
+  client_auth_type: RequireAndVerifyClientCert
+  client_ca_file: {pki.ca}
+  min_version: TLS13
+""",
+    )
+    try:
+        wait_until(
+            lambda: _ok(lambda: https_get(d.url + "/healthz", pki, client_cert=True)),
+            20,
+            "mTLS daemon",
+        )
+        assert https_get(d.url + "/metrics", pki, client_cert=True)[0] == 200
+        with pytest.raises((ssl.SSLError, OSError)):  # no client certificate: no handshake
+            https_get(d.url + "/metrics", pki)
+        with pytest.raises((ssl.SSLError, OSError)):  # TLS 1.2 is below min_version
+            https_get(d.url + "/metrics", pki, client_cert=True, max_version=ssl.TLSVersion.TLSv1_2)
+        code, _ = curl(
+            d.url + "/metrics", pki, "--cert", str(pki.client_crt), "--key", str(pki.client_key)
+        )
+        assert code == 200
+
+        def refused_tls() -> float:
+            body = https_get(d.url + "/metrics", pki, client_cert=True)[2].decode()
+            return metric(body, "gpuwatchd_http_requests_refused_total", reason="tls")
+
+        wait_until(lambda: refused_tls() >= 2, 5, "both failed handshakes counted")
+    finally:
+        d.stop()
+
+
+def _ok(fn: object) -> bool:
+    try:
+        fn()  # type: ignore[operator]
+        return True
+    except OSError:
+        return False
+
+
+def test_bad_web_config_is_refused_where_it_is_wrong(tmp_path: Path) -> None:
+    pki = make_pki(tmp_path / "pki")
+    (tmp_path / "web.yml").write_text(
+        f"""tls_server_config:
+  cert_file: {pki.server_crt}
+  key_file: {tmp_path / "missing.key"}
+  cipher_suites: [TLS_AES_128_GCM_SHA256]
+  client_auth_type: RequireAnyClientCert
+basic_auth_users:
+  alice: {PASSWORD}
+rate_limit: {{interval: fast}}
+"""
+    )
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("web:\n  config_file: web.yml\n  rate_limit: -1\n")
+    res = subprocess.run(
+        [*GPUWATCHD, "check-config", "-c", str(cfg)], capture_output=True, text=True, cwd=ROOT
+    )
+    assert res.returncode == 1
+    web = str(tmp_path / "web.yml")
+    lines = res.stderr.splitlines()
+    for want in (
+        f"{cfg}:2:16: web.config_file: {web} does not load",
+        f"{cfg}:3:15: web.rate_limit: must be >= 0",
+        f"{web}:3:13: tls_server_config.key_file: {tmp_path / 'missing.key'}: no such file",
+        f"{web}:4:18: tls_server_config.cipher_suites: not supported",
+        f"{web}:5:21: tls_server_config.client_auth_type: RequireAnyClientCert accepts",
+        f"{web}:7:10: basic_auth_users.alice: not a bcrypt hash",
+        f"{web}:8:24: rate_limit.interval: 'fast' is not a duration",
+    ):
+        assert any(line.startswith(want) for line in lines), (want, lines)
+    assert PASSWORD not in res.stderr + res.stdout  # a password pasted in by mistake
+
+
+# -- limits ---------------------------------------------------------------------------------
+def raw_request(
+    port: int, data: bytes, source: str = "127.0.0.1", timeout: float = 5.0
+) -> tuple[int, bytes]:
+    """Send raw bytes and half-close; read until the server closes: (status, response).
+
+    The status of a refusal sent before the request line was understood (no status line:
+    http.server answers those HTTP/0.9-style) is read from its error page; 0 when the
+    server closed without an answer."""
+    address = ("127.0.0.1", port)
+    with socket.create_connection(address, timeout=timeout, source_address=(source, 0)) as s:
+        s.sendall(data)
+        s.shutdown(socket.SHUT_WR)  # no more to come: the server never waits on us
+        chunks = []
+        with contextlib.suppress(OSError):
+            while chunk := s.recv(65536):
+                chunks.append(chunk)
+    raw = b"".join(chunks)
+    while raw.startswith(b"HTTP/1.1 100 "):  # Expect: 100-continue
+        raw = raw.partition(b"\r\n\r\n")[2]
+    if raw.startswith(b"HTTP/"):
+        return int(raw.split(b" ", 2)[1]), raw
+    m = re.search(rb"Error code: (\d{3})", raw)
+    return (int(m.group(1)) if m else 0), raw
+
+
+def test_size_rate_and_connection_limits(tmp_path: Path) -> None:
+    d = Daemon(
+        tmp_path,
+        f"""state_dir: {tmp_path / "state"}
+sources: {{kernel_log: none}}
+web: {{max_request_bytes: 4096, rate_limit: 5, rate_burst: 10}}
+""",
+        STEADY,
+    ).start()
+    try:
+        time.sleep(2.1)  # the bucket refills after the readiness polls
+        get = b"GET /healthz HTTP/1.1\r\nHost: x\r\n"
+        assert raw_request(d.port, get + b"X-Big: " + b"a" * 8000 + b"\r\n\r\n")[0] == 431
+        huge_body = get + b"Content-Length: 100000000\r\n\r\n"  # the body never comes
+        assert raw_request(d.port, huge_body)[0] == 413
+        assert raw_request(d.port, get + b"Content-Length: 5\r\n\r\nhello")[0] == 200
+        post = b"POST /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}"
+        code, raw = raw_request(d.port, post)
+        assert code == 405 and b"Allow: GET, HEAD" in raw
+        assert raw_request(d.port, b"BREW /pot HTTP/1.1\r\nHost: x\r\n\r\n")[0] == 405
+        chunked = get + b"Transfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n"
+        assert raw_request(d.port, chunked)[0] == 400
+        # rate limit: a burst, then one every 200 ms per client address
+        codes = [raw_request(d.port, get + b"\r\n")[0] for _ in range(30)]
+        limited = codes.count(429)
+        assert codes[:3] == [200, 200, 200] and limited >= 15, codes
+        code, raw = raw_request(d.port, get + b"\r\n")
+        assert code == 429 and b"Retry-After: 1" in raw
+        # ... another client (127.0.0.2) is not held up by the first one's flood
+        assert raw_request(d.port, get + b"\r\n", source="127.0.0.2")[0] == 200
+        time.sleep(1.0)  # the first one gets tokens back
+        assert raw_request(d.port, get + b"\r\n")[0] == 200
+
+        # slow clients: 64 connections that never send a request hold every slot; the
+        # 65th is closed at once, and the server is back as soon as they go
+        idle = [socket.create_connection(("127.0.0.1", d.port), timeout=5) for _ in range(64)]
+        try:
+            time.sleep(0.3)
+            start = time.monotonic()
+            assert raw_request(d.port, get + b"\r\n", source="127.0.0.3")[0] == 0
+            assert time.monotonic() - start < 1.0
+        finally:
+            for s in idle:
+                s.close()
+        wait_until(
+            lambda: raw_request(d.port, get + b"\r\n", source="127.0.0.3")[0] == 200, 5, "back"
+        )
+        text = raw_request(d.port, b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n", source="127.0.0.4")
+        body = text[1].partition(b"\r\n\r\n")[2].decode()
+        refused = {
+            r: metric(body, "gpuwatchd_http_requests_refused_total", reason=r)
+            for r in ("too_large", "method", "rate_limit", "connections", "bad_request")
+        }
+        assert refused["too_large"] == 2 and refused["method"] == 2, refused
+        assert refused["rate_limit"] >= 16 and refused["connections"] >= 1, refused
+        report("http_limits", rate_limited=limited, **refused)
+    finally:
+        d.stop()
+    assert "rate limit: refusing requests from 127.0.0.1" in d.output()
+
+
+# -- random requests ------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def live_daemon() -> Iterator[int]:
+    """The real HTTP server of an in-process daemon (fake GPUs), without a rate limit."""
+    config = default_config({})
+    config = dataclasses.replace(
+        config,
+        state_dir="/nonexistent/gpuwatchd-fuzz",
+        sources=dataclasses.replace(config.sources, kernel_log="none"),
+        poll=dataclasses.replace(config.poll, interval=0.5, call_timeout=0.4),
+        web=dataclasses.replace(config.web, rate_limit=0.0),
+    )
+    daemon = InProcessDaemon(config, FakeBackend(count=2), SystemClock(), listen=("127.0.0.1", 0))
+    daemon.start()
+    assert daemon.http is not None
+    yield daemon.http.address[1]
+    daemon.stop()
+
+
+TOKEN_CHARS = st.text(
+    st.characters(min_codepoint=33, max_codepoint=126, exclude_characters=":"), min_size=1,
+    max_size=12,
+)  # fmt: skip
+PATHS = st.one_of(
+    st.sampled_from(["/metrics", "/healthz", "/api/v1/status", "/", "/metrics?x=1", "*"]),
+    st.text(max_size=60).map(lambda t: "/" + t.replace(" ", "%20")),
+    st.sampled_from(["/" + "a" * 9000, "/%00", "/..%2f..%2fetc/passwd", "//metrics"]),
+)
+METHODS = st.one_of(
+    st.sampled_from(["GET", "HEAD", "POST", "PUT", "DELETE", "OPTIONS", "TRACE", "CONNECT"]),
+    TOKEN_CHARS,
+)
+HEADERS = st.lists(
+    st.tuples(
+        st.one_of(
+            st.sampled_from(
+                ["Accept", "Authorization", "Content-Length", "Transfer-Encoding", "Expect",
+                 "Connection", "Host", "Range", "Cookie"]
+            ),
+            TOKEN_CHARS,
+        ),
+        st.one_of(
+            st.sampled_from(["application/openmetrics-text; version=1.0.0", "100-continue",
+                             "chunked", "-1", "99999999999999999999", "Basic Zm9vOmJhcg==",
+                             "Basic !!!", "close", "keep-alive", "bytes=0-5"]),
+            st.text(st.characters(min_codepoint=32, max_codepoint=0x2FF), max_size=40),
+        ),
+    ),
+    max_size=6,
+)  # fmt: skip
+VERSIONS = st.sampled_from(["HTTP/1.1", "HTTP/1.0", "HTTP/0.9", "HTTP/2.0", "HTTP/1.1 x", ""])
+
+
+@settings(
+    max_examples=500, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(METHODS, PATHS, VERSIONS, HEADERS, st.binary(max_size=300))
+def test_random_requests_never_get_a_5xx(
+    live_daemon: int, method: str, path: str, version: str, headers: list[tuple[str, str]],
+    body: bytes,
+) -> None:  # fmt: skip
+    line = f"{method} {path} {version}".rstrip()
+    head = line + "\r\n" + "".join(f"{k}: {v}\r\n" for k, v in headers) + "\r\n"
+    code, raw = raw_request(live_daemon, head.encode("utf-8", "surrogateescape") + body, timeout=10)
+    # documented 5xx: /healthz's 503 when unhealthy, 505 for an HTTP version it does not speak
+    assert code == 0 or 200 <= code < 500 or code in (503, 505), raw[:300]
+    if code == 503:
+        assert path.split("?")[0] == "/healthz", raw[:300]
+    if code == 505:
+        assert version not in ("HTTP/1.1", "HTTP/1.0"), raw[:300]
+    # ... and the server still answers
+    assert raw_request(live_daemon, b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")[0] in (200, 503)
