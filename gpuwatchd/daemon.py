@@ -28,6 +28,7 @@ from .poller import Emit, Poller, Record
 from .records import GpuInfo, GpuStatus, XidEvent
 from .snapshot import GpuState, NodeState, NodeView
 from .sources.wiring import XidInputs
+from .statehealth import StoreHealth, state_families
 from .webconfig import WebGuard
 
 log = logging.getLogger(__name__)
@@ -148,6 +149,25 @@ class Daemon:
     def _http_families(self, view: NodeView, fams: Families) -> None:
         if self.http is not None:
             self.http.families(fams)
+        state_families(fams, self.state_health())
+
+    def state_health(self) -> list[StoreHealth]:
+        """The rule engine's store and the kernel-log position (the outbox reports its own)."""
+        from .rules.stage import SIMULATE_BOOT_ID
+
+        out = []
+        for stage in self.pipeline.stages:
+            store = getattr(getattr(stage, "engine", None), "store", None)
+            if store is None or not hasattr(store, "errors"):
+                continue
+            if getattr(store, "boot_id", None) == SIMULATE_BOOT_ID:
+                continue  # in memory on purpose (demo)
+            durable = not getattr(store, "memory", False) and getattr(store, "write_ok", True)
+            out.append(StoreHealth("rules", bool(durable), int(store.errors)))
+        position = self.xids.state_health()
+        if position is not None:
+            out.append(position)
+        return out
 
     def _xid(self, event: XidEvent) -> None:
         """A merged, trusted XID incident from the kernel log and/or NVML events."""
@@ -217,7 +237,7 @@ class Daemon:
         if self.config.backend.kind == "nvml":  # the PCI bus cross-checks NVML's GPU count
             self.pci = PciWatcher(self.state.set_pci_gpus, on_status=self._source_status)
             self.pci.start()
-        self.xids.start()
+        self.xids.start(self.heartbeats)
         if self.poller is not None:
             self.poller.start()
             self._eval_thread = threading.Thread(

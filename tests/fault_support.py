@@ -96,9 +96,10 @@ class Daemon:
         self.scenario = scenario
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.env = dict(os.environ, PYTHONUNBUFFERED="1", **(env or {}))
-        self.env.pop("NOTIFY_SOCKET", None)
+        self.env = dict(os.environ, PYTHONUNBUFFERED="1")
+        self.env.pop("NOTIFY_SOCKET", None)  # not this test's: only what ``env`` gives
         self.env.pop("JOURNAL_STREAM", None)
+        self.env.update(env or {})
         self.name = name
         self.verbose = verbose
         self.runs = 0
@@ -198,3 +199,74 @@ def percentile(values: list[float], q: float) -> float:
     if not ordered:
         return float("nan")
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+# -- kernel-log input -----------------------------------------------------------------------
+FAULT_RULES = ROOT / "tests" / "data" / "fault-rules.yaml"
+STEADY = ROOT / "tests" / "data" / "steady-4gpu.yaml"
+BUSES = ("18", "2a", "3a", "5d", "9a", "ab", "ba", "db")  # scenario GPUs 0-7
+XID_TEXT = {
+    79: "pid='<unknown>', name=<unknown>, GPU has fallen off the bus.",
+    48: "pid=2011, name=python3, An uncorrectable double bit error (DBE) has been detected",
+    31: "pid=4242, name=python3, channel 0x00000009, intr 00000000. MMU Fault",
+}
+
+
+def xid_line(gpu: int, code: int = 79) -> str:
+    return f"NVRM: Xid (PCI:0000:{BUSES[gpu]}:00): {code}, {XID_TEXT.get(code, 'test')}"
+
+
+class KmsgFile:
+    """A file of /dev/kmsg records that the daemon follows (``sources.kernel_log: kmsg``,
+    ``sources.kmsg_path``): the kmsg path without writing into this machine's real kernel
+    log. ``facility=1`` makes a record as the kernel stamps a user-space write."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.seq = 0
+        path.touch()
+
+    def record(self, message: str, facility: int = 0, level: int = 4) -> str:
+        self.seq += 1
+        return f"{facility * 8 + level},{self.seq},{self.seq * 1000},-;{message}\n"
+
+    def append(self, *messages: str, facility: int = 0) -> None:
+        text = "".join(self.record(m, facility) for m in messages)
+        with self.path.open("a", encoding="utf-8") as fh:
+            fh.write(text)
+
+    def xid(self, gpu: int, code: int = 79, facility: int = 0) -> None:
+        self.append(xid_line(gpu, code), facility=facility)
+
+
+def fault_config(state_dir: Path, kmsg: Path, extra: str = "", *, rules: str | None = None) -> str:
+    """The daemon on the scenario backend, reading XIDs from a kmsg file, with the fault
+    suite's short-lived rule (or ``rules``: a ``rules:`` section of its own)."""
+    rules = rules or f"rules: {{defaults: false, files: [{FAULT_RULES}]}}"
+    return f"""node_name: fault-node
+state_dir: {state_dir}
+poll: {{interval: 500ms, call_timeout: 400ms}}
+sources: {{kernel_log: kmsg, kmsg_path: {kmsg}, nvml_events: false}}
+{rules}
+web: {{rate_limit: 0}}
+{extra}"""
+
+
+def webhook_receiver(url: str, name: str = "ops") -> str:
+    return f"""receivers:
+  - {{name: {name}, type: webhook, url: "{url}/hook"}}
+routing:
+  group_wait: 0s
+  group_by: [node, gpu]
+  retry_initial: 100ms
+  retry_max: 500ms
+"""
+
+
+def alerts_of(requests: list[Any]) -> list[tuple[str, str, str]]:
+    """(alertname, gpu, status) of every alert in every webhook message, in order."""
+    return [
+        (a["labels"]["alertname"], a["labels"].get("gpu", ""), a["status"])
+        for r in requests
+        for a in r.json()["alerts"]
+    ]

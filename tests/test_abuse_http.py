@@ -229,7 +229,7 @@ basic_auth_users:
         assert curl(d.url + "/metrics", pki)[0] == 401
         assert curl(d.url + "/metrics", pki, "-u", "prometheus:wrong")[0] == 401
         assert curl(d.url + "/metrics", pki, "-u", f"nobody:{PASSWORD}")[0] == 401
-        code, text = curl(d.url + "/metrics", pki, "--insecure", "--http1.1", "--tlsv1.3")
+        code, _ = curl(d.url + "/metrics", pki, "--insecure", "--http1.1", "--tlsv1.3")
         assert code == 401  # TLS 1.3 works; still no way in without the password
         # plain HTTP on the TLS port gets nothing useful
         with socket.create_connection(("127.0.0.1", d.port), timeout=5) as s:

@@ -143,3 +143,20 @@ def test_live_follow_wakes_on_append(tmp_path: Path) -> None:
     assert [e.xid for e in events] == [79]
     assert latency < 1.5, latency
     assert states and states[0][0] is True
+
+
+def test_reader_loop_beats_for_the_watchdog_and_unregisters_on_stop(tmp_path: Path) -> None:
+    from gpuwatchd.heartbeat import HeartbeatRegistry
+
+    append(tmp_path / "journal", [kernel_entry("boot noise", now())])
+    registry = HeartbeatRegistry(SystemClock())
+    source = make_source(tmp_path, [], backfill=0.0)
+    source.heartbeat = registry.register("kernel-log-journald", 30.0)
+    source.start()
+    try:
+        time.sleep(1.2)
+        assert source.heartbeat.beats >= 2  # a turn at least every 0.5 s, events or not
+        assert registry.check() == []
+    finally:
+        source.stop()
+    assert registry.names() == []  # a reader that ended is not a wedged one

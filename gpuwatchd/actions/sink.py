@@ -32,6 +32,7 @@ from ..clock import Clock
 from ..config import Config
 from ..exposition import Families
 from ..snapshot import NodeView
+from ..statehealth import StoreHealth, state_families
 from .drain import DrainController
 from .drivers import Driver, ExecDriver, RecordDriver, SlurmDriver
 from .metrics import ActionMetrics
@@ -310,6 +311,11 @@ class ActionsSink:
         self.metrics.families(fams)
         if self.drain is not None:
             self.drain.families(fams, now)
+        state_families(fams, [self.state_health()])
+
+    def state_health(self) -> StoreHealth:
+        st = self.store
+        return StoreHealth("outbox", st.durable, st.write_errors, st.degraded or "")
 
     def close(self) -> None:
         self._stop.set()
@@ -319,6 +325,12 @@ class ActionsSink:
             th.join(max(0.0, deadline - time.monotonic()))
         busy = [th.name for th in self._threads if th.is_alive()]
         self._threads.clear()
+        if not self.store.durable:
+            log.error(
+                "outbox in memory at shutdown (%s): %d pending deliveries are lost",
+                self.store.degraded,
+                self.pending(),
+            )
         if busy:  # a send or a drain command still running: leave the outbox to the exit
             log.warning("actions: %s still busy at shutdown; pending work resumes on restart", busy)
             return
@@ -512,6 +524,7 @@ class ActionsSink:
     # -- the scheduler ---------------------------------------------------------------
     def _schedule(self, now: float) -> float | None:
         drops: list[tuple[str, str]] = []
+        self.store.maintain()  # the disk under the outbox: damaged? back after trouble?
         changed = self.silences.refresh()
         if changed or (self._silence_next is not None and now >= self._silence_next):
             self._recheck_silences(now)
@@ -801,6 +814,8 @@ class ActionsSink:
         )
         return {
             "deliveries": {
+                "durable": self.store.durable,
+                "state_problem": self.store.degraded,
                 "pending": self.pending(),
                 "receivers": receivers,
                 "queue": [

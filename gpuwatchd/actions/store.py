@@ -24,7 +24,9 @@ import sqlite3
 import threading
 import time
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, cast
+
+from ..sqlitecopy import copy_read_only, damaged, storage_error
 
 log = logging.getLogger(__name__)
 
@@ -110,70 +112,342 @@ CREATE TABLE IF NOT EXISTS node_drain(
 """
 
 
+CHECK_EVERY = 5.0  # seconds between checks that the file on disk is still the database
+RETRY_DISK_EVERY = 5.0  # seconds between attempts to move an in-memory outbox back to disk
+
+
+class _Recording:
+    """The connection a transaction body sees. It records each statement, so that when the
+    disk fails mid-transaction the store can move to memory and replay them there: the
+    body never sees the storage error (see ``Store.tx``)."""
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+        self.statements: list[tuple[bool, str, Any]] = []
+
+    def _run(self, many: bool, sql: str, args: Any) -> sqlite3.Cursor:
+        self.statements.append((many, sql, args))
+        while True:
+            conn = self._store.conn
+            try:
+                return conn.executemany(sql, args) if many else conn.execute(sql, args)
+            except sqlite3.Error as exc:
+                if not self._store.fail_over(exc, self.statements[:-1]):
+                    raise
+
+    def execute(self, sql: str, args: Any = ()) -> sqlite3.Cursor:
+        return self._run(False, sql, args)
+
+    def executemany(self, sql: str, args: Any) -> sqlite3.Cursor:
+        return self._run(True, sql, list(args))
+
+
 class Store:
-    """The SQLite database behind the outbox and the drain hook."""
+    """The SQLite database behind the outbox and the drain hook.
+
+    When the disk fails under it (full, read-only, I/O errors, the file deleted, replaced
+    or damaged), the store moves its contents into memory and carries on, so that pages
+    and drains still go out; ``degraded`` says why, the daemon logs it as an error and
+    exports ``gpuwatchd_state_durable{store="outbox"} 0``. Every ``RETRY_DISK_EVERY``
+    seconds it tries to write itself back to disk, and is durable again once that works.
+    Only a damaged file whose contents cannot be read loses what it held (logged)."""
 
     def __init__(self, path: str) -> None:
         self.path = path
         self.lock = threading.RLock()
-        self.conn = self._open(path)
+        self.degraded: str | None = None  # why the outbox is in memory only
+        self.write_errors = 0
+        self.recoveries = 0
+        self._ident: tuple[int, int] | None = None
+        self._next_check = 0.0
+        self._next_retry = 0.0
+        if path == ":memory:":
+            self.conn = self._connect(path)
+            return
+        try:
+            self.conn = self._open(path)
+            self._ident = self._identity()
+        except (OSError, sqlite3.Error) as exc:
+            # Start from what the file holds (drain ownership, rate-limit window, pending
+            # deliveries, idempotency keys) if it can at least be read.
+            self.conn = self._connect(":memory:")
+            loaded = copy_read_only(path, self.conn)
+            self._degrade(
+                f"cannot open {path} for writing: {getattr(exc, 'strerror', None) or exc}"
+                + ("; started from its last saved contents" if loaded else "")
+            )
+
+    @property
+    def durable(self) -> bool:
+        return self.path == ":memory:" or self.degraded is None
 
     @staticmethod
     def _connect(path: str) -> sqlite3.Connection:
         conn = sqlite3.connect(path, check_same_thread=False, isolation_level=None, timeout=10.0)
-        conn.row_factory = sqlite3.Row
-        if path != ":memory:":
-            conn.execute("PRAGMA journal_mode=WAL")
-        conn.execute("PRAGMA synchronous=FULL")
-        conn.execute("PRAGMA foreign_keys=ON")
-        conn.executescript(_SCHEMA)
-        row = conn.execute("SELECT value FROM meta WHERE key='schema'").fetchone()
-        if row is None:
-            conn.execute("INSERT INTO meta(key, value) VALUES('schema', ?)", (str(SCHEMA_VERSION),))
-        elif int(row[0]) != SCHEMA_VERSION:
-            raise sqlite3.DatabaseError(f"schema version {row[0]}, expected {SCHEMA_VERSION}")
-        check = conn.execute("PRAGMA quick_check(1)").fetchone()
-        if check is None or check[0] != "ok":
+        try:
+            conn.row_factory = sqlite3.Row
+            if path != ":memory:":
+                conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA synchronous=FULL")
+            conn.execute("PRAGMA foreign_keys=ON")
+            conn.executescript(_SCHEMA)
+            row = conn.execute("SELECT value FROM meta WHERE key='schema'").fetchone()
+            if row is None:
+                conn.execute(
+                    "INSERT INTO meta(key, value) VALUES('schema', ?)", (str(SCHEMA_VERSION),)
+                )
+            elif int(row[0]) != SCHEMA_VERSION:
+                raise sqlite3.DatabaseError(f"schema version {row[0]}, expected {SCHEMA_VERSION}")
+            check = conn.execute("PRAGMA quick_check(1)").fetchone()
+            if check is None or check[0] != "ok":
+                raise sqlite3.DatabaseError(f"quick_check: {check[0] if check else 'no answer'}")
+        except BaseException:
             conn.close()
-            raise sqlite3.DatabaseError(f"quick_check: {check[0] if check else 'no answer'}")
+            raise
         return conn
 
     def _open(self, path: str) -> sqlite3.Connection:
-        if path != ":memory:":
-            os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
         try:
             return self._connect(path)
         except sqlite3.DatabaseError as exc:
-            if path == ":memory:" or not os.path.exists(path) or "unable to open" in str(exc):
+            if not os.path.exists(path) or (storage_error(exc) and not damaged(exc)):
                 raise
-            moved = f"{path}.corrupt-{int(time.time())}"
-            log.error(
-                "outbox %s is unusable (%s); moved aside to %s, starting empty", path, exc, moved
-            )
-            for suffix in ("", "-wal", "-shm"):
-                with contextlib.suppress(FileNotFoundError):
-                    os.replace(path + suffix, moved + suffix)
+            self._move_aside(str(exc))
             return self._connect(path)
 
+    def _move_aside(self, problem: str) -> None:
+        moved = f"{self.path}.corrupt-{int(time.time())}"
+        log.error(
+            "outbox %s is unusable (%s); moved aside to %s, starting empty",
+            self.path,
+            problem,
+            moved,
+        )
+        for suffix in ("", "-wal", "-shm"):
+            with contextlib.suppress(FileNotFoundError):
+                os.replace(self.path + suffix, moved + suffix)
+
+    def _identity(self) -> tuple[int, int] | None:
+        try:
+            st = os.stat(self.path)
+        except OSError:
+            return None
+        return (st.st_dev, st.st_ino)
+
+    # -- transactions ----------------------------------------------------------------
     @contextlib.contextmanager
     def tx(self) -> Iterator[sqlite3.Connection]:
-        """One write transaction (BEGIN IMMEDIATE ... COMMIT), rolled back on error."""
+        """One write transaction (BEGIN IMMEDIATE ... COMMIT), rolled back on error.
+
+        A storage error (in a statement or at COMMIT) moves the store to memory and
+        replays the transaction there; other errors roll back and propagate."""
         with self.lock:
-            self.conn.execute("BEGIN IMMEDIATE")
+            if self._check_file():
+                self._try_disk()
+            rec = _Recording(self)
+            self._begin(rec.statements)
             try:
-                yield self.conn
+                yield cast(sqlite3.Connection, rec)
             except BaseException:
-                self.conn.execute("ROLLBACK")
+                with contextlib.suppress(sqlite3.Error):
+                    if self.conn.in_transaction:
+                        self.conn.execute("ROLLBACK")
                 raise
-            self.conn.execute("COMMIT")
+            while True:
+                try:
+                    self.conn.execute("COMMIT")
+                    return
+                except sqlite3.Error as exc:
+                    if not self.fail_over(exc, rec.statements):
+                        raise
+
+    def _begin(self, replay: list[tuple[bool, str, Any]]) -> None:
+        while True:
+            try:
+                self.conn.execute("BEGIN IMMEDIATE")
+                return
+            except sqlite3.Error as exc:
+                if not self.fail_over(exc, replay, begin=False):
+                    raise
+
+    def fail_over(
+        self, exc: sqlite3.Error, replay: list[tuple[bool, str, Any]], begin: bool = True
+    ) -> bool:
+        """After a storage error: move to memory, open a transaction there and replay
+        ``replay`` in it. False when the error is not one the memory store can fix."""
+        if not storage_error(exc) or self.degraded is not None:
+            return False
+        self.write_errors += 1
+        self._to_memory(f"{exc} ({getattr(exc, 'sqlite_errorname', 'error')})")
+        if begin:
+            self.conn.execute("BEGIN IMMEDIATE")
+            for many, sql, args in replay:
+                if many:
+                    self.conn.executemany(sql, args)
+                else:
+                    self.conn.execute(sql, args)
+        return True
 
     def query(self, sql: str, args: tuple[Any, ...] = ()) -> list[sqlite3.Row]:
         with self.lock:
-            return self.conn.execute(sql, args).fetchall()
+            try:
+                return self.conn.execute(sql, args).fetchall()
+            except sqlite3.Error as exc:
+                if not self.fail_over(exc, [], begin=False):
+                    raise
+                return self.conn.execute(sql, args).fetchall()
 
     def close(self) -> None:
         with self.lock:
             self.conn.close()
+
+    # -- disk trouble ----------------------------------------------------------------
+    def _degrade(self, reason: str) -> None:
+        self.degraded = reason
+        self._next_retry = time.monotonic() + RETRY_DISK_EVERY
+        log.error(
+            "outbox: %s: keeping deliveries and drain state IN MEMORY (lost if the daemon "
+            "stops); trying to write them back to %s every %gs",
+            reason,
+            self.path,
+            RETRY_DISK_EVERY,
+        )
+
+    def _to_memory(self, reason: str) -> None:
+        """Copy what the open connection holds into memory and switch to that."""
+        old = self.conn
+        with contextlib.suppress(sqlite3.Error):
+            if old.in_transaction:
+                old.execute("ROLLBACK")
+        mem = sqlite3.connect(":memory:", check_same_thread=False, isolation_level=None)
+        lost = ""
+        try:
+            old.backup(mem)
+            check = mem.execute("PRAGMA quick_check(1)").fetchone()
+            if check is None or check[0] != "ok":
+                raise sqlite3.DatabaseError(f"quick_check: {check[0] if check else '-'}")
+        except sqlite3.Error as exc:
+            mem.close()
+            mem = sqlite3.connect(":memory:", check_same_thread=False, isolation_level=None)
+            lost = f"; its contents could not be read ({exc}): pending deliveries were lost"
+        mem.row_factory = sqlite3.Row
+        mem.execute("PRAGMA foreign_keys=ON")
+        mem.executescript(_SCHEMA)
+        mem.execute(
+            "INSERT OR IGNORE INTO meta(key, value) VALUES('schema', ?)", (str(SCHEMA_VERSION),)
+        )
+        with contextlib.suppress(sqlite3.Error):
+            old.close()
+        self.conn = mem
+        self._degrade(reason + lost)
+
+    def _check_file(self) -> bool:
+        """On disk: is the file still ours? When it was deleted or replaced, move to
+        memory (the open connection still holds everything) and return True."""
+        if self.path == ":memory:" or self.degraded is not None:
+            return False
+        ident = self._identity()
+        if ident == self._ident:
+            return False
+        what = "deleted" if ident is None else "replaced"
+        self.write_errors += 1
+        self._to_memory(f"the database file was {what} under the running daemon")
+        return True
+
+    def _verify_on_disk(self) -> str | None:
+        """Read the file with a fresh connection: None when it is a sound outbox."""
+        try:
+            probe = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, timeout=10.0)
+        except sqlite3.Error as exc:
+            return str(exc)
+        try:
+            check = probe.execute("PRAGMA quick_check(1)").fetchone()
+            if check is None or check[0] != "ok":
+                return f"quick_check: {check[0] if check else '-'}"
+            probe.execute("SELECT value FROM meta WHERE key='schema'").fetchone()
+        except sqlite3.Error as exc:
+            return str(exc)
+        finally:
+            probe.close()
+        return None
+
+    def maintain(self) -> None:
+        """Called about once a second (the actions scheduler): now and then check the file
+        on disk with a fresh connection; while in memory, try to go back to disk."""
+        if self.path == ":memory:":
+            return
+        now = time.monotonic()
+        with self.lock:
+            force = self._check_file()
+            if self.degraded is None and now >= self._next_check:
+                self._next_check = now + CHECK_EVERY
+                problem = self._verify_on_disk()
+                if problem is not None:
+                    self.write_errors += 1
+                    self._to_memory(f"the database file is damaged ({problem})")
+                    force = True
+            if self.degraded is not None and (force or now >= self._next_retry):
+                self._try_disk()
+
+    def _try_disk(self) -> None:
+        self._next_retry = time.monotonic() + RETRY_DISK_EVERY
+        try:
+            self._write_back()
+        except (OSError, sqlite3.Error) as exc:
+            log.debug("outbox: still cannot write %s: %s", self.path, exc)
+            return
+        log.warning(
+            "outbox: back on disk in %s (was: %s); deliveries are durable again",
+            self.path,
+            self.degraded,
+        )
+        self.degraded = None
+        self.recoveries += 1
+
+    def _write_back(self) -> None:
+        """Write the in-memory outbox to a new file and switch to it."""
+        directory = os.path.dirname(self.path) or "."
+        os.makedirs(directory, exist_ok=True)
+        tmp = self.path + ".recover"
+        for name in (tmp, tmp + "-journal"):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(name)
+        disk = sqlite3.connect(tmp)
+        try:
+            self.conn.backup(disk)
+        finally:
+            disk.close()
+        if self._verify_file(tmp) is not None:
+            raise sqlite3.DatabaseError("the copy does not read back")
+        if os.path.exists(self.path) and self._verify_on_disk() is not None:
+            self._move_aside("damaged while the daemon ran")
+        for suffix in ("-wal", "-shm"):  # never pair the new file with an old WAL
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.path + suffix)
+        os.replace(tmp, self.path)
+        fd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        new = self._connect(self.path)
+        with contextlib.suppress(sqlite3.Error):
+            self.conn.close()
+        self.conn = new
+        self._ident = self._identity()
+
+    @staticmethod
+    def _verify_file(path: str) -> str | None:
+        try:
+            probe = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+            try:
+                check = probe.execute("PRAGMA quick_check(1)").fetchone()
+            finally:
+                probe.close()
+        except sqlite3.Error as exc:
+            return str(exc)
+        return None if check is not None and check[0] == "ok" else "quick_check failed"
 
     # -- meta counters ---------------------------------------------------------------
     @staticmethod

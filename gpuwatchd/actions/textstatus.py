@@ -18,6 +18,8 @@ def status_lines(status: dict[str, Any]) -> list[str]:
     deliveries = status.get("deliveries")
     if deliveries:
         out.append(f"  deliveries pending: {deliveries['pending']}")
+        if deliveries.get("state_problem"):
+            out.append(f"    OUTBOX IN MEMORY ONLY: {deliveries['state_problem']}")
         for r in deliveries["receivers"]:
             line = f"    receiver {r['name']} ({r['type']}): {r['pending']} pending"
             if r.get("oldest_pending_seconds") is not None:

@@ -406,6 +406,7 @@ class Engine:
         batch: dict[str, CounterRecord] = {}
         cutoff = math.floor(now / PERSIST_RESOLUTION) * PERSIST_RESOLUTION
         changed, self._unflushed = self._unflushed, set()
+        persisted = {}
         for h in changed:
             key, version, persisted_t = self._persisted[h]
             if h.version == version:
@@ -420,13 +421,16 @@ class Engine:
                     points.append((t, v))
             batch[key] = CounterRecord(h.last_raw, h.offset, h.last_t, points)
             last_t = points[-1][0] if points else persisted_t
-            self._persisted[h] = (key, h.version, last_t)
-        if batch:
-            self.store.save_counters(batch, now)
+            persisted[h] = (key, h.version, last_t)
+        if batch and not self.store.save_counters(batch, now):
+            self._unflushed |= changed  # the disk failed: write these with the next flush
+            return
+        self._persisted.update(persisted)
 
     def _save_alerts(self, now: float) -> None:
         if self._dirty:
-            self.store.save_alerts([a.record() for a in self._dirty.values()], now)
+            if not self.store.save_alerts([a.record() for a in self._dirty.values()], now):
+                return  # the disk failed: they stay dirty and go with the next save
             for a in self._dirty.values():
                 a.saved_last_true = a.last_true
             self._dirty.clear()

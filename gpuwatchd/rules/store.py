@@ -28,6 +28,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..sqlitecopy import copy_read_only, damaged, storage_error
+
 log = logging.getLogger(__name__)
 
 SCHEMA_VERSION = "1"
@@ -36,6 +38,7 @@ PERSIST_RESOLUTION = 300.0
 HISTORY_RETENTION = 30 * 86400.0
 INACTIVE_RETENTION = 90 * 86400.0
 BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
+RETRY_DISK_EVERY = 5.0  # seconds between attempts to write an in-memory state back to disk
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -109,8 +112,14 @@ class StateStore:
         self.path = path
         self.boot_id = boot_id if boot_id is not None else read_boot_id()
         self.errors = 0
+        self.write_ok = True  # False while writes fail (disk full, read-only): for metrics
         self.rebuilt = False
         self._conn: sqlite3.Connection | None = None
+        # Where the state belongs on disk, also while it is kept in memory because that
+        # disk could not be written (read-only, deleted): ``_write`` goes back to it.
+        self.disk_path: str | None = None if path == ":memory:" else path
+        self._ident: tuple[int, int] | None = None
+        self._retry_at = 0.0
         self._open()
 
     # -- opening and rebuilding -----------------------------------------------------------
@@ -124,7 +133,9 @@ class StateStore:
                 state_dir,
                 exc.strerror or exc,
             )
-            return cls(":memory:", boot_id=boot_id)
+            store = cls(":memory:", boot_id=boot_id)
+            store.disk_path = os.path.join(state_dir, DB_NAME)
+            return store
         return cls(os.path.join(state_dir, DB_NAME), boot_id=boot_id)
 
     @property
@@ -161,11 +172,76 @@ class StateStore:
                         (SCHEMA_VERSION,),
                     )
                 self._conn = conn
+                self._ident = self._identity()
                 return
             conn.close()
         except sqlite3.Error as exc:
+            if not self.memory and storage_error(exc) and not damaged(exc):
+                self._to_memory(str(exc))  # cannot write it, but the file is fine: keep it
+                return
             problem = str(exc)
         self._rebuild(problem)
+
+    # -- a disk that cannot be written ----------------------------------------------------
+    def _identity(self) -> tuple[int, int] | None:
+        try:
+            st = os.stat(self.path)
+        except OSError:
+            return None
+        return (st.st_dev, st.st_ino)
+
+    def _to_memory(self, problem: str) -> None:
+        """Keep the state in memory, starting from what the file holds if it can be read."""
+        conn = sqlite3.connect(":memory:", check_same_thread=False)
+        loaded = self.disk_path is not None and copy_read_only(self.disk_path, conn)
+        conn.executescript(_SCHEMA)
+        self.path = ":memory:"
+        self._conn = conn
+        self.write_ok = False
+        self._retry_at = time.monotonic() + RETRY_DISK_EVERY
+        log.error(
+            "rule state: cannot write %s (%s): alert states kept in memory%s; trying again "
+            "every %gs",
+            self.disk_path,
+            problem,
+            ", starting from its saved contents" if loaded else "",
+            RETRY_DISK_EVERY,
+        )
+
+    def _back_to_disk(self) -> None:
+        """Write the state to ``disk_path`` (a new file) and use that from now on; stay as
+        it is (and try again later) when that fails."""
+        assert self.disk_path is not None and self._conn is not None
+        self._retry_at = time.monotonic() + RETRY_DISK_EVERY
+        tmp = self.disk_path + ".recover"
+        try:
+            os.makedirs(os.path.dirname(self.disk_path) or ".", mode=0o700, exist_ok=True)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+            disk = sqlite3.connect(tmp)
+            try:
+                self._conn.backup(disk)
+            finally:
+                disk.close()
+            for suffix in ("-wal", "-shm"):  # never pair the new file with an old WAL
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(self.disk_path + suffix)
+            os.replace(tmp, self.disk_path)
+        except (OSError, sqlite3.Error) as exc:
+            log.debug("rule state: still cannot write %s: %s", self.disk_path, exc)
+            return
+        old, old_path = self._conn, self.path
+        self.path = self.disk_path
+        try:
+            self._conn = self._connect()
+        except sqlite3.Error as exc:
+            self._conn, self.path = old, old_path
+            log.debug("rule state: %s does not open: %s", self.disk_path, exc)
+            return
+        with contextlib.suppress(sqlite3.Error):
+            old.close()
+        self._ident = self._identity()
+        log.warning("rule state: back on disk in %s; alert states are durable again", self.path)
 
     def _rebuild(self, problem: str) -> None:
         if self._conn is not None:
@@ -199,6 +275,7 @@ class StateStore:
                     (SCHEMA_VERSION,),
                 )
             self._conn = conn
+            self._ident = self._identity()
         except sqlite3.Error as exc:
             log.error(
                 "cannot create rule state database %s (%s): keeping state in memory", self.path, exc
@@ -217,14 +294,28 @@ class StateStore:
     def _write(self, what: str, fn: Any) -> bool:
         """Run ``fn(conn)`` in one transaction; on a database error log, count and retry
         once on a rebuilt database (a corrupt file is moved aside)."""
+        if self.disk_path is not None and time.monotonic() >= self._retry_at:
+            if self.memory:
+                self._back_to_disk()
+            elif self._identity() != self._ident:
+                log.error(
+                    "rule state database %s was deleted or replaced under the running daemon: "
+                    "writing it again",
+                    self.path,
+                )
+                self.errors += 1
+                self._back_to_disk()  # the open connection still holds all of it
         for attempt in (1, 2):
             try:
                 conn = self._db()
                 with conn:
                     fn(conn)
+                self.write_ok = True
                 return True
             except sqlite3.DatabaseError as exc:
                 self.errors += 1
+                failing = not self.write_ok
+                self.write_ok = False
                 if (
                     attempt == 1
                     and isinstance(exc, sqlite3.DatabaseError)
@@ -232,7 +323,9 @@ class StateStore:
                 ):
                     self._rebuild(str(exc))
                     continue
-                log.error("rule state: %s failed: %s", what, exc)
+                # once per streak (the engine retries at every evaluation), then quietly
+                log.log(logging.DEBUG if failing else logging.ERROR, "rule state: %s failed: %s",
+                        what, exc)  # fmt: skip
                 return False
         return False
 

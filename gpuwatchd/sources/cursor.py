@@ -16,6 +16,9 @@ class PositionFile:
 
     def __init__(self, path: str | None) -> None:
         self.path = path
+        self.durable = True  # False while saves fail (disk full, read-only)
+        self.errors = 0
+        self.problem = ""
 
     def load(self) -> dict[str, Any] | None:
         if self.path is None:
@@ -36,4 +39,18 @@ class PositionFile:
         try:
             write_atomic(self.path, json.dumps(data))
         except OSError as exc:
-            log.warning("cannot save position to %s: %s", self.path, exc)
+            self.errors += 1
+            self.problem = exc.strerror or str(exc)
+            if self.durable:  # once per streak: the reader saves after every batch
+                log.error(
+                    "cannot save the kernel-log position to %s: %s (kept in memory; a "
+                    "restart meanwhile may re-read or skip lines)",
+                    self.path,
+                    self.problem,
+                )
+            self.durable = False
+            return
+        if not self.durable:
+            log.warning("kernel-log position saved to %s again", self.path)
+        self.durable = True
+        self.problem = ""

@@ -23,6 +23,7 @@ from datetime import datetime
 from typing import Any
 
 from ..clock import Clock
+from ..heartbeat import Heartbeat
 from .cursor import PositionFile
 from .kernel import KernelLineHandler
 
@@ -79,6 +80,7 @@ class JournaldSource:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.resumed_from: str = ""  # cursor | realtime | tail | backfill: for status and tests
+        self.heartbeat: Heartbeat | None = None  # beats once per turn of the read loop
 
     # -- reader set-up -----------------------------------------------------------------
     def _open(self) -> Any:
@@ -184,10 +186,14 @@ class JournaldSource:
         except Exception as exc:  # no journal, no permission: report and stop this source
             log.error("journald source unavailable: %s", exc)
             self.status(False, f"cannot open the journal: {exc}")
+            if self.heartbeat is not None:
+                self.heartbeat.close()  # gone for good: not a wedged worker
             return
         self.status(True, f"reading kernel entries (resumed from {self.resumed_from})")
         try:
             while not self._stop.is_set():
+                if self.heartbeat is not None:
+                    self.heartbeat.beat()
                 try:
                     self.drain(reader)
                     self.status(True, f"reading kernel entries (resumed from {self.resumed_from})")
@@ -201,6 +207,8 @@ class JournaldSource:
                     self._position(reader)
         finally:
             reader.close()
+            if self.heartbeat is not None:
+                self.heartbeat.close()
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self.run, name="journald", daemon=True)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 
@@ -20,6 +21,7 @@ from ..xid.parser import XidStream
 log = logging.getLogger(__name__)
 
 SOURCES = ("journald", "kmsg", "scenario")
+FORGED_LOG_EVERY = 60.0  # seconds between two warnings about forged lines (all counted)
 
 
 @dataclass
@@ -71,6 +73,28 @@ class KernelLineHandler:
         self.counters = LineCounters()
         self._stream = XidStream()
         self._lock = threading.Lock()
+        self._forged_quiet_until = 0.0
+        self._forged_unlogged = 0
+
+    def _warn_forged(self, message: str) -> None:
+        """Log forgeries, at most one line per ``FORGED_LOG_EVERY`` seconds: whoever floods
+        syslog with fake XIDs must not flood the journal through us as well."""
+        now = time.monotonic()
+        if now < self._forged_quiet_until:
+            self._forged_unlogged += 1
+            return
+        more = self._forged_unlogged
+        self._forged_unlogged = 0
+        self._forged_quiet_until = now + FORGED_LOG_EVERY
+        log.warning(
+            "ignored a forged XID line from %s (not written by the kernel): %.200r%s",
+            self.source,
+            message,
+            f" (and {more} more since the last such warning; counted in "
+            "gpuwatchd_kernel_log_forged_lines_total)"
+            if more
+            else "",
+        )
 
     def handle(self, message: str, timestamp: float, trusted: bool) -> XidEvent | None:
         """One kernel-log message (possibly several lines). Returns the event if emitted."""
@@ -81,11 +105,7 @@ class KernelLineHandler:
                 # it claims to be an XID, so operators can see forgery attempts.
                 if "NVRM" in message and ("Xid" in message or "fallen off the bus" in message):
                     self.counters.forged += 1
-                    log.warning(
-                        "ignored a forged XID line from %s (not written by the kernel): %.200s",
-                        self.source,
-                        message,
-                    )
+                    self._warn_forged(message)
                 return None
             found = None
             for line in message.split("\n"):

@@ -22,6 +22,7 @@ import threading
 from collections.abc import Callable
 
 from ..clock import Clock
+from ..heartbeat import Heartbeat
 from ..xid.parser import KmsgRecord, parse_kmsg_record
 from .cursor import PositionFile
 from .kernel import KernelLineHandler
@@ -71,6 +72,7 @@ class KmsgSource:
         # wall time of boot, to timestamp records (None: stamp with the clock on arrival)
         self.time_base: float | None = None
         self._dirty = False
+        self.heartbeat: Heartbeat | None = None  # beats once per turn of the read loop
 
     # -- records -----------------------------------------------------------------------
     def _resume_seq(self) -> int | None:
@@ -116,6 +118,8 @@ class KmsgSource:
         poller = select.poll()
         poller.register(fd, select.POLLIN)
         while not self._stop.is_set():
+            if self.heartbeat is not None:
+                self.heartbeat.beat()
             try:
                 data = os.read(fd, 16384)
             except BlockingIOError:
@@ -151,6 +155,8 @@ class KmsgSource:
         with open(self.path, encoding="utf-8", errors="replace") as fh:
             pending = ""
             while not self._stop.is_set():
+                if self.heartbeat is not None:
+                    self.heartbeat.beat()
                 chunk = fh.readline()
                 if chunk:
                     pending += chunk
@@ -182,6 +188,8 @@ class KmsgSource:
             self.status(False, f"cannot read {self.path}: {exc.strerror or exc}")
         finally:
             self.save()
+            if self.heartbeat is not None:
+                self.heartbeat.close()  # ended (stopped or unavailable): not a wedged worker
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self.run, name="kmsg", daemon=True)

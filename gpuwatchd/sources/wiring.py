@@ -16,7 +16,9 @@ from typing import Any, Protocol
 from ..clock import Clock
 from ..config import Config
 from ..exposition import Families
+from ..heartbeat import HeartbeatRegistry
 from ..records import GpuInfo, XidEvent
+from ..statehealth import StoreHealth
 from .cursor import PositionFile
 from .journald import JournaldSource, journal_available
 from .kernel import GpuResolver, KernelLineHandler, kernel_log_families
@@ -163,7 +165,10 @@ class XidInputs:
             self.merger.expire(self.clock.monotonic())
             self.clock.wait(self._stop, min(0.25, self.merger.window / 4))
 
-    def start(self) -> None:
+    def start(self, heartbeats: HeartbeatRegistry | None = None) -> None:
+        if isinstance(self.source, JournaldSource | KmsgSource) and heartbeats is not None:
+            # a read loop turns at least every 0.5 s; 30 s of silence means it is wedged
+            self.source.heartbeat = heartbeats.register(f"kernel-log-{self.kind}", 30.0)
         if self.source is not None:
             self.source.start()
             if self.kind == "scenario":
@@ -188,6 +193,15 @@ class XidInputs:
     def families(self, fams: Families) -> None:
         kernel_log_families([self.handler] if self.handler else [], fams)
         self.merger.families(fams)
+
+    def state_health(self) -> StoreHealth | None:
+        """Whether the kernel-log reader's resume position reaches the disk."""
+        position = getattr(self.source, "position", None)
+        if not isinstance(position, PositionFile) or position.path is None:
+            return None
+        return StoreHealth(
+            f"{self.kind}_position", position.durable, position.errors, position.problem
+        )
 
 
 def _pos(state_dir: str | None, name: str) -> str | None:
