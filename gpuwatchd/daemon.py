@@ -26,12 +26,15 @@ from .pci import PciWatcher
 from .pipeline import Pipeline
 from .poller import Emit, Poller, Record
 from .records import GpuInfo, GpuStatus, XidEvent
+from .rules.stage import SIMULATE_BOOT_ID
 from .snapshot import GpuState, NodeState, NodeView
 from .sources.wiring import XidInputs
 from .statehealth import StoreHealth, state_families
 from .webconfig import WebGuard
 
 log = logging.getLogger(__name__)
+
+BACKEND_RETRY_SECONDS = 30.0  # how often a backend that failed to open is tried again
 
 ReloadHook = Callable[[Config], Callable[[], None] | None]
 """Called by ``Daemon.reload`` with the new config: load and validate everything it needs
@@ -153,8 +156,6 @@ class Daemon:
 
     def state_health(self) -> list[StoreHealth]:
         """The rule engine's store and the kernel-log position (the outbox reports its own)."""
-        from .rules.stage import SIMULATE_BOOT_ID
-
         out = []
         for stage in self.pipeline.stages:
             store = getattr(getattr(stage, "engine", None), "store", None)
@@ -238,18 +239,18 @@ class Daemon:
             self.pci = PciWatcher(self.state.set_pci_gpus, on_status=self._source_status)
             self.pci.start()
         self.xids.start(self.heartbeats)
+        # Rules run even without GPUs: a node whose NVML is gone must still page.
+        self._eval_thread = threading.Thread(
+            target=self._evaluate_loop, name="evaluate", daemon=True
+        )
+        self._eval_thread.start()
+        self.heartbeats.watch(
+            "evaluator", lambda: self.evaluations, 3 * self.config.poll.interval + 1.0
+        )
         if self.poller is not None:
-            self.poller.start()
-            self._eval_thread = threading.Thread(
-                target=self._evaluate_loop, name="evaluate", daemon=True
-            )
-            self._eval_thread.start()
-            self._watch_workers()
-            if self.config.sources.nvml_events and hasattr(self.backend, "wait_xid_events"):
-                self._events_thread = threading.Thread(
-                    target=self._xid_events, name="nvml-events", daemon=True
-                )
-                self._events_thread.start()
+            self._start_polling()
+        else:
+            threading.Thread(target=self._reopen_loop, name="backend-retry", daemon=True).start()
         if self._serve_http:
             host, port = self._listen
             web = self.config.web
@@ -262,6 +263,28 @@ class Daemon:
             self.http = HttpServer(host, port, self.renderer, self.health, self.status, guard)
             self.http.start()
             log.info("serving on %s", self.http.url)
+
+    def _start_polling(self) -> None:
+        assert self.poller is not None
+        self.poller.start()
+        self._watch_workers()
+        if self.config.sources.nvml_events and hasattr(self.backend, "wait_xid_events"):
+            self._events_thread = threading.Thread(
+                target=self._xid_events, name="nvml-events", daemon=True
+            )
+            self._events_thread.start()
+
+    def _reopen_loop(self) -> None:
+        """The backend failed to open (no driver yet, driver upgrade): try again until it
+        works, then start polling. Everything else keeps running meanwhile."""
+        while not self._stopped.is_set():
+            if self.clock.wait(self._stopped, BACKEND_RETRY_SECONDS):
+                return
+            self.open_backend()
+            if self.poller is not None:
+                log.info("GPU backend %s opened after a retry", self.backend.name)
+                self._start_polling()
+                return
 
     def _xid_events(self) -> None:
         """NVML XID events: the XID number within milliseconds (no text, no history)."""
@@ -290,7 +313,6 @@ class Daemon:
         poller = self.poller
         limit = 3 * self.config.poll.interval + 1.0  # as in health()
         self.heartbeats.watch("poller", lambda: poller.cycles, limit)
-        self.heartbeats.watch("evaluator", lambda: self.evaluations, limit)
 
     def wait_started(self, timeout: float) -> bool:
         """Wait until every GPU has answered its first poll or been marked not OK."""

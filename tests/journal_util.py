@@ -33,14 +33,14 @@ def forged_entry(message: str, ts: float, transport: str) -> dict[str, str]:
     return kernel_entry(message, ts, _TRANSPORT=transport, _UID="1000", _PID="4242")
 
 
-def append(journal_dir: Path, entries: list[dict[str, str]]) -> None:
-    """Append entries to journal_dir/test.journal (created on first use)."""
+def append(journal_dir: Path, entries: list[dict[str, str]], name: str = "test.journal") -> None:
+    """Append entries to journal_dir/NAME (created on first use)."""
     if not Path(JOURNAL_REMOTE).exists():
         pytest.fail(f"{JOURNAL_REMOTE} missing: apt-get install systemd-journal-remote")
     journal_dir.mkdir(parents=True, exist_ok=True)
     text = "".join("".join(f"{k}={v}\n" for k, v in e.items()) + "\n" for e in entries)
     result = subprocess.run(
-        [JOURNAL_REMOTE, f"--output={journal_dir / 'test.journal'}", "-"],
+        [JOURNAL_REMOTE, f"--output={journal_dir / name}", "-"],
         input=text.encode(),
         capture_output=True,
         check=False,

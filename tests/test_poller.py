@@ -9,7 +9,7 @@ from gpuwatchd.clock import SystemClock
 from gpuwatchd.config import default_config
 from gpuwatchd.daemon import Daemon
 from gpuwatchd.poller import Poller, Record
-from gpuwatchd.records import DeviceEvent, DeviceEventKind, GpuStatus
+from gpuwatchd.records import DeviceEvent, DeviceEventKind, GpuInfo, GpuStatus
 from gpuwatchd.snapshot import NodeState
 from gpuwatchd.testing.fake_backend import FakeBackend
 
@@ -104,4 +104,46 @@ def test_scrapes_answer_fast_while_a_gpu_hangs() -> None:
             assert "2:stale" in resp.read().decode()
     finally:
         gate.set()
+        daemon.stop()
+
+
+def test_backend_that_fails_to_open_is_retried_and_polling_starts() -> None:
+    """No driver at start (or mid-upgrade): the daemon serves, reports nvml down, and starts
+    polling once the backend opens."""
+    import dataclasses
+
+    from gpuwatchd.clock import ScaledClock
+    from gpuwatchd.errors import BackendUnavailable
+
+    class LateDriver(FakeBackend):
+        attempts = 0
+
+        def open(self) -> list[GpuInfo]:
+            self.attempts += 1
+            if self.attempts < 3:
+                raise BackendUnavailable("NVML unavailable: driver not loaded (test)")
+            return super().open()
+
+    config = default_config()
+    config = dataclasses.replace(
+        config, poll=dataclasses.replace(config.poll, interval=5.0, call_timeout=2.0)
+    )
+    clock = ScaledClock(300.0)  # the 30 s retry period passes in 0.1 s
+    backend = LateDriver(count=2, clock=clock)
+    daemon = Daemon(config, backend, clock, listen=("127.0.0.1", 0))
+    daemon.start()
+    try:
+        assert daemon.poller is None
+        assert daemon.state.view().sources["nvml"].up is False
+        deadline = time.monotonic() + 5
+        while not (
+            daemon.poller is not None
+            and daemon.state.view().gpus
+            and all(g.polls for g in daemon.state.view().gpus)
+        ):
+            assert time.monotonic() < deadline, "polling never started"
+            time.sleep(0.02)
+        assert backend.attempts == 3
+        assert daemon.state.view().sources["nvml"].up is True
+    finally:
         daemon.stop()
