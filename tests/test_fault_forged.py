@@ -116,8 +116,7 @@ def test_forged_journal_entries_never_page_or_drain(tmp_path: Path) -> None:
         total = 4 * PER_KIND
         wait_until(
             lambda: (
-                metric(d.metrics(), "gpuwatchd_kernel_log_lines_total", source="journald")
-                >= total
+                metric(d.metrics(), "gpuwatchd_kernel_log_lines_total", source="journald") >= total
             ),
             15,
             "every entry read",

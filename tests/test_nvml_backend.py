@@ -210,12 +210,15 @@ def test_one_field_value_call_per_gpu_per_poll() -> None:
         backend.sample(1)
     assert fake.calls["nvmlDeviceGetFieldValues"] == 10
     assert fake.field_value_calls(0) == 5 and fake.field_value_calls(1) == 5
-    # GPU and link fields travel together, links as (fieldId, scopeId=link)
+    # GPU and link fields travel together, links as (fieldId, scopeId=link); the first
+    # poll reads everything, later ones leave the slow link counters for the slow cadence
+    _, first_ids = fake.field_requests[0]
     _, ids = fake.field_requests[-2]
     assert (82, 0) in ids and (230, 0) in ids
     for link in range(18):
-        for fid in (161, 162, 163, 165):
-            assert (fid, link) in ids
+        assert (165, link) in ids
+        for fid in (161, 162, 163):
+            assert (fid, link) in first_ids and (fid, link) not in ids
     assert all(fid < 251 for fid, _ in ids)
     # nothing that has a field id is read through a per-field getter
     for getter in (
@@ -256,12 +259,13 @@ def test_not_supported_fields_and_calls_are_asked_only_once() -> None:
 
 
 def test_unsupported_link_is_dropped_per_link() -> None:
-    backend, fake, _ = make(True)
+    backend, fake, clock = make(True)
     fake.gpus[0].field_values.pop((162, 9))  # this link lacks one counter
     backend.open()
     fake.reset_counts()
     for _ in range(3):
         s = backend.sample(0)
+        clock.advance(10)  # every poll a full one: the link counters are slow fields
     assert "nvlink_recovery_errors" not in s.links[9].fields
     assert "nvlink_recovery_errors" in s.links[8].fields
     asked = [ids for _, ids in fake.field_requests]
@@ -351,7 +355,8 @@ def test_slow_fields_are_read_every_slow_interval_and_carried_between() -> None:
     backend.open()
     full = backend.field_batch(0)
     fast = backend.field_batch(0, full=False)
-    assert set(full) - set(fast) == {(83, 0), (94, 0)}
+    slow_links = {(fid, link) for link in range(18) for fid in (161, 162, 163)}
+    assert set(full) - set(fast) == {(83, 0), (94, 0)} | slow_links
     fake.reset_counts()
     first = backend.sample(0)  # the first poll reads everything
     gpu.set_field(83, 9_000_000)
@@ -364,6 +369,7 @@ def test_slow_fields_are_read_every_slow_interval_and_carried_between() -> None:
         assert s.fields["energy"] == first.fields["energy"]
         assert s.fields["pcie_replay"] == 0 and s.fields["violation_thermal"] == 0
         assert len(s.links) == 18 and s.links[0].fields["nvlink_up"] == 1
+        assert s.links[0].fields["nvlink_crc_errors"] == first.links[0].fields["nvlink_crc_errors"]
     assert fake.calls["nvmlDeviceGetViolationStatus"] == 2  # power + thermal, first poll
     assert fake.times_field_requested(83) == 1
     assert fake.calls["nvmlDeviceGetFieldValues"] == 10  # still one call per poll

@@ -268,10 +268,10 @@ class RuleParser:
 
     def rule(self, node: Node, index: int) -> Rule | None:
         what = f"rules[{index}]"
+        before = len(self.r.problems)  # counting the missing required keys too
         keys = self._keys(node, RULE_KEYS, what, required=("name", "severity", "condition"))
         if keys is None:
             return None
-        before = len(self.r.problems)
         name = None
         if "name" in keys:
             name = self.r.string(keys["name"], f"{what}.name")

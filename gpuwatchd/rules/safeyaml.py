@@ -52,6 +52,11 @@ def check_expansion(text: str, path: str, max_nodes: int = MAX_NODES) -> None:
             elif isinstance(event, yaml.CollectionStartEvent):
                 expanded += 1
                 stack.append([1, event.anchor])
+                if len(stack) > yamlsrc.MAX_DEPTH:  # before PyYAML's scanner goes quadratic
+                    raise ConfigError.at(
+                        _at(path, event.start_mark),
+                        f"YAML error: nested too deeply (more than {yamlsrc.MAX_DEPTH} levels)",
+                    )
             elif isinstance(event, yaml.CollectionEndEvent):
                 size, anchor_obj = stack.pop()
                 assert isinstance(size, int)
