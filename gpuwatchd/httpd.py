@@ -14,9 +14,10 @@ Guards, in the order a request meets them (``WebGuard`` holds the settings):
 - basic auth against bcrypt hashes when the web config has users (401);
 - only GET and HEAD (405).
 
-Every refusal is a 4xx and is counted in ``gpuwatchd_http_requests_refused_total``; the
-only 5xx is a 500 from an endpoint that failed (logged with its traceback) and /healthz's
-503 when the daemon is not healthy.
+Every refusal is a 4xx and is counted in ``gpuwatchd_http_requests_refused_total``. The
+only 5xx answers: /healthz's 503 when the daemon is not healthy, http.server's 505 for a
+request line in an HTTP version other than 0.9, 1.0 and 1.1, and a 500 from an endpoint
+that failed (logged with its traceback; the fuzz tests have never produced one).
 """
 
 from __future__ import annotations

@@ -19,6 +19,7 @@ import os
 import select
 import stat
 import threading
+import time
 from collections.abc import Callable
 
 from ..clock import Clock
@@ -31,6 +32,7 @@ log = logging.getLogger(__name__)
 
 StatusFn = Callable[[bool, str], None]
 BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
+SAVE_EVERY = 1.0  # seconds: the position is saved when the log pauses, and at least this often
 
 
 def read_boot_id(path: str = BOOT_ID_PATH) -> str:
@@ -72,6 +74,7 @@ class KmsgSource:
         # wall time of boot, to timestamp records (None: stamp with the clock on arrival)
         self.time_base: float | None = None
         self._dirty = False
+        self._saved_at = 0.0  # monotonic time of the last save
         self.heartbeat: Heartbeat | None = None  # beats once per turn of the read loop
 
     # -- records -----------------------------------------------------------------------
@@ -92,9 +95,12 @@ class KmsgSource:
         base = self.time_base
         timestamp = self.clock.now() if base is None else base + record.usec / 1e6
         self.handler.handle(record.message, timestamp, record.facility == 0)
+        if time.monotonic() - self._saved_at >= SAVE_EVERY:  # a log that never pauses
+            self.save()
         return record
 
     def save(self) -> None:
+        self._saved_at = time.monotonic()
         if self._dirty:
             self.position.save({"boot_id": self.boot_id, "seq": self.last_seq})
             self._dirty = False
