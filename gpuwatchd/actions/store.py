@@ -413,13 +413,19 @@ class Store:
         for name in (tmp, tmp + "-journal"):
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(name)
-        disk = sqlite3.connect(tmp)
         try:
-            self.conn.backup(disk)
-        finally:
-            disk.close()
-        if self._verify_file(tmp) is not None:
-            raise sqlite3.DatabaseError("the copy does not read back")
+            disk = sqlite3.connect(tmp)
+            try:
+                self.conn.backup(disk)
+            finally:
+                disk.close()
+            if self._verify_file(tmp) is not None:
+                raise sqlite3.DatabaseError("the copy does not read back")
+        except BaseException:
+            for name in (tmp, tmp + "-journal"):  # do not leave it filling a full disk
+                with contextlib.suppress(OSError):
+                    os.unlink(name)
+            raise
         if os.path.exists(self.path) and self._verify_on_disk() is not None:
             self._move_aside("damaged while the daemon ran")
         for suffix in ("-wal", "-shm"):  # never pair the new file with an old WAL

@@ -228,6 +228,8 @@ class StateStore:
                     os.unlink(self.disk_path + suffix)
             os.replace(tmp, self.disk_path)
         except (OSError, sqlite3.Error) as exc:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)  # do not leave it filling a full disk
             log.debug("rule state: still cannot write %s: %s", self.disk_path, exc)
             return
         old, old_path = self._conn, self.path
