@@ -59,15 +59,17 @@ def cmd_run(args: argparse.Namespace) -> int:
         except ValueError as exc:
             print(f"gpuwatchd run: --backend: {exc}", file=sys.stderr)
             return 2
+        if config.backend.kind == "nvml":
+            from .backend.nvml import reexec_with_single_arena
+
+            # before anything is opened or started: NVML on worker threads needs one
+            # malloc arena from process start (see reexec_with_single_arena)
+            reexec_with_single_arena()
         _setup_logging(config.log_level, args.verbose)
         clock = SystemClock()
         from .rules import rules_stage
 
         rules = rules_stage(config, clock, durable=True)  # bad rule files: exit 1
-        if config.backend.kind == "nvml":
-            from .backend.nvml import reexec_with_single_arena
-
-            reexec_with_single_arena()  # NVML on worker threads: see limit_malloc_arenas
         backend = open_backend(str(config.backend), clock)
     except ConfigError as exc:
         return _config_errors(exc)

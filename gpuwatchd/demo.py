@@ -13,13 +13,12 @@ import os
 import sys
 import tempfile
 import threading
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TextIO
 
 from .alerts import AlertState, AlertTransition, Severity
 from .backend.scenario import ScenarioBackend
-from .clock import ScaledClock
+from .clock import Clock, ScaledClock
 from .config import Config, ListenAddress
 from .daemon import Daemon
 from .fields import HEALTH_CLOCK_EVENT_REASONS, decode_clock_event_reasons
@@ -70,11 +69,12 @@ _RETELL_SECONDS = 900.0  # repeat a rising counter at most every 15 min of node 
 class Narrator:
     """Turns records into readable lines; remembers what it already said."""
 
-    def __init__(self, scenario: Scenario, out: TextIO, style: Style, t0: float) -> None:
+    def __init__(self, scenario: Scenario, out: TextIO, style: Style, clock: Clock) -> None:
         self.scenario = scenario
         self.out = out
         self.style = style
-        self.t0 = t0
+        self.clock = clock
+        self.t0 = clock.now()
         self._lock = threading.Lock()
         self._last: dict[tuple[int, str], float] = {}
         self._told: dict[tuple[int, str], tuple[float, float]] = {}  # (time, value) last told
@@ -82,7 +82,6 @@ class Narrator:
         self._hot: set[int] = set()
         self._link_errors: dict[tuple[int, int], float] = {}
         self.findings = 0
-        self._clock_now: Callable[[], float] | None = None
 
     def say(self, t: float, text: str) -> None:
         secs = int(max(0.0, t - self.t0))
@@ -118,7 +117,7 @@ class Narrator:
 
     def action(self, record: dict[str, Any]) -> None:
         """A page or drain the actions stage recorded (the demo sends nothing)."""
-        now = self.clock_now()
+        now = self.clock.now()
         if record.get("record") == "notification":
             alerts = record.get("alerts", [])
             firing = [a for a in alerts if a.get("state") == "firing"]
@@ -135,9 +134,6 @@ class Narrator:
                 self.style.red("-> DRAIN ") + f"node {record.get('node')} ({how}): "
                 f"{record.get('reason') or record.get('detail')}",
             )
-
-    def clock_now(self) -> float:
-        return self._clock_now() if self._clock_now is not None else self.t0
 
     def record(self, record: Record) -> None:
         if isinstance(record, DeviceEvent):
@@ -306,8 +302,7 @@ def _play(
     state_dir: str,
 ) -> int:
     backend = ScenarioBackend(scenario, clock, real_stalls=True)
-    narrator = Narrator(scenario, out, style, clock.now())
-    narrator._clock_now = clock.now
+    narrator = Narrator(scenario, out, style, clock)
 
     def make_daemon(cfg: Config) -> Daemon:
         return Daemon(
