@@ -1,10 +1,12 @@
 #!/bin/sh
-# The test command (README, CI): lint, type-check, then every test that needs no GPU.
-# Tests that need a real GPU are marked `gpu`; run them with `scripts/test.sh -m gpu` on a
-# GPU host. Extra arguments go to pytest.
+# The test command (README, CI): set up what the tests need (scripts/bootstrap.sh: apt
+# packages for the real services the tests start, and .venv/; quick when all is there),
+# then lint, type-check, and run every test that needs no GPU. Tests that need a real GPU
+# are marked `gpu`; run them with `scripts/test.sh -m gpu` on a GPU host. Extra arguments
+# go to pytest.
 set -eu
 cd "$(dirname "$0")/.."
-[ -x .venv/bin/python ] || { echo "no .venv: run scripts/bootstrap.sh first" >&2; exit 2; }
+scripts/bootstrap.sh
 .venv/bin/ruff check gpuwatchd tests bench tools
 .venv/bin/ruff format --check gpuwatchd tests bench tools
 .venv/bin/mypy
