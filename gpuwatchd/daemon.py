@@ -117,12 +117,10 @@ class Daemon:
         self._user_emit = emit
         self.emit: Emit = self._record
         self.state = NodeState(config.node_name, clock.now(), config.gpus.expected)
-        self.renderer = MetricsRenderer(
+        self.renderer = MetricsRenderer.for_config(
             self.state.view,
-            per_link=config.metrics.per_link,
-            dcgm_compat=config.metrics.dcgm_compat,
-            hostname_label=config.metrics.hostname_label,
-            extra_families=(self.pipeline.families, self._xid_families, self._http_families),
+            config.metrics,
+            (self.pipeline.families, self._xid_families, self._http_families),
         )
         self.xids = XidInputs(config, backend, clock, self._xid, self._source_status)
         self._listen = listen or (config.listen.host, config.listen.port)

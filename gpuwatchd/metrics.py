@@ -16,6 +16,7 @@ from prometheus_client.core import Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from . import __version__
+from .config import MetricsConfig
 from .exposition import Families, escape_label_value, label_text, to_client_metric
 from .fields import CLOCK_EVENT_REASONS, GPU_FIELD_LIST, LINK_FIELD_LIST, FieldSpec
 from .records import GpuInfo, GpuStatus
@@ -273,6 +274,22 @@ class MetricsRenderer:
         self.extra = tuple(extra)
         self._lock = threading.Lock()
         self._cache: tuple[int, bytes] | None = None
+
+    @classmethod
+    def for_config(
+        cls,
+        view: Callable[[], NodeView],
+        metrics: MetricsConfig,
+        extra_families: tuple[ExtraFamilies, ...] = (),
+    ) -> MetricsRenderer:
+        """The renderer with the ``metrics:`` section's options."""
+        return cls(
+            view,
+            per_link=metrics.per_link,
+            dcgm_compat=metrics.dcgm_compat,
+            hostname_label=metrics.hostname_label,
+            extra_families=extra_families,
+        )
 
     def families(self, view: NodeView | None = None) -> Families:
         return build_families(view or self._view(), per_link=self.per_link, extra=self.extra)

@@ -50,12 +50,10 @@ class Simulation:
             self.pipeline.stages.insert(0, rules_stage(self.config, self.clock, durable=False))
         self.backend = ScenarioBackend(self.scenario, self.clock, real_stalls=False)
         self.state = NodeState(self.config.node_name, self.clock.now(), self.config.gpus.expected)
-        self.renderer = MetricsRenderer(
+        self.renderer = MetricsRenderer.for_config(
             self.state.view,
-            per_link=self.config.metrics.per_link,
-            dcgm_compat=self.config.metrics.dcgm_compat,
-            hostname_label=self.config.metrics.hostname_label,
-            extra_families=(self.pipeline.families, lambda v, f: self.xids.families(f)),
+            self.config.metrics,
+            (self.pipeline.families, lambda v, f: self.xids.families(f)),
         )
         self.xids = XidInputs(
             self.config, self.backend, self.clock, self._xid, self._source_status, durable=False
