@@ -105,12 +105,12 @@ def measure_daemon(seconds: float) -> None:
 def measure_render(n: int) -> None:
     from prometheus_client.exposition import generate_latest
 
-    from gpuwatchd.backend.scenario import ScenarioBackend
-    from gpuwatchd.clock import VirtualClock
-    from gpuwatchd.metrics import MetricsRenderer, client_registry
-    from gpuwatchd.poller import Poller
-    from gpuwatchd.scenario import load_scenario
-    from gpuwatchd.snapshot import NodeState
+    from gpuwatchd.core.clock import VirtualClock
+    from gpuwatchd.core.nodestate import NodeState
+    from gpuwatchd.exposition.metrics import MetricsRenderer, client_registry
+    from gpuwatchd.scenario.backend import ScenarioBackend
+    from gpuwatchd.scenario.model import load_scenario
+    from gpuwatchd.sources.gpu.poller import Poller
 
     clock = VirtualClock()
     backend = ScenarioBackend(load_scenario(str(SCENARIO)), clock, real_stalls=False)

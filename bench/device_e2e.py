@@ -30,11 +30,11 @@ import time
 import urllib.request
 from typing import Any
 
-from gpuwatchd.backend.nvml import NvmlBackend
-from gpuwatchd.clock import SystemClock
-from gpuwatchd.config import ListenAddress, default_config
-from gpuwatchd.daemon import Daemon
-from gpuwatchd.records import XidEvent
+from gpuwatchd.config.loader import ListenAddress, default_config
+from gpuwatchd.core.clock import SystemClock
+from gpuwatchd.core.records import XidEvent
+from gpuwatchd.service.daemon import Daemon
+from gpuwatchd.sources.gpu.nvml import NvmlBackend
 
 FAULT = r"""
 import os, time

@@ -47,12 +47,12 @@ def target(name: str) -> Callable[[bytes], None]:
     import atheris
 
     with atheris.instrument_imports():
-        from gpuwatchd import yamlsrc
-        from gpuwatchd.config import _build, _Context
-        from gpuwatchd.errors import ConfigError
+        from gpuwatchd.config import yamlsrc
+        from gpuwatchd.config.loader import _build, _Context
+        from gpuwatchd.config.web import parse_web_config
+        from gpuwatchd.core.errors import ConfigError
         from gpuwatchd.rules.loader import parse_rules
-        from gpuwatchd.scenario import parse_scenario
-        from gpuwatchd.webconfig import parse_web_config
+        from gpuwatchd.scenario.model import parse_scenario
         from gpuwatchd.xid.parser import XidStream, parse_kmsg_record, parse_line
 
     def text(data: bytes) -> str:

@@ -114,8 +114,8 @@ def stress_backend(mode: str, seconds: float = 15.0, slow: float = 0.0) -> None:
     import threading
     import time
 
-    from gpuwatchd.backend import nvml as backend_mod
-    from gpuwatchd.clock import SystemClock
+    from gpuwatchd.core.clock import SystemClock
+    from gpuwatchd.sources.gpu import nvml as backend_mod
 
     if os.environ.get("PROBE_RAW") == "0":
         original = backend_mod.read_field_values
@@ -181,8 +181,8 @@ if __name__ == "__main__" and len(sys.argv) > 2 and sys.argv[1] == "backend":
 
 def probe_backend_batches() -> None:
     """The canary check on the exact batches the backend sends (fast and full)."""
-    from gpuwatchd.backend import nvml as backend_mod
-    from gpuwatchd.clock import SystemClock
+    from gpuwatchd.core.clock import SystemClock
+    from gpuwatchd.sources.gpu import nvml as backend_mod
 
     backend = backend_mod.NvmlBackend(clock=SystemClock())
     infos = backend.open()
@@ -254,8 +254,8 @@ class _Without:
 def without(names: str, seconds: float = 12.0) -> None:
     import time
 
-    from gpuwatchd.backend import nvml as backend_mod
-    from gpuwatchd.clock import SystemClock
+    from gpuwatchd.core.clock import SystemClock
+    from gpuwatchd.sources.gpu import nvml as backend_mod
 
     backend = backend_mod.NvmlBackend(
         clock=SystemClock(), nvml=_Without(set(names.split(","))), slow_interval_s=10.0

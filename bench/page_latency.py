@@ -33,9 +33,9 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from gpuwatchd.actions import ActionsSink
-from gpuwatchd.alerts import AlertState, AlertTransition, Severity
-from gpuwatchd.clock import SystemClock
-from gpuwatchd.config import load_config
+from gpuwatchd.config.loader import load_config
+from gpuwatchd.core.alerts import AlertSeverity, AlertState, AlertTransition
+from gpuwatchd.core.clock import SystemClock
 
 
 class Receiver:
@@ -107,7 +107,7 @@ routing:
             t = AlertTransition(
                 rule="GpuXidFatal",
                 state=AlertState.FIRING,
-                severity=Severity.PAGE,
+                severity=AlertSeverity.PAGE,
                 labels={"node": "bench-node", "gpu": "3", "run": run},
                 annotations={"summary": "XID 79 on GPU 3"},
                 active_since=clock.now(),

@@ -33,14 +33,14 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from gpuwatchd.backend.nvml import (
+from gpuwatchd.core.clock import SystemClock, VirtualClock
+from gpuwatchd.sources.gpu.nvml import (
     DEFAULT_SLOW_INTERVAL_S,
     GPU_FIELD_IDS,
     LINK_FIELD_IDS,
     NvmlBackend,
     read_field_values,
 )
-from gpuwatchd.clock import SystemClock, VirtualClock
 
 SMI_QUERY = [
     "nvidia-smi",

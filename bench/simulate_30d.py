@@ -24,11 +24,11 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from gpuwatchd.config import default_config
+from gpuwatchd.config.loader import default_config
+from gpuwatchd.config.yamlsrc import parse_duration
+from gpuwatchd.harness.simulate import Simulation
 from gpuwatchd.rules import RulesStage
-from gpuwatchd.scenario import format_duration, parse_scenario
-from gpuwatchd.simulate import Simulation
-from gpuwatchd.yamlsrc import parse_duration
+from gpuwatchd.scenario.model import format_duration, parse_scenario
 
 ROOT = Path(__file__).resolve().parent.parent
 HEALTHY = ROOT / "scenarios" / "healthy-8xh100.yaml"

@@ -18,9 +18,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from actions_support import transition
 
 from gpuwatchd.actions import ActionsSink
-from gpuwatchd.alerts import AlertState
-from gpuwatchd.clock import SystemClock
-from gpuwatchd.config import load_config
+from gpuwatchd.config.loader import load_config
+from gpuwatchd.core.alerts import AlertState
+from gpuwatchd.core.clock import SystemClock
 
 
 def main() -> int:

@@ -13,8 +13,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from gpuwatchd.alerts import AlertState, AlertTransition, Severity
-from gpuwatchd.config import Config, load_config
+from gpuwatchd.config.loader import Config, load_config
+from gpuwatchd.core.alerts import AlertSeverity, AlertState, AlertTransition
 
 T0 = 1_767_225_600.0  # 2026-01-01T00:00:00Z
 
@@ -136,7 +136,7 @@ def transition(
     rule: str = "gpu_xid_fatal",
     state: AlertState = AlertState.FIRING,
     *,
-    severity: Severity = Severity.PAGE,
+    severity: AlertSeverity = AlertSeverity.PAGE,
     gpu: int = 3,
     node: str = "node17",
     seq: int = 1,

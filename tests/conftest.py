@@ -7,6 +7,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -16,6 +17,11 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 GPUWATCHD = [sys.executable, "-m", "gpuwatchd"]
+
+# Tests never read the host's /etc/gpuwatchd (a host with the package installed has site
+# rules there): this process and every daemon it starts look in an empty directory instead.
+_SITE = Path(tempfile.mkdtemp(prefix="gpuwatchd-test-etc-"))
+os.environ["GPUWATCHD_CONFIG_DIR"] = str(_SITE)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

@@ -7,15 +7,15 @@ import textwrap
 from types import MappingProxyType
 from typing import Any
 
-from gpuwatchd.alerts import AlertState, AlertTransition
-from gpuwatchd.clock import VirtualClock
-from gpuwatchd.exposition import Families
-from gpuwatchd.records import GpuInfo, GpuSample, GpuStatus, LinkSample, ProcessInfo, XidEvent
+from gpuwatchd.core.alerts import AlertState, AlertTransition
+from gpuwatchd.core.clock import VirtualClock
+from gpuwatchd.core.families import Families
+from gpuwatchd.core.nodestate import NodeState
+from gpuwatchd.core.records import GpuInfo, GpuSample, GpuStatus, LinkSample, ProcessInfo, XidEvent
 from gpuwatchd.rules.engine import Engine
 from gpuwatchd.rules.loader import parse_rules
 from gpuwatchd.rules.model import RuleSet
 from gpuwatchd.rules.store import StateStore
-from gpuwatchd.snapshot import NodeState
 
 T0 = 1_767_225_600.0
 MODEL = "NVIDIA H100 80GB HBM3"

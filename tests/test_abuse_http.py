@@ -24,9 +24,9 @@ from fault_support import Daemon, metric, report, wait_until
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gpuwatchd.clock import SystemClock
-from gpuwatchd.config import default_config, load_config
-from gpuwatchd.daemon import Daemon as InProcessDaemon
+from gpuwatchd.config.loader import default_config, load_config
+from gpuwatchd.core.clock import SystemClock
+from gpuwatchd.service.daemon import Daemon as InProcessDaemon
 from gpuwatchd.testing.fake_backend import FakeBackend
 
 STEADY = ROOT / "tests" / "data" / "steady-4gpu.yaml"

@@ -16,10 +16,10 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpuwatchd.config import load_config
-from gpuwatchd.errors import ConfigError
+from gpuwatchd.config.loader import load_config
+from gpuwatchd.core.errors import ConfigError
 from gpuwatchd.rules.loader import load_rule_set, parse_rules
-from gpuwatchd.scenario import load_scenario
+from gpuwatchd.scenario.model import load_scenario
 
 
 def alias_bomb(levels: int = 9) -> str:

@@ -16,8 +16,8 @@ from actions_support import HttpReceiver, make_config, transition
 from conftest import Proc, free_port, need_binary, wait_http
 
 from gpuwatchd.actions import ActionsSink
-from gpuwatchd.alerts import AlertState
-from gpuwatchd.clock import SystemClock
+from gpuwatchd.core.alerts import AlertState
+from gpuwatchd.core.clock import SystemClock
 
 AM_CONFIG = """\
 route:
@@ -150,7 +150,7 @@ routing:
 def test_one_alertmanager_down_does_not_stop_resends_to_the_other(
     tmp_path: Path, hook: HttpReceiver
 ) -> None:
-    from gpuwatchd.clock import VirtualClock
+    from gpuwatchd.core.clock import VirtualClock
 
     down = f"http://127.0.0.1:{free_port()}"
     config = make_config(

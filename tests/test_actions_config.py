@@ -9,9 +9,7 @@ import pytest
 import yaml
 
 from gpuwatchd.actions import ActionsError, build_actions
-from gpuwatchd.clock import VirtualClock
-from gpuwatchd.config import ConfigError, load_config
-from gpuwatchd.config_actions import (
+from gpuwatchd.config.actions import (
     AlertmanagerReceiver,
     DrainConfig,
     KubernetesDrainConfig,
@@ -21,6 +19,8 @@ from gpuwatchd.config_actions import (
     SlackReceiver,
     WebhookReceiver,
 )
+from gpuwatchd.config.loader import ConfigError, load_config
+from gpuwatchd.core.clock import VirtualClock
 
 DURATION_HELP = (
     "(use a number and a unit with no space: 250ms, 30s, 5m, 2h, 1d, 1w; combined like 1h30m)"

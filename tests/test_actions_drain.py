@@ -15,9 +15,9 @@ from conftest import free_port
 
 from gpuwatchd.actions import ActionsSink
 from gpuwatchd.actions.silences import add_silence, path_in
-from gpuwatchd.alerts import AlertState
-from gpuwatchd.clock import VirtualClock
-from gpuwatchd.exposition import Families
+from gpuwatchd.core.alerts import AlertState
+from gpuwatchd.core.clock import VirtualClock
+from gpuwatchd.core.families import Families
 
 HOOK = """#!/bin/sh
 # records each call's GPUWATCHD_* environment as one JSON line

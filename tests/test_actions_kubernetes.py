@@ -21,8 +21,8 @@ from conftest import free_port
 
 from gpuwatchd.actions import ActionsSink
 from gpuwatchd.actions.kube import ANNOTATION
-from gpuwatchd.alerts import AlertState
-from gpuwatchd.clock import VirtualClock
+from gpuwatchd.core.alerts import AlertState
+from gpuwatchd.core.clock import VirtualClock
 
 TOKEN = "k8s-token-abc"
 NODE = "gpu-node-17"

@@ -20,9 +20,9 @@ from conftest import ROOT, free_port, need_binary
 
 from gpuwatchd.actions import ActionsSink
 from gpuwatchd.actions.silences import add_silence, expire_silence, path_in
-from gpuwatchd.alerts import AlertState, Severity
-from gpuwatchd.clock import SystemClock, VirtualClock
-from gpuwatchd.exposition import Families
+from gpuwatchd.core.alerts import AlertSeverity, AlertState
+from gpuwatchd.core.clock import SystemClock, VirtualClock
+from gpuwatchd.core.families import Families
 
 DRIVER = ROOT / "tests" / "actions_driver.py"
 
@@ -229,12 +229,12 @@ def test_queue_bound_drops_oldest_info_first(tmp_path: Path) -> None:
     sink = ActionsSink(config, clock, threaded=False)
     try:
         plan = [
-            ("a", Severity.INFO, 0),
-            ("b", Severity.PAGE, 1),
-            ("c", Severity.INFO, 2),
-            ("d", Severity.TICKET, 3),
-            ("e", Severity.PAGE, 4),
-            ("f", Severity.TICKET, 5),
+            ("a", AlertSeverity.INFO, 0),
+            ("b", AlertSeverity.PAGE, 1),
+            ("c", AlertSeverity.INFO, 2),
+            ("d", AlertSeverity.TICKET, 3),
+            ("e", AlertSeverity.PAGE, 4),
+            ("f", AlertSeverity.TICKET, 5),
         ]
         for rule, sev, gpu in plan:
             sink.deliver(

@@ -18,9 +18,9 @@ from conftest import free_port
 from gpuwatchd.actions import ActionsSink
 from gpuwatchd.actions.model import GO_ZERO_TIME, notification_key, rfc3339
 from gpuwatchd.actions.receivers import pagerduty_dedup_key
-from gpuwatchd.alerts import AlertState, Severity
-from gpuwatchd.clock import SystemClock, VirtualClock
-from gpuwatchd.exposition import Families
+from gpuwatchd.core.alerts import AlertSeverity, AlertState
+from gpuwatchd.core.clock import SystemClock, VirtualClock
+from gpuwatchd.core.families import Families
 
 
 @pytest.fixture
@@ -146,7 +146,8 @@ def test_cascade_within_the_group_window_is_one_message(tmp_path: Path, rx: Http
         sink.deliver([transition("gpu_lost", at=now, xid=None)], now)
         time.sleep(0.2)
         sink.deliver(
-            [transition("nvlink_errors", severity=Severity.TICKET, at=now, xid=None, gpu=4)], now
+            [transition("nvlink_errors", severity=AlertSeverity.TICKET, at=now, xid=None, gpu=4)],
+            now,
         )
         time.sleep(1.5)
         assert sink.wait_idle(5)
@@ -186,13 +187,17 @@ def test_routes_by_severity_and_labels(tmp_path: Path) -> None:
         sink = ActionsSink(config, SystemClock())
         now = time.time()
         sink.deliver([transition("a_page", at=now, gpu=5)], now)  # page -> pager, chat
-        sink.deliver([transition("b_ticket", severity=Severity.TICKET, at=now, gpu=0)], now)  # gpu0
         sink.deliver(
-            [transition("c_ticket", severity=Severity.TICKET, at=now, gpu=7)], now
+            [transition("b_ticket", severity=AlertSeverity.TICKET, at=now, gpu=0)], now
+        )  # gpu0
+        sink.deliver(
+            [transition("c_ticket", severity=AlertSeverity.TICKET, at=now, gpu=7)], now
         )  # default
-        sink.deliver([transition("d_info", severity=Severity.INFO, at=now, gpu=7)], now)  # nobody
         sink.deliver(
-            [transition("e_routed", severity=Severity.INFO, at=now, routes=("ruled",))], now
+            [transition("d_info", severity=AlertSeverity.INFO, at=now, gpu=7)], now
+        )  # nobody
+        sink.deliver(
+            [transition("e_routed", severity=AlertSeverity.INFO, at=now, routes=("ruled",))], now
         )
         assert sink.wait_idle(5)
         got = {
@@ -473,7 +478,11 @@ def test_pagerduty_trigger_and_resolve(tmp_path: Path) -> None:
         }
         # a ticket maps to PagerDuty's "warning"
         sink.deliver(
-            [transition("ecc_rising", severity=Severity.TICKET, at=since + 70, xid=None, gpu=1)],
+            [
+                transition(
+                    "ecc_rising", severity=AlertSeverity.TICKET, at=since + 70, xid=None, gpu=1
+                )
+            ],
             since + 70,
         )
         assert rx.wait_for(3)[2].json()["payload"]["severity"] == "warning"

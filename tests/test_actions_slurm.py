@@ -18,9 +18,9 @@ from actions_support import make_config, transition
 from conftest import Proc, free_port, need_binary
 
 from gpuwatchd.actions import ActionsSink
-from gpuwatchd.alerts import AlertState
-from gpuwatchd.clock import VirtualClock
-from gpuwatchd.exposition import Families
+from gpuwatchd.core.alerts import AlertState
+from gpuwatchd.core.clock import VirtualClock
+from gpuwatchd.core.families import Families
 
 SLURM_CONF = """\
 ClusterName=gwtest

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuwatchd import cli_xid
+from gpuwatchd.cli import xid as cli_xid
 
 DATA = Path(__file__).parent / "data"
 KEYS = ["kind", "pci", "xid", "pid", "process", "message", "severity", "action"]
@@ -100,7 +100,7 @@ def test_parse_reads_stdin() -> None:
     """Through the real entry point: kernel-log lines on stdin, JSON lines on stdout."""
     lines = (DATA / "xid_capture_h200_kmsg.txt").read_bytes()
     result = subprocess.run(
-        [sys.executable, "-m", "gpuwatchd.cli", "xid", "parse"],
+        [sys.executable, "-m", "gpuwatchd", "xid", "parse"],
         input=lines,
         capture_output=True,
         check=False,

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gpuwatchd import config
-from gpuwatchd.config import (
+from gpuwatchd.config import loader as config
+from gpuwatchd.config.loader import (
     BackendSpec,
     Config,
     ConfigError,
@@ -343,7 +343,8 @@ def test_backend_spec_parse() -> None:
 
 
 # -- the shipped file and the docs stay in step with the schema -----------------------------
-def test_shipped_config_equals_defaults() -> None:
+def test_shipped_config_equals_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("GPUWATCHD_CONFIG_DIR")  # the shipped file names /etc/gpuwatchd
     cfg = load_config(str(SHIPPED), must_exist=True, environ=NO_ENV)
     assert cfg == load_config(None, must_exist=False, environ=NO_ENV)
     env = {"STATE_DIRECTORY": "/var/lib/private/gpuwatchd"}
@@ -368,3 +369,17 @@ def test_docs_describe_every_key() -> None:
     text = DOCS.read_text(encoding="utf-8")
     for key in config.config_keys():
         assert f"`{key}`" in text, f"{key} is not documented in {DOCS}"
+
+
+def test_site_config_dir_follows_the_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Site rules and the default config file come from $GPUWATCHD_CONFIG_DIR when set (the
+    test suite points it away from the host's /etc/gpuwatchd), else /etc/gpuwatchd."""
+    from gpuwatchd.config.paths import default_config_path, default_rule_files
+
+    monkeypatch.setenv("GPUWATCHD_CONFIG_DIR", str(tmp_path))
+    assert default_config_path() == str(tmp_path / "gpuwatchd.yaml")
+    assert config.default_config({}).rules.files == (str(tmp_path / "rules.d" / "*.yaml"),)
+    monkeypatch.delenv("GPUWATCHD_CONFIG_DIR")
+    assert default_rule_files() == ("/etc/gpuwatchd/rules.d/*.yaml",)

@@ -21,7 +21,7 @@ import pytest
 from conftest import GPUWATCHD, ROOT, need_binary
 from test_actions_slurm import Slurm, slurm  # noqa: F401 - a real single-node Slurm
 
-from gpuwatchd.cli_drainhelper import HelperConfig, Request, RequestError, parse_request, perform
+from gpuwatchd.cli.drainhelper import HelperConfig, Request, RequestError, parse_request, perform
 
 REASON = "gpuwatchd: XID 79 GPU 3 00000000:3B:00.0"
 

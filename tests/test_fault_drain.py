@@ -15,8 +15,8 @@ from fault_support import report
 from test_actions_slurm import Slurm, actions, slurm  # noqa: F401 - the fixture
 
 from gpuwatchd.actions import ActionsSink
-from gpuwatchd.alerts import AlertState
-from gpuwatchd.clock import VirtualClock
+from gpuwatchd.core.alerts import AlertState
+from gpuwatchd.core.clock import VirtualClock
 
 WRAPPER = """#!/bin/sh
 echo "$@" >> {log}

@@ -119,7 +119,7 @@ def test_every_family_is_documented(tmp_path: Path) -> None:
     doc = (ROOT / "docs" / "metrics.md").read_text()
     text = simulate_metrics(tmp_path, "node_name: n1\nmetrics:\n  dcgm_compat: true\n")
     names = {line.split()[2] for line in text.splitlines() if line.startswith("# TYPE ")}
-    from gpuwatchd.fields import GPU_FIELD_LIST, LINK_FIELD_LIST
+    from gpuwatchd.core.fields import GPU_FIELD_LIST, LINK_FIELD_LIST
 
     names |= {spec.metric for spec in (*GPU_FIELD_LIST, *LINK_FIELD_LIST)}
     missing = sorted(n for n in names if f"`{n}`" not in doc)

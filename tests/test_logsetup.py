@@ -22,8 +22,8 @@ from typing import Any
 import pytest
 from conftest import ROOT, free_port
 
-from gpuwatchd import logsetup
-from gpuwatchd.config import Config, default_config
+from gpuwatchd.config.loader import Config, default_config
+from gpuwatchd.service import logsetup
 
 STEADY = ROOT / "tests" / "data" / "steady-4gpu.yaml"
 
@@ -169,7 +169,7 @@ def test_daemon_logs_structured_entries_to_the_journal(
     path, sock = journal_socket
     child = (
         "import logging, os, sys\n"
-        "from gpuwatchd.logsetup import setup_logging\n"
+        "from gpuwatchd.service.logsetup import setup_logging\n"
         "st = os.fstat(2)\n"
         "os.environ['JOURNAL_STREAM'] = f'{st.st_dev}:{st.st_ino}'\n"
         "print(setup_logging('info'), file=sys.stdout, flush=True)\n"
@@ -210,7 +210,7 @@ def test_daemon_logs_structured_entries_to_the_journal(
             assert time.monotonic() < deadline, entries
             entries.append(parse_native(sock.recv(65536)))
         serving = next(e for e in entries if e["MESSAGE"].startswith("serving on"))
-        assert serving["PRIORITY"] == "6" and serving["LOGGER"] == "gpuwatchd.daemon"
+        assert serving["PRIORITY"] == "6" and serving["LOGGER"] == "gpuwatchd.service.daemon"
     finally:
         proc.terminate()
         proc.wait(15)

@@ -14,22 +14,22 @@ from typing import Any
 import pynvml
 import pytest
 
-from gpuwatchd.backend.nvml import (
-    GPU_FIELD_IDS,
-    LINK_FIELD_IDS,
-    NvmlBackend,
-    error_from_code,
-    read_field_values,
-)
-from gpuwatchd.clock import SystemClock, VirtualClock
-from gpuwatchd.errors import (
+from gpuwatchd.core.clock import SystemClock, VirtualClock
+from gpuwatchd.core.errors import (
     BackendError,
     BackendUnavailable,
     GpuLost,
     NotSupported,
     ResetRequired,
 )
-from gpuwatchd.fields import GPU_FIELDS, LINK_FIELDS
+from gpuwatchd.core.fields import GPU_FIELDS, LINK_FIELDS
+from gpuwatchd.sources.gpu.nvml import (
+    GPU_FIELD_IDS,
+    LINK_FIELD_IDS,
+    NvmlBackend,
+    error_from_code,
+    read_field_values,
+)
 from gpuwatchd.testing.fake_pynvml import FakeNvml, h100
 
 PCI_RE = re.compile(r"^[0-9A-F]{8}:[0-9A-F]{2}:[0-9A-F]{2}\.[0-7]$")

@@ -262,7 +262,7 @@ def _check_installed(tmp_path: Path, http_url: str) -> None:
 def test_man_page_names_every_command() -> None:
     import argparse
 
-    from gpuwatchd.cli import build_parser
+    from gpuwatchd.cli.main import build_parser
 
     parser = build_parser()
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from gpuwatchd.pci import PciWatcher, is_nvidia_gpu, read_sysfs, read_udev
+from gpuwatchd.sources.gpu.pci import PciWatcher, is_nvidia_gpu, read_sysfs, read_udev
 
 # An HGX H100 board as sysfs shows it: 8 GPUs (3D controller 0x030200), 4 NVSwitches
 # (bridge 0x068000), the GPUs' audio-less siblings absent; plus a host bridge and a NIC.

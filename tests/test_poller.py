@@ -5,12 +5,12 @@ from __future__ import annotations
 import time
 import urllib.request
 
-from gpuwatchd.clock import SystemClock
-from gpuwatchd.config import default_config
-from gpuwatchd.daemon import Daemon
-from gpuwatchd.poller import Poller, Record
-from gpuwatchd.records import DeviceEvent, DeviceEventKind, GpuInfo, GpuStatus
-from gpuwatchd.snapshot import NodeState
+from gpuwatchd.config.loader import default_config
+from gpuwatchd.core.clock import SystemClock
+from gpuwatchd.core.nodestate import NodeState
+from gpuwatchd.core.records import DeviceEvent, DeviceEventKind, GpuInfo, GpuStatus
+from gpuwatchd.service.daemon import Daemon
+from gpuwatchd.sources.gpu.poller import Poller, Record
 from gpuwatchd.testing.fake_backend import FakeBackend
 
 
@@ -112,8 +112,8 @@ def test_backend_that_fails_to_open_is_retried_and_polling_starts() -> None:
     polling once the backend opens."""
     import dataclasses
 
-    from gpuwatchd.clock import ScaledClock
-    from gpuwatchd.errors import BackendUnavailable
+    from gpuwatchd.core.clock import ScaledClock
+    from gpuwatchd.core.errors import BackendUnavailable
 
     class LateDriver(FakeBackend):
         attempts = 0

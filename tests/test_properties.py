@@ -6,9 +6,9 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpuwatchd.errors import ConfigError
-from gpuwatchd.records import XidEvent
-from gpuwatchd.sources.kernel import GpuResolver, KernelLineHandler
+from gpuwatchd.core.errors import ConfigError
+from gpuwatchd.core.records import XidEvent
+from gpuwatchd.sources.kernel.linehandler import GpuResolver, KernelLineHandler
 from gpuwatchd.testing.fake_backend import make_infos
 from gpuwatchd.xid.parser import XidStream, parse_kmsg_record, parse_line
 
@@ -100,8 +100,8 @@ YAMLISH = st.lists(
 @settings(max_examples=300, deadline=None)
 @given(YAMLISH)
 def test_config_loader_raises_only_config_error(text: str) -> None:
-    from gpuwatchd.config import _build, _Context
-    from gpuwatchd.yamlsrc import parse
+    from gpuwatchd.config.loader import _build, _Context
+    from gpuwatchd.config.yamlsrc import parse
 
     try:
         root = parse(text, "fuzz.yaml")
@@ -113,7 +113,7 @@ def test_config_loader_raises_only_config_error(text: str) -> None:
 @settings(max_examples=200, deadline=None)
 @given(YAMLISH)
 def test_scenario_loader_raises_only_config_error(text: str) -> None:
-    from gpuwatchd.scenario import parse_scenario
+    from gpuwatchd.scenario.model import parse_scenario
 
     try:
         parse_scenario(text, "fuzz.yaml")

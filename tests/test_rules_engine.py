@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 from rulekit import Node, pci_of, rules
 
-from gpuwatchd.alerts import AlertState, Severity
-from gpuwatchd.records import GpuStatus
+from gpuwatchd.core.alerts import AlertSeverity, AlertState
+from gpuwatchd.core.records import GpuStatus
 
 TEMP = """
 rules:
@@ -42,7 +42,7 @@ def test_for_fires_exactly_when_held_long_enough() -> None:
     assert n.firing() == {("Hot", "1")}
     assert n.events() == [(0.0, "Hot", "pending", "1"), (300.0, "Hot", "firing", "1")]
     tr = n.transitions[-1][1]
-    assert tr.severity is Severity.PAGE
+    assert tr.severity is AlertSeverity.PAGE
     assert tr.annotations["summary"] == (f"GPU 1 ({pci_of(1)}) on node-a at 90.0 C (limit 85)")
     assert tr.active_since == n.t0 and tr.sequence == 2
 
@@ -231,7 +231,7 @@ def test_xid_fires_at_once_and_resolves_after_the_quiet_period() -> None:
     n.step()
     assert n.firing() == {("XidFatal", "2")}
     tr = n.transitions[-1][1]
-    assert tr.drain and tr.severity is Severity.PAGE
+    assert tr.drain and tr.severity is AlertSeverity.PAGE
     assert tr.annotations["summary"] == "XID 79 GPU 2: GPU has fallen off the bus"
     assert tr.annotations["action"] == "Reboot the node."
     n.run(1200)

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gpuwatchd.config import load_config
-from gpuwatchd.errors import ConfigError
-from gpuwatchd.fields import CLOCK_EVENT_REASON_BITS
+from gpuwatchd.config.loader import load_config
+from gpuwatchd.core.errors import ConfigError
+from gpuwatchd.core.fields import CLOCK_EVENT_REASON_BITS
 from gpuwatchd.rules import default_rule_files, load_rule_set, parse_rules, rules_from_config
 from gpuwatchd.rules.canonical import canonical_text
 from gpuwatchd.rules.loader import CONDITION_KEYS, RULE_KEYS

@@ -18,10 +18,10 @@ from pathlib import Path
 import pytest
 from conftest import GPUWATCHD, ROOT, Proc
 
-from gpuwatchd.config import default_config
-from gpuwatchd.rules.ruletest import run_file
-from gpuwatchd.scenario import format_duration, load_scenario
-from gpuwatchd.simulate import Simulation
+from gpuwatchd.config.loader import default_config
+from gpuwatchd.harness.ruletest import run_file
+from gpuwatchd.harness.simulate import Simulation
+from gpuwatchd.scenario.model import format_duration, load_scenario
 
 RULE_TESTS = sorted(glob.glob(str(ROOT / "rules" / "tests" / "*.yaml")))
 SCENARIOS = ROOT / "scenarios"

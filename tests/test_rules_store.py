@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from rulekit import T0, Node
 
-from gpuwatchd.alerts import Severity
-from gpuwatchd.records import GpuStatus
+from gpuwatchd.core.alerts import AlertSeverity
+from gpuwatchd.core.records import GpuStatus
 from gpuwatchd.rules.store import DB_NAME, StateStore, read_boot_id
 
 HOT = """
@@ -128,7 +128,10 @@ def test_reboot_escalates_a_fault_that_survived_it(tmp_path: Path) -> None:
     first.set(1, remapped_rows_pending=1)
     first.step()
     sev = {tr.rule: (tr.severity, tr.drain) for _, tr in first.transitions}
-    assert sev == {"RemapPending": (Severity.TICKET, False), "RemapPlain": (Severity.TICKET, False)}
+    assert sev == {
+        "RemapPending": (AlertSeverity.TICKET, False),
+        "RemapPlain": (AlertSeverity.TICKET, False),
+    }
     first.engine.close()
 
     # the node reboots (new boot id); the remap is still pending
@@ -139,7 +142,7 @@ def test_reboot_escalates_a_fault_that_survived_it(tmp_path: Path) -> None:
     assert (esc.rule, esc.state.value, esc.severity, esc.drain) == (
         "RemapPending",
         "firing",
-        Severity.PAGE,
+        AlertSeverity.PAGE,
         True,
     )
     assert esc.annotations == {"action": "still pending after a reboot: inspect the hardware"}
@@ -149,8 +152,8 @@ def test_reboot_escalates_a_fault_that_survived_it(tmp_path: Path) -> None:
     second.set(1, remapped_rows_pending=0)
     second.step()
     assert [(tr.rule, tr.state.value, tr.severity) for _, tr in second.transitions[1:]] == [
-        ("RemapPending", "resolved", Severity.PAGE),
-        ("RemapPlain", "resolved", Severity.TICKET),
+        ("RemapPending", "resolved", AlertSeverity.PAGE),
+        ("RemapPlain", "resolved", AlertSeverity.TICKET),
     ]
     second.engine.close()
 
@@ -167,14 +170,14 @@ def test_a_fault_that_went_away_and_returns_after_a_reboot_escalates(tmp_path: P
     second.set(0, remapped_rows_pending=1)  # back within 7 days, in another boot
     second.step()
     fired = {tr.rule: tr.severity for _, tr in second.transitions if tr.state.value == "firing"}
-    assert fired == {"RemapPending": Severity.PAGE, "RemapPlain": Severity.TICKET}
+    assert fired == {"RemapPending": AlertSeverity.PAGE, "RemapPlain": AlertSeverity.TICKET}
     second.engine.close()
     later = Node(REMAP, store=store(tmp_path, "boot-C"), start=second.clock.now() + 8 * 86400)
     later.poll()  # resolved: the condition is gone
     later.set(0, remapped_rows_pending=1)  # the last fault is 8 days old: outside 'within'
     later.step()
     fired = {tr.rule: tr.severity for _, tr in later.transitions if tr.state.value == "firing"}
-    assert fired == {"RemapPending": Severity.TICKET, "RemapPlain": Severity.TICKET}
+    assert fired == {"RemapPending": AlertSeverity.TICKET, "RemapPlain": AlertSeverity.TICKET}
 
 
 def test_corrupt_database_is_rebuilt_with_a_warning(

@@ -11,11 +11,11 @@ import time
 
 import pytest
 
-from gpuwatchd.backend.scenario import ScenarioBackend
-from gpuwatchd.clock import ScaledClock, VirtualClock
-from gpuwatchd.errors import CallTimeout, ConfigError, GpuLost
-from gpuwatchd.fields import CLOCK_EVENT_REASON_BITS, GPU_FIELDS, LINK_FIELDS
-from gpuwatchd.scenario import (
+from gpuwatchd.core.clock import ScaledClock, VirtualClock
+from gpuwatchd.core.errors import CallTimeout, ConfigError, GpuLost
+from gpuwatchd.core.fields import CLOCK_EVENT_REASON_BITS, GPU_FIELDS, LINK_FIELDS
+from gpuwatchd.scenario.backend import ScenarioBackend
+from gpuwatchd.scenario.model import (
     Scenario,
     bundled_scenario_path,
     bundled_scenarios,

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from gpuwatchd.scenario import Scenario, _clamp, bundled_scenario_path, load_scenario
+from gpuwatchd.scenario.model import Scenario, _clamp, bundled_scenario_path, load_scenario
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FILES = [

@@ -7,11 +7,11 @@ from pathlib import Path
 
 from journal_util import append, forged_entry, kernel_entry, now
 
-from gpuwatchd.clock import SystemClock
-from gpuwatchd.records import XidEvent
-from gpuwatchd.sources.cursor import PositionFile
-from gpuwatchd.sources.journald import JournaldSource
-from gpuwatchd.sources.kernel import GpuResolver, KernelLineHandler
+from gpuwatchd.core.clock import SystemClock
+from gpuwatchd.core.records import XidEvent
+from gpuwatchd.sources.kernel.cursor import PositionFile
+from gpuwatchd.sources.kernel.journald import JournaldSource
+from gpuwatchd.sources.kernel.linehandler import GpuResolver, KernelLineHandler
 from gpuwatchd.testing.fake_backend import make_infos
 
 XID79 = (
@@ -146,7 +146,7 @@ def test_live_follow_wakes_on_append(tmp_path: Path) -> None:
 
 
 def test_reader_loop_beats_for_the_watchdog_and_unregisters_on_stop(tmp_path: Path) -> None:
-    from gpuwatchd.heartbeat import HeartbeatRegistry
+    from gpuwatchd.core.heartbeat import HeartbeatRegistry
 
     append(tmp_path / "journal", [kernel_entry("boot noise", now())])
     registry = HeartbeatRegistry(SystemClock())

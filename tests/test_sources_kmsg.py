@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from gpuwatchd.clock import SystemClock
-from gpuwatchd.records import XidEvent
-from gpuwatchd.sources.cursor import PositionFile
-from gpuwatchd.sources.kernel import GpuResolver, KernelLineHandler
-from gpuwatchd.sources.kmsg import KmsgSource
+from gpuwatchd.core.clock import SystemClock
+from gpuwatchd.core.records import XidEvent
+from gpuwatchd.sources.kernel.cursor import PositionFile
+from gpuwatchd.sources.kernel.kmsg import KmsgSource
+from gpuwatchd.sources.kernel.linehandler import GpuResolver, KernelLineHandler
 from gpuwatchd.testing.fake_backend import make_infos
 
 # Record framing as /dev/kmsg gives it (PRIO,SEQ,USEC,FLAGS;MESSAGE, dictionary lines start

@@ -25,13 +25,13 @@ from pathlib import Path
 import pytest
 from conftest import GPUWATCHD, ROOT, free_port, need_binary
 
-from gpuwatchd.clock import VirtualClock
-from gpuwatchd.config import default_config, load_config
-from gpuwatchd.daemon import Daemon
-from gpuwatchd.heartbeat import HeartbeatRegistry
-from gpuwatchd.sdnotify import Notifier, watchdog_usec
+from gpuwatchd.config.loader import default_config, load_config
+from gpuwatchd.core.clock import VirtualClock
+from gpuwatchd.core.heartbeat import HeartbeatRegistry
+from gpuwatchd.service.daemon import Daemon
+from gpuwatchd.service.sdnotify import Notifier, watchdog_usec
+from gpuwatchd.service.watchdog import Supervisor
 from gpuwatchd.testing.fake_backend import FakeBackend
-from gpuwatchd.watchdog import Supervisor
 
 STEADY = ROOT / "tests" / "data" / "steady-4gpu.yaml"
 UNIT = ROOT / "systemd" / "gpuwatchd.service"
@@ -318,7 +318,7 @@ def test_reload_is_all_or_nothing(tmp_path: Path) -> None:
 
     def rules_hook(new: object) -> object:
         if (tmp_path / "bad-rule").exists():
-            from gpuwatchd.errors import ConfigError, Location
+            from gpuwatchd.core.errors import ConfigError, Location
 
             raise ConfigError.at(Location(str(tmp_path / "r.yaml"), 3, 5), "bad rule")
         return lambda: applied.append("rules")

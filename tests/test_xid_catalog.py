@@ -11,7 +11,7 @@ from types import ModuleType
 
 import pytest
 
-from gpuwatchd.xid import Action, Catalog, Severity, catalog_data, lookup, parse_recovery_change
+from gpuwatchd.xid import Action, Catalog, XidSeverity, catalog_data, lookup, parse_recovery_change
 from gpuwatchd.xid import catalog as catalog_mod
 
 REPO = Path(__file__).resolve().parent.parent
@@ -344,7 +344,7 @@ def test_nvlink5_action2_and_fallbacks() -> None:
     )
     assert (unknown_status.severity, unknown_status.action) == ("warning", "investigate")
     no_registers = catalog.classify(149, "NETIR_LINK_EVT Fatal")
-    assert no_registers.severity == Severity.WARNING
+    assert no_registers.severity == XidSeverity.WARNING
 
 
 def test_nvlink5_driver_variants_never_disagree() -> None:

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from gpuwatchd.records import XidEvent
-from gpuwatchd.sources.merge import IncidentMerger
+from gpuwatchd.core.records import XidEvent
+from gpuwatchd.sources.incidents import IncidentMerger
 
 PCI = "00000000:3A:00.0"
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from gpuwatchd.records import XidEvent
+from gpuwatchd.core.records import XidEvent
 from gpuwatchd.xid import (
     FALLEN_OFF_BUS_XID,
     ParsedXid,

@@ -11,12 +11,12 @@ from collections.abc import Mapping
 
 import httpx
 
-from ..clock import Clock
-from ..config import Config
-from ..errors import GpuwatchdError
-from .drivers import DrainError, DrainResult
-from .secrets import SecretError
-from .sink import ActionsSink
+from gpuwatchd.actions.drivers import DrainError, DrainResult
+from gpuwatchd.actions.secrets import SecretError
+from gpuwatchd.actions.sink import ActionsSink
+from gpuwatchd.config.loader import Config
+from gpuwatchd.core.clock import Clock
+from gpuwatchd.core.errors import GpuwatchdError
 
 
 class ActionsError(GpuwatchdError):

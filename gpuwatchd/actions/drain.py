@@ -26,14 +26,14 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from ..alerts import AlertState, AlertTransition, Severity
-from ..atomicfile import write_atomic
-from ..clock import Clock
-from ..config_actions import DrainConfig
-from ..exposition import Families
-from .drivers import DrainError, DrainResult, Driver, incident_env, run_argv
-from .model import dumps, short_reason
-from .store import Store, loads
+from gpuwatchd.actions.drivers import DrainError, DrainResult, Driver, incident_env, run_argv
+from gpuwatchd.actions.model import dumps, short_reason
+from gpuwatchd.actions.store import Store, loads
+from gpuwatchd.config.actions import DrainConfig
+from gpuwatchd.core.alerts import AlertSeverity, AlertState, AlertTransition
+from gpuwatchd.core.atomicfile import write_atomic
+from gpuwatchd.core.clock import Clock
+from gpuwatchd.core.families import Families
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +85,7 @@ class DrainController:
 
     # -- called inside the outbox transaction ------------------------------------------
     def grace_for(self, rec: dict[str, Any]) -> float:
-        from ..config_actions import parse_duration_text
+        from gpuwatchd.config.actions import parse_duration_text
 
         ann = (rec.get("annotations") or {}).get("drain_grace")
         if ann is not None:
@@ -313,7 +313,7 @@ class DrainController:
             for k in ("gpu", "uuid", "pci_bus_id"):
                 if src.get(k) not in (None, ""):
                     labels[k] = str(src[k])
-        from ..alerts import fingerprint
+        from gpuwatchd.core.alerts import fingerprint
 
         fp = fingerprint(rule, labels)
         with self.store.tx() as conn:
@@ -323,7 +323,7 @@ class DrainController:
         return AlertTransition(
             rule=rule,
             state=state,
-            severity=Severity.PAGE,
+            severity=AlertSeverity.PAGE,
             labels=labels,
             annotations={"summary": summary, "description": summary},
             active_since=now,

@@ -21,8 +21,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from ..errors import GpuwatchdError
-from .model import REASON_PREFIX, xid_of
+from gpuwatchd.actions.model import REASON_PREFIX, xid_of
+from gpuwatchd.core.errors import GpuwatchdError
 
 
 class DrainError(GpuwatchdError):

@@ -32,8 +32,8 @@ from typing import Any
 import httpx
 import yaml
 
-from ..config_actions import KubernetesDrainConfig
-from .drivers import DrainError, DrainResult
+from gpuwatchd.actions.drivers import DrainError, DrainResult
+from gpuwatchd.config.actions import KubernetesDrainConfig
 
 ANNOTATION = "gpuwatchd.io/drain"
 JSON_PATCH = "application/json-patch+json"

@@ -6,7 +6,7 @@ import bisect
 import threading
 from collections.abc import Iterable
 
-from ..exposition import Families
+from gpuwatchd.core.families import Families
 
 LATENCY_BUCKETS = (
     0.005,

@@ -14,11 +14,11 @@ from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-from ..alerts import AlertState, AlertTransition, Severity
+from gpuwatchd.core.alerts import AlertSeverity, AlertState, AlertTransition
 
 GO_ZERO_TIME = "0001-01-01T00:00:00Z"  # Alertmanager's endsAt while an alert fires
 REASON_PREFIX = "gpuwatchd:"
-SEVERITY_RANK = {s.value: s.rank for s in Severity}
+SEVERITY_RANK = {s.value: s.rank for s in AlertSeverity}
 
 
 def rfc3339(ts: float) -> str:
@@ -38,7 +38,7 @@ def transition_from_record(rec: Mapping[str, Any]) -> AlertTransition:
     return AlertTransition(
         rule=str(rec["rule"]),
         state=AlertState(rec["state"]),
-        severity=Severity(rec["severity"]),
+        severity=AlertSeverity(rec["severity"]),
         labels=dict(rec.get("labels") or {}),
         annotations=dict(rec.get("annotations") or {}),
         value=rec.get("value"),

@@ -23,15 +23,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from .. import __version__
-from ..config_actions import (
-    AlertmanagerReceiver,
-    PagerDutyReceiver,
-    ReceiverConfig,
-    SlackReceiver,
-    WebhookReceiver,
-)
-from .model import (
+from gpuwatchd import __version__
+from gpuwatchd.actions.model import (
     GO_ZERO_TIME,
     am_labels,
     clean_text,
@@ -40,8 +33,15 @@ from .model import (
     short_hash,
     xid_of,
 )
-from .secrets import read_secret as _read_secret
-from .secrets import url_secrets
+from gpuwatchd.actions.secrets import read_secret as _read_secret
+from gpuwatchd.actions.secrets import url_secrets
+from gpuwatchd.config.actions import (
+    AlertmanagerReceiver,
+    PagerDutyReceiver,
+    ReceiverConfig,
+    SlackReceiver,
+    WebhookReceiver,
+)
 
 USER_AGENT = f"gpuwatchd/{__version__}"
 MAX_RETRY_AFTER = 3600.0
@@ -258,7 +258,7 @@ def _catalog_entry(xid: str | None) -> Any:
     """NVIDIA's catalog entry for an XID (meaning and recommended action), if known."""
     if not xid or not xid.isdigit():
         return None
-    from ..xid import lookup
+    from gpuwatchd.xid import lookup
 
     return lookup(int(xid))
 

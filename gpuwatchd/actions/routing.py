@@ -16,9 +16,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..config_actions import RouteConfig, RoutingConfig
-from .model import SEVERITY_RANK, match_labels
-from .receivers import Receiver
+from gpuwatchd.actions.model import SEVERITY_RANK, match_labels
+from gpuwatchd.actions.receivers import Receiver
+from gpuwatchd.config.actions import RouteConfig, RoutingConfig
 
 log = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ import re
 import urllib.parse
 from collections.abc import Iterable, Mapping
 
-from ..errors import GpuwatchdError
+from gpuwatchd.core.errors import GpuwatchdError
 
 REDACTED = "<secret>"
 _URL_RE = re.compile(r"(https?://[^/\s'\"]+)(/[^\s'\"]*)?")

@@ -17,8 +17,8 @@ from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from ..atomicfile import write_atomic
-from ..config import normalize_gpu_id
+from gpuwatchd.config.loader import normalize_gpu_id
+from gpuwatchd.core.atomicfile import write_atomic
 
 FILE_NAME = "silences.json"
 KEEP_EXPIRED = 7 * 86400.0  # expired silences stay listed (``list --all``) this long

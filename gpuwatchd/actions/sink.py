@@ -27,16 +27,10 @@ from typing import Any
 
 import httpx
 
-from ..alerts import AlertState, AlertTransition
-from ..clock import Clock
-from ..config import Config
-from ..exposition import Families
-from ..snapshot import NodeView
-from ..statehealth import StoreHealth, state_families
-from .drain import DrainController
-from .drivers import Driver, ExecDriver, RecordDriver, SlurmDriver
-from .metrics import ActionMetrics
-from .model import (
+from gpuwatchd.actions.drain import DrainController
+from gpuwatchd.actions.drivers import Driver, ExecDriver, RecordDriver, SlurmDriver
+from gpuwatchd.actions.metrics import ActionMetrics
+from gpuwatchd.actions.model import (
     SEVERITY_RANK,
     alert_record,
     dumps,
@@ -45,11 +39,17 @@ from .model import (
     notification_key,
     short_hash,
 )
-from .receivers import Outcome, Receiver, build_receiver
-from .routing import Destination, Router
-from .secrets import redact
-from .silences import SilenceView, path_in
-from .store import DB_NAME, Store, loads
+from gpuwatchd.actions.receivers import Outcome, Receiver, build_receiver
+from gpuwatchd.actions.routing import Destination, Router
+from gpuwatchd.actions.secrets import redact
+from gpuwatchd.actions.silences import SilenceView, path_in
+from gpuwatchd.actions.store import DB_NAME, Store, loads
+from gpuwatchd.config.loader import Config
+from gpuwatchd.core.alerts import AlertState, AlertTransition
+from gpuwatchd.core.clock import Clock
+from gpuwatchd.core.families import Families
+from gpuwatchd.core.nodestate import NodeView
+from gpuwatchd.core.statehealth import StoreHealth, state_families
 
 log = logging.getLogger(__name__)
 
@@ -126,10 +126,6 @@ class ActionsSink:
         self.silences = SilenceView(None if simulate else path_in(config.state_dir))
         self.silences.refresh()
         self._secrets = tuple(s for r in self.receivers.values() for s in r.secrets)
-        from ..logsetup import register_secret
-
-        for secret in self._secrets:  # every log line is scrubbed of them, not only ours
-            register_secret(secret)
         self.sender = HttpSender(transport)
         self.drain: DrainController | None = None
         if config.drain.mode != "none":
@@ -171,7 +167,7 @@ class ActionsSink:
             return ExecDriver(d.exec.command, node, d.timeout)
         if d.mode == "slurm":
             return SlurmDriver(node, d.timeout, d.slurm.scontrol, d.slurm.sinfo)
-        from .kube import KubeClient, KubernetesDriver
+        from gpuwatchd.actions.kube import KubeClient, KubernetesDriver
 
         client = KubeClient.from_config(d.kubernetes, d.timeout)
         return KubernetesDriver(client, node, d.kubernetes, self.clock.now)
@@ -303,6 +299,11 @@ class ActionsSink:
         if new:
             self._refresh_queued()
             self._wake()
+
+    @property
+    def secrets(self) -> tuple[str, ...]:
+        """Every secret the receivers hold: the service scrubs them from every log line."""
+        return self._secrets
 
     def families(self, view: NodeView, fams: Families) -> None:
         now = self.clock.now()

@@ -26,7 +26,7 @@ import time
 from collections.abc import Iterator
 from typing import Any, cast
 
-from ..sqlitecopy import copy_read_only, damaged, storage_error
+from gpuwatchd.core.sqlitecopy import copy_read_only, damaged, storage_error
 
 log = logging.getLogger(__name__)
 

@@ -6,11 +6,11 @@ shipped rules (also installed as ``gpuwatchd/data/rules``).
 
 from __future__ import annotations
 
-from .engine import Alert, Engine
-from .loader import default_rule_files, load_rule_set, parse_rules, rules_from_config
-from .model import Rule, RuleSet
-from .stage import RulesStage, rules_stage
-from .store import StateStore
+from gpuwatchd.rules.engine import Alert, Engine
+from gpuwatchd.rules.loader import default_rule_files, load_rule_set, parse_rules, rules_from_config
+from gpuwatchd.rules.model import Rule, RuleSet
+from gpuwatchd.rules.stage import RulesStage, rules_stage
+from gpuwatchd.rules.store import StateStore
 
 __all__ = [
     "Alert",

@@ -13,9 +13,9 @@ from typing import Any
 
 import yaml
 
-from ..yamlsrc import Node
-from .loader import CONDITION_KEYS, ESCALATE_KEYS, GUARD_KEYS, RULE_KEYS, SELECT_KEYS
-from .safeyaml import parse_limited
+from gpuwatchd.config.yamlsrc import Node
+from gpuwatchd.rules.loader import CONDITION_KEYS, ESCALATE_KEYS, GUARD_KEYS, RULE_KEYS, SELECT_KEYS
+from gpuwatchd.rules.safeyaml import parse_limited
 
 WIDTH = 92
 FOLD_AT = 72  # longer strings are written folded (>-), wrapped at WIDTH

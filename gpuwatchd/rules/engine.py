@@ -29,16 +29,15 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from ..alerts import AlertState, AlertTransition, Severity, fingerprint
-from ..clock import Clock
-from ..exposition import Families
-from ..fields import decode_clock_event_reasons
-from ..records import DeviceEvent, GpuInfo, GpuSample, GpuStatus, LinkSample, XidEvent
-from ..scenario import format_duration
-from ..snapshot import NodeView
-from ..xid import catalog as xid_catalog
-from .history import CounterHistory
-from .model import (
+from gpuwatchd.core.alerts import AlertSeverity, AlertState, AlertTransition, fingerprint
+from gpuwatchd.core.clock import Clock
+from gpuwatchd.core.families import Families
+from gpuwatchd.core.fields import decode_clock_event_reasons
+from gpuwatchd.core.nodestate import NodeView
+from gpuwatchd.core.records import DeviceEvent, GpuInfo, GpuSample, GpuStatus, LinkSample, XidEvent
+from gpuwatchd.core.units import format_duration
+from gpuwatchd.rules.history import CounterHistory
+from gpuwatchd.rules.model import (
     Count,
     GpuCount,
     GpuStatusIs,
@@ -57,7 +56,8 @@ from .model import (
     XidMatch,
     rises_only,
 )
-from .store import PERSIST_RESOLUTION, AlertRecord, CounterRecord, StateStore
+from gpuwatchd.rules.store import PERSIST_RESOLUTION, AlertRecord, CounterRecord, StateStore
+from gpuwatchd.xid import catalog as xid_catalog
 
 log = logging.getLogger(__name__)
 
@@ -101,7 +101,7 @@ class Alert:
     sequence: int = 0
     value: float | None = None
     extra: dict[str, Any] | None = None
-    severity: Severity = Severity.INFO
+    severity: AlertSeverity = AlertSeverity.INFO
     escalated: bool = False
     annotations: Mapping[str, str] = field(default_factory=dict)
     boot_id: str = ""
@@ -351,7 +351,7 @@ class Engine:
         for rec in self.store.load_alerts():
             try:
                 state = AlertState(rec.state)
-                severity = Severity(rec.severity)
+                severity = AlertSeverity(rec.severity)
             except ValueError:
                 continue
             alert = Alert(
@@ -1289,7 +1289,7 @@ class Engine:
                 sevs = {rule.severity.value}
                 if rule.escalate is not None:
                     sevs.add(rule.escalate.severity.value)
-                for sev in sorted(sevs, key=lambda s: -Severity(s).rank):
+                for sev in sorted(sevs, key=lambda s: -AlertSeverity(s).rank):
                     for st in ALERT_STATES:
                         counts[(rule.name, sev, st)] = 0
                 for a in self._alerts.get(rule.name, {}).values():

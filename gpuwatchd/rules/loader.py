@@ -20,16 +20,14 @@ from importlib import resources
 from types import MappingProxyType
 from typing import Any
 
-from ..alerts import Severity
-from ..config import Config, normalize_gpu_id
-from ..errors import ConfigError, Location
-from ..fields import CLOCK_EVENT_REASON_BITS, GPU_FIELDS, LINK_FIELDS, FieldSpec
-from ..records import GpuStatus
-from ..scenario import _with_unit
-from ..xid import catalog as xid_catalog
-from ..xid import catalog_data
-from ..yamlsrc import Node, Reader
-from .model import (
+from gpuwatchd.config.loader import Config, normalize_gpu_id
+from gpuwatchd.config.yamlsrc import Node, Reader
+from gpuwatchd.core.alerts import AlertSeverity
+from gpuwatchd.core.errors import ConfigError, Location
+from gpuwatchd.core.fields import CLOCK_EVENT_REASON_BITS, GPU_FIELDS, LINK_FIELDS, FieldSpec
+from gpuwatchd.core.records import GpuStatus
+from gpuwatchd.core.units import value_with_unit
+from gpuwatchd.rules.model import (
     OPS,
     Condition,
     Count,
@@ -51,8 +49,10 @@ from .model import (
     Trend,
     XidMatch,
 )
-from .safeyaml import load_limited, parse_limited
-from .templates import Template, compile_template
+from gpuwatchd.rules.safeyaml import load_limited, parse_limited
+from gpuwatchd.rules.templates import Template, compile_template
+from gpuwatchd.xid import catalog as xid_catalog
+from gpuwatchd.xid import catalog_data
 
 # -- the schema, as tables the loader, the canonical form and the JSON Schema share --------
 TOP_KEYS = ("rules",)
@@ -98,7 +98,7 @@ CONDITION_KEYS: Mapping[str, tuple[str, ...]] = MappingProxyType(
 SELECT_KEYS = ("models", "gpus")
 GUARD_KEYS = ("field", "op", "value")
 ESCALATE_KEYS = ("after", "within", "severity", "drain", "annotations")
-SEVERITIES = tuple(s.value for s in Severity)
+SEVERITIES = tuple(s.value for s in AlertSeverity)
 STATUSES = ("lost", "stale", "error")
 IDENTITY_LABELS = ("node", "gpu", "uuid", "pci_bus_id", "model", "link", "xid")
 RESERVED_LABELS = frozenset({*IDENTITY_LABELS, "alertname", "severity", "rule"})
@@ -144,7 +144,7 @@ def _investigatory_buckets() -> frozenset[str]:
     return frozenset(row.investigatory for row in catalog_data.XIDS if row.investigatory)
 
 
-CATALOG_SEVERITIES = tuple(s.value for s in xid_catalog.Severity)
+CATALOG_SEVERITIES = tuple(s.value for s in xid_catalog.XidSeverity)
 
 
 def placeholders_for(kind: str, link: bool) -> frozenset[str]:
@@ -235,7 +235,7 @@ class RuleParser:
         """A number, or (for a field) a number with a unit like ``1980MHz`` or ``97%``."""
         raw = node.value
         if isinstance(raw, str) and spec is not None:
-            parsed = _with_unit(raw, spec)
+            parsed = value_with_unit(raw, spec)
             if isinstance(parsed, str):
                 self.r.error(node.loc, f"{what}: {parsed}")
                 return None
@@ -296,7 +296,7 @@ class RuleParser:
         severity = None
         if "severity" in keys:
             text = self.r.string(keys["severity"], f"{what}.severity", SEVERITIES)
-            severity = Severity(text) if text else None
+            severity = AlertSeverity(text) if text else None
         description = ""
         if "description" in keys:
             description = self.r.string(keys["description"], f"{what}.description") or ""
@@ -489,7 +489,7 @@ class RuleParser:
             annotations = self.annotations(keys["annotations"], f"{what}.annotations", allowed)
         if len(self.r.problems) > before or text is None:
             return None
-        return Escalation(within, Severity(text), drain, MappingProxyType(annotations))
+        return Escalation(within, AlertSeverity(text), drain, MappingProxyType(annotations))
 
     # -- conditions ---------------------------------------------------------------------
     def condition(self, node: Node, what: str) -> tuple[str, Condition] | None:
@@ -888,7 +888,7 @@ def load_rule_set(
 def _disable_locations(config_source: str | None) -> dict[str, Location]:
     if config_source is None:
         return {}
-    from .. import yamlsrc
+    from gpuwatchd.config import yamlsrc
 
     try:
         root = yamlsrc.load_file(config_source)
@@ -932,7 +932,7 @@ def rules_from_config(config: Config, extra_files: Iterable[str] = ()) -> RuleSe
 def _file_locations(config_source: str | None) -> dict[str, Location]:
     if config_source is None:
         return {}
-    from .. import yamlsrc
+    from gpuwatchd.config import yamlsrc
 
     try:
         root = yamlsrc.load_file(config_source)

@@ -13,10 +13,10 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Literal
 
-from ..alerts import Severity
-from ..errors import Location
-from ..records import GpuStatus
-from .templates import Template
+from gpuwatchd.core.alerts import AlertSeverity
+from gpuwatchd.core.errors import Location
+from gpuwatchd.core.records import GpuStatus
+from gpuwatchd.rules.templates import Template
 
 Op = Literal[">", ">=", "<", "<=", "==", "!="]
 OPS: tuple[Op, ...] = (">", ">=", "<", "<=", "==", "!=")
@@ -208,7 +208,7 @@ class Escalation:
     """``escalate:``: what changes when the same alert fires again after a reboot."""
 
     within: float
-    severity: Severity
+    severity: AlertSeverity
     drain: bool
     annotations: Mapping[str, Template] = field(default_factory=lambda: MappingProxyType({}))
 
@@ -216,7 +216,7 @@ class Escalation:
 @dataclass(frozen=True)
 class Rule:
     name: str
-    severity: Severity
+    severity: AlertSeverity
     kind: str  # the condition's key in YAML (threshold, xid, trend, ...)
     condition: Condition
     loc: Location

@@ -11,9 +11,9 @@ from typing import Any
 
 import yaml
 
-from .. import yamlsrc
-from ..errors import ConfigError, Location
-from ..yamlsrc import Node
+from gpuwatchd.config import yamlsrc
+from gpuwatchd.config.yamlsrc import Node
+from gpuwatchd.core.errors import ConfigError, Location
 
 MAX_BYTES = 4 * 1024 * 1024
 MAX_NODES = 200_000

@@ -14,17 +14,17 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable
 
-from ..alerts import AlertTransition
-from ..clock import Clock
-from ..config import Config, load_config
-from ..errors import ConfigError
-from ..exposition import Families
-from ..records import DeviceEvent, GpuSample, XidEvent
-from ..snapshot import NodeView
-from .engine import Engine
-from .loader import rules_from_config
-from .model import RuleSet
-from .store import StateStore
+from gpuwatchd.config.loader import Config, load_config
+from gpuwatchd.core.alerts import AlertTransition
+from gpuwatchd.core.clock import Clock
+from gpuwatchd.core.errors import ConfigError
+from gpuwatchd.core.families import Families
+from gpuwatchd.core.nodestate import NodeView
+from gpuwatchd.core.records import DeviceEvent, GpuSample, XidEvent
+from gpuwatchd.rules.engine import Engine
+from gpuwatchd.rules.loader import rules_from_config
+from gpuwatchd.rules.model import RuleSet
+from gpuwatchd.rules.store import StateStore
 
 log = logging.getLogger(__name__)
 

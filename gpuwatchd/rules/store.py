@@ -28,7 +28,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..sqlitecopy import copy_read_only, damaged, storage_error
+from gpuwatchd.core.sqlitecopy import copy_read_only, damaged, storage_error
 
 log = logging.getLogger(__name__)
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 import threading
 from types import MappingProxyType
 
-from ..clock import Clock, SystemClock
-from ..errors import GpuLost
-from ..records import GpuInfo, GpuSample, LinkSample
+from gpuwatchd.core.clock import Clock, SystemClock
+from gpuwatchd.core.errors import GpuLost
+from gpuwatchd.core.records import GpuInfo, GpuSample, LinkSample
 
 
 def make_infos(count: int, links: int = 18, model: str = "NVIDIA H100 80GB HBM3") -> list[GpuInfo]:

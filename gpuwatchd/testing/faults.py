@@ -23,10 +23,10 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from ..alerts import AlertTransition
-from ..exposition import Families
-from ..poller import Record
-from ..snapshot import NodeView
+from gpuwatchd.core.alerts import AlertTransition
+from gpuwatchd.core.families import Families
+from gpuwatchd.core.nodestate import NodeView
+from gpuwatchd.sources.gpu.poller import Record
 
 __all__ = ["DEFAULT_STORM", "ENV", "KmsgStorm", "StormXid", "WedgeStage", "stages_from_environ"]
 

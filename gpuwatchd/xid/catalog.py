@@ -38,14 +38,19 @@ from gpuwatchd.xid import catalog_data
 from gpuwatchd.xid.rows import NvlinkDecodeRow, RecoveryActionRow, XidRow
 
 
-class Severity(enum.StrEnum):
+class XidSeverity(enum.StrEnum):
     CRITICAL = "critical"
     WARNING = "warning"
     INFO = "info"
     UNKNOWN = "unknown"
 
 
-_RANK = {Severity.CRITICAL: 3, Severity.WARNING: 2, Severity.UNKNOWN: 1, Severity.INFO: 0}
+_RANK = {
+    XidSeverity.CRITICAL: 3,
+    XidSeverity.WARNING: 2,
+    XidSeverity.UNKNOWN: 1,
+    XidSeverity.INFO: 0,
+}
 
 
 class Action(enum.StrEnum):
@@ -65,12 +70,12 @@ class Action(enum.StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class Policy:
-    severity: Severity
+    severity: XidSeverity
     action: Action
     text: str
 
 
-_S, _A = Severity, Action
+_S, _A = XidSeverity, Action
 
 # Immediate resolution bucket -> gpuwatchd's severity and action. Every bucket the
 # workbook uses must be here (a test checks), so a new bucket is a decision, not a default.
@@ -175,7 +180,7 @@ _REGISTERS_RE = re.compile(r"\((0x[0-9a-fA-F]+(?:[\s,]+0x[0-9a-fA-F]+)+)\s*\)")
 class Verdict:
     """How gpuwatchd rates one report: ``reason`` says which rule decided."""
 
-    severity: Severity
+    severity: XidSeverity
     action: Action
     reason: str
 
@@ -197,7 +202,7 @@ class CatalogEntry:
     investigatory_text: str
     xid154_linkage: str
     trigger: str
-    severity: Severity
+    severity: XidSeverity
     action: Action
     action_text: str
     overridden: bool = False
@@ -328,7 +333,7 @@ def _worst(verdicts: list[Verdict]) -> Verdict:
 
 @dataclass(frozen=True, slots=True)
 class _Override:
-    severity: Severity | None
+    severity: XidSeverity | None
     action: Action | None
 
 
@@ -425,7 +430,7 @@ class Catalog:
                 raise ValueError(
                     f"XID {xid} override: expected 'severity' and/or 'action', got {sorted(fields)}"
                 )
-            severity = _parse_enum(Severity, fields.get("severity"), xid, "severity")
+            severity = _parse_enum(XidSeverity, fields.get("severity"), xid, "severity")
             action = _parse_enum(Action, fields.get("action"), xid, "action")
             before = merged.get(xid, _Override(None, None))
             merged[xid] = _Override(severity or before.severity, action or before.action)
@@ -449,7 +454,7 @@ class Catalog:
         entry = self._base.get(xid)
         if entry is None:
             return Verdict(
-                Severity.UNKNOWN, Action.INVESTIGATE, f"XID {xid} is not in NVIDIA's catalog"
+                XidSeverity.UNKNOWN, Action.INVESTIGATE, f"XID {xid} is not in NVIDIA's catalog"
             )
         if entry.immediate == "XID_154":
             decoded = self._classify_recovery(message)
@@ -522,7 +527,7 @@ class Catalog:
         return _worst(verdicts)
 
 
-_E = TypeVar("_E", Severity, Action)
+_E = TypeVar("_E", XidSeverity, Action)
 
 
 def _parse_enum(kind: type[_E], value: str | None, xid: int, what: str) -> _E | None:
@@ -541,10 +546,10 @@ def _classify_sxid(code: int, message: str) -> Verdict:
     head = message.lstrip().lower()
     where = "see the NVIDIA Fabric Manager User Guide"
     if head.startswith(("non-fatal", "nonfatal")):
-        return Verdict(Severity.WARNING, Action.INVESTIGATE, f"SXid {code} non-fatal; {where}")
+        return Verdict(XidSeverity.WARNING, Action.INVESTIGATE, f"SXid {code} non-fatal; {where}")
     if head.startswith("fatal"):
-        return Verdict(Severity.CRITICAL, Action.INVESTIGATE, f"SXid {code} fatal; {where}")
-    return Verdict(Severity.UNKNOWN, Action.INVESTIGATE, f"SXid {code} detail line; {where}")
+        return Verdict(XidSeverity.CRITICAL, Action.INVESTIGATE, f"SXid {code} fatal; {where}")
+    return Verdict(XidSeverity.UNKNOWN, Action.INVESTIGATE, f"SXid {code} detail line; {where}")
 
 
 @cache
@@ -568,8 +573,8 @@ __all__ = [
     "CatalogEntry",
     "NvlinkMatch",
     "RecoveryChange",
-    "Severity",
     "Verdict",
+    "XidSeverity",
     "lookup",
     "nvlink5_registers",
     "parse_recovery_change",

@@ -28,7 +28,7 @@ from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import Any, Literal
 
-from gpuwatchd.records import XidEvent
+from gpuwatchd.core.records import XidEvent
 
 XidKind = Literal["xid", "sxid", "fallen_off_bus"]
 

@@ -1,0 +1,364 @@
+"""The ``gpuwatchd`` command line. Each subcommand's handler returns an exit status."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Sequence
+
+from gpuwatchd import __version__
+from gpuwatchd.config.loader import (
+    BackendSpec,
+    Config,
+    ListenAddress,
+    load_config,
+)
+from gpuwatchd.config.paths import default_config_path
+from gpuwatchd.core.clock import SystemClock
+from gpuwatchd.core.errors import BackendUnavailable, ConfigError
+
+log = logging.getLogger("gpuwatchd")
+
+# Modules that add subcommands: each has ``add_parser(subparsers)`` and sets ``func``.
+COMMAND_MODULES: tuple[str, ...] = ("xid", "drainhelper", "silence", "rules")
+
+
+def _load(args: argparse.Namespace) -> Config:
+    path = args.config or default_config_path()
+    return load_config(path, must_exist=args.config is not None)
+
+
+def _setup_logging(level: str, verbose: bool = False) -> None:
+    """The journal when stderr is journald's stream, else tty or plain (see logsetup)."""
+    from gpuwatchd.service.logsetup import setup_logging
+
+    setup_logging(level, verbose)
+
+
+def _config_errors(exc: ConfigError) -> int:
+    for line in exc.lines():
+        print(line, file=sys.stderr)
+    return 1
+
+
+# -- run ---------------------------------------------------------------------------------
+def cmd_run(args: argparse.Namespace) -> int:
+    from gpuwatchd.service.backends import open_backend
+    from gpuwatchd.service.daemon import Daemon
+
+    def load() -> Config:  # also what a SIGHUP reload reads
+        config = _load(args)
+        if args.backend:
+            config = _replace(config, backend=BackendSpec.parse(args.backend))
+        if args.listen:
+            config = _replace(config, listen=_parse_listen(args.listen))
+        return config
+
+    try:
+        try:
+            config = load()
+        except ValueError as exc:
+            print(f"gpuwatchd run: --backend: {exc}", file=sys.stderr)
+            return 2
+        if config.backend.kind == "nvml":
+            from gpuwatchd.sources.gpu.nvml import reexec_with_single_arena
+
+            # before anything is opened or started: NVML on worker threads needs one
+            # malloc arena from process start (see reexec_with_single_arena)
+            reexec_with_single_arena()
+        _setup_logging(config.log_level, args.verbose)
+        clock = SystemClock()
+        from gpuwatchd.rules import rules_stage
+
+        rules = rules_stage(config, clock, durable=True)  # bad rule files: exit 1
+        backend = open_backend(str(config.backend), clock)
+    except ConfigError as exc:
+        return _config_errors(exc)
+    except BackendUnavailable as exc:
+        print(f"gpuwatchd run: {exc}", file=sys.stderr)
+        return 1
+    from gpuwatchd.service.logsetup import config_secrets, register_secret, set_level
+    from gpuwatchd.service.sdnotify import Notifier
+    from gpuwatchd.service.watchdog import SignalInbox, Supervisor, serve
+
+    environ = dict(os.environ)
+    notifier = Notifier.from_environ(unset=True)  # drain hooks must not inherit it
+    from gpuwatchd.actions import ActionsError, build_actions
+
+    try:  # before anything starts: a receiver secret that cannot be read is fatal
+        actions = build_actions(config, clock)
+    except ActionsError as exc:
+        print(f"gpuwatchd run: {exc}", file=sys.stderr)
+        return 1
+    from gpuwatchd.service.pipeline import Pipeline
+
+    daemon = Daemon(config, backend, clock, pipeline=Pipeline(stages=[rules]))
+    daemon.config_loader = load
+    daemon.reload_hooks.append(rules.reload_hook)  # SIGHUP: rules validated, then swapped
+    if actions is not None:
+        daemon.pipeline.sinks.append(actions)
+        for secret in actions.secrets:  # every log line is scrubbed of them, not only ours
+            register_secret(secret)
+
+    def reload_logging(new: Config) -> Callable[[], None]:
+        def commit() -> None:
+            for secret in config_secrets(new):
+                register_secret(secret)
+            set_level(new.log_level, args.verbose)
+
+        return commit
+
+    reload_logging(config)()
+    daemon.reload_hooks.append(reload_logging)
+    if environ.get("GPUWATCHD_TEST_FAULT"):
+        from gpuwatchd.testing.faults import stages_from_environ
+
+        daemon.pipeline.stages.extend(stages_from_environ(environ))
+    supervisor = Supervisor.for_daemon(daemon, notifier, environ)
+    with SignalInbox() as signals:
+        try:
+            daemon.start()
+        except OSError as exc:
+            print(
+                f"gpuwatchd run: cannot listen on {config.listen}: {exc.strerror or exc}",
+                file=sys.stderr,
+            )
+            return 1
+        except ConfigError as exc:  # the web config file changed under us
+            return _config_errors(exc)
+        try:
+            daemon.wait_started(config.poll.call_timeout + 1.0)
+            supervisor.ready()
+            serve(supervisor, daemon.reload, signals)
+        finally:
+            daemon.stop()
+            notifier.close()
+    return 0
+
+
+def _replace(config: Config, **changes: object) -> Config:
+    import dataclasses
+
+    return dataclasses.replace(config, **changes)  # type: ignore[arg-type]
+
+
+def _parse_listen(text: str) -> ListenAddress:
+    host, _, port = text.rpartition(":")
+    if not host or not port.isdigit():
+        raise SystemExit(f"gpuwatchd: --listen: {text!r} is not HOST:PORT")
+    return ListenAddress(host.strip("[]"), int(port))
+
+
+# -- simulate / demo ---------------------------------------------------------------------
+def _scenario_path(text: str) -> str:
+    import os
+
+    from gpuwatchd.scenario.model import bundled_scenario_path, bundled_scenarios
+
+    if os.path.exists(text) or "/" in text or text.endswith(".yaml"):
+        return text
+    if text in bundled_scenarios():
+        return bundled_scenario_path(text)
+    return text
+
+
+def cmd_simulate(args: argparse.Namespace) -> int:
+    from gpuwatchd.harness.simulate import run_simulation
+    from gpuwatchd.scenario.model import load_scenario
+
+    try:
+        config = _load(args)
+        scenario = load_scenario(_scenario_path(args.scenario))
+    except ConfigError as exc:
+        return _config_errors(exc)
+    _setup_logging("error")
+    try:
+        return run_simulation(
+            scenario,
+            config,
+            sys.stdout,
+            include_samples=args.samples,
+            metrics_out=args.metrics_out,
+            send=args.send,
+        )
+    except ConfigError as exc:  # the config's rule files
+        return _config_errors(exc)
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from gpuwatchd.harness.demo import default_demo_config, run_demo
+    from gpuwatchd.scenario.model import bundled_scenario_path, load_scenario
+
+    try:
+        config = _load(args) if args.config else default_demo_config()
+        scenario = load_scenario(
+            _scenario_path(args.scenario) if args.scenario else bundled_scenario_path("demo")
+        )
+    except ConfigError as exc:
+        return _config_errors(exc)
+    _setup_logging("error", args.verbose)
+    listen = _parse_listen(args.listen) if args.listen else None
+    return run_demo(scenario, config, seconds=args.seconds, forever=args.forever, listen=listen)
+
+
+# -- check-config / status ---------------------------------------------------------------
+def cmd_check_config(args: argparse.Namespace) -> int:
+    from gpuwatchd.rules import rules_from_config
+
+    try:
+        config = _load(args)
+        rules = rules_from_config(config, args.rule_files)  # every file, all problems
+    except ConfigError as exc:
+        return _config_errors(exc)
+    where = config.source or "built-in defaults (no config file)"
+    if not args.print:
+        print(f"rules: {len(rules.rules)} rule(s) from {len(rules.files)} file(s): OK")
+    if args.print:
+        import yaml
+
+        sys.stdout.write(yaml.safe_dump(config.as_dict(), sort_keys=False))
+    else:
+        print(f"{where}: OK")
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    if args.url:
+        base = args.url.rstrip("/")
+    else:
+        try:
+            config = _load(args)
+        except ConfigError as exc:
+            return _config_errors(exc)
+        host = config.listen.host
+        host = f"[{host}]" if ":" in host else host
+        base = f"http://{host}:{config.listen.port}"
+    try:
+        with urllib.request.urlopen(f"{base}/api/v1/status", timeout=args.timeout) as resp:
+            status = json.load(resp)
+    except (urllib.error.URLError, OSError) as exc:
+        print(f"gpuwatchd status: cannot reach the daemon at {base}: {exc}", file=sys.stderr)
+        return 1
+    if args.json:
+        json.dump(status, sys.stdout, indent=2, sort_keys=True)
+        sys.stdout.write("\n")
+        return 0
+    print(f"node {status['node']}  gpuwatchd {status['version']}  backend {status['backend']}")
+    for g in status["gpus"]:
+        r = g.get("readings", {})
+        temp = r.get("temperature_gpu")
+        reasons = ",".join(g.get("clock_event_reasons", [])) or "-"
+        print(
+            f"  GPU {g['index']} {g['pci_bus_id']} {g['status']:<6} "
+            f"temp={'-' if temp is None else f'{temp:.0f}C'} "
+            f"ecc_corr={r.get('ecc_corrected_volatile', '-')} "
+            f"ecc_uncorr={r.get('ecc_uncorrected_volatile', '-')} reasons={reasons}"
+        )
+    for name, s in status["sources"].items():
+        print(f"  source {name}: {'up' if s['up'] else 'DOWN'} {s['detail']}")
+    from gpuwatchd.actions.textstatus import status_lines
+
+    for line in status_lines(status):  # deliveries, silences, drain (when configured)
+        print(line)
+    return 0 if all(g["status"] == "ok" for g in status["gpus"]) else 3
+
+
+# -- parser ------------------------------------------------------------------------------
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="gpuwatchd",
+        description="GPU health daemon: NVML and kernel-log XID monitoring, Prometheus "
+        "metrics, paging and scheduler drain.",
+    )
+    parser.add_argument("--version", action="version", version=f"gpuwatchd {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    def with_config(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+        p.add_argument(
+            "-c",
+            "--config",
+            metavar="FILE",
+            help=f"config file (default {default_config_path()}, optional)",
+        )
+        return p
+
+    p = with_config(sub.add_parser("run", help="run the daemon"))
+    p.add_argument(
+        "--backend",
+        metavar="nvml|scenario:PATH",
+        help="GPU backend (overrides the config's backend)",
+    )
+    p.add_argument("--listen", metavar="HOST:PORT", help="HTTP address (overrides config)")
+    p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    p.set_defaults(func=cmd_run)
+
+    p = with_config(
+        sub.add_parser(
+            "simulate", help="replay a scenario on a virtual clock; print records as JSON lines"
+        )
+    )
+    p.add_argument("scenario", metavar="SCENARIO", help="scenario file (or a bundled name)")
+    p.add_argument("--metrics-out", metavar="FILE", help="write the final /metrics text here")
+    p.add_argument("--samples", action="store_true", help="also print every GPU sample")
+    p.add_argument(
+        "--send",
+        action="store_true",
+        help="really send notifications to the configured receivers (default: record them; "
+        "drains are always only recorded)",
+    )
+    p.set_defaults(func=cmd_simulate)
+
+    p = with_config(
+        sub.add_parser(
+            "demo", help="watch the daemon handle a bundled fault scenario in about a minute"
+        )
+    )
+    p.add_argument("--scenario", metavar="FILE", help="play this scenario instead of 'demo'")
+    p.add_argument("--seconds", type=float, default=60.0, help="real seconds to play it in")
+    p.add_argument("--forever", action="store_true", help="keep serving after the story ends")
+    p.add_argument(
+        "--listen",
+        metavar="HOST:PORT",
+        help="HTTP address (default: the config's, or a free port if busy)",
+    )
+    p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    p.set_defaults(func=cmd_demo)
+
+    p = with_config(
+        sub.add_parser("check-config", help="validate the config file and every rule file")
+    )
+    p.add_argument("--print", action="store_true", help="print the effective config")
+    p.add_argument("rule_files", nargs="*", metavar="RULE_FILE", help="also check these rule files")
+    p.set_defaults(func=cmd_check_config)
+
+    p = with_config(sub.add_parser("status", help="ask the running daemon for per-GPU health"))
+    p.add_argument("--url", help="daemon base URL (default: from the config's listen)")
+    p.add_argument("--json", action="store_true", help="print the raw JSON")
+    p.add_argument("--timeout", type=float, default=5.0, help="seconds to wait")
+    p.set_defaults(func=cmd_status)
+
+    import importlib
+
+    for name in COMMAND_MODULES:
+        module = importlib.import_module(f"gpuwatchd.cli.{name}")
+        module.add_parser(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        code: int = args.func(args)
+    except BrokenPipeError:  # `gpuwatchd simulate ... | head`
+        return 0
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

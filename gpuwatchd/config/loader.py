@@ -1,0 +1,622 @@
+"""The daemon's configuration: one YAML file, every setting with a built-in default.
+
+``load_config`` reads the file through ``yamlsrc`` so that every mistake is reported as
+``PATH:LINE:COL: message``, all of them at once, in one ``ConfigError``. The result is a
+tree of frozen dataclasses; durations are float seconds.
+
+Adding a section (rules, sources, receivers, drain, ...) takes three steps, all here:
+a frozen dataclass for its values, a reader function ``(Reader, Node | None, _Context)``
+that returns one, and an entry in ``_ENTRIES`` (plus the matching field on ``Config``).
+Fields that hold secrets are declared with ``field(metadata={"secret": True})`` and are
+never shown by ``Config.as_dict``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import math
+import os
+import re
+import socket
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Generic, Literal, TypeVar
+
+from gpuwatchd.config import yamlsrc
+from gpuwatchd.config.actions import (
+    DrainConfig,
+    ReceiverConfig,
+    RoutingConfig,
+    read_drain,
+    read_receivers,
+    read_routing,
+)
+from gpuwatchd.config.paths import SYSTEM_CONFIG_DIR
+from gpuwatchd.config.rules import RulesConfig, read_rules
+from gpuwatchd.config.yamlsrc import Node, Reader
+from gpuwatchd.core.errors import ConfigError
+
+DEFAULT_CONFIG_PATH = SYSTEM_CONFIG_DIR + "/gpuwatchd.yaml"  # without $GPUWATCHD_CONFIG_DIR
+DEFAULT_STATE_DIR = "/var/lib/gpuwatchd"
+DEFAULT_PORT = 9835
+LOG_LEVELS = ("debug", "info", "warning", "error")
+MIN_POLL_INTERVAL = 0.1
+CALL_TIMEOUT_FACTOR = 10
+SECRET_PLACEHOLDER = "<secret>"
+
+T = TypeVar("T")
+
+
+# -- value types ---------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ListenAddress:
+    """Where the HTTP server binds. ``host`` is an IP literal or ``localhost``."""
+
+    host: str
+    port: int
+
+    def __str__(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{host}:{self.port}"
+
+
+@dataclass(frozen=True)
+class BackendSpec:
+    """``nvml`` (the real GPUs) or ``scenario:PATH`` (a scripted timeline)."""
+
+    kind: Literal["nvml", "scenario"]
+    path: str | None = None
+
+    def __str__(self) -> str:
+        return self.kind if self.path is None else f"{self.kind}:{self.path}"
+
+    @classmethod
+    def parse(cls, text: str, base_dir: str | None = None) -> BackendSpec:
+        """Parse the config value or the ``--backend`` option; ``ValueError`` if bad.
+
+        A relative scenario path is taken relative to ``base_dir`` when given (the config
+        file's directory), else left as written (relative to the working directory).
+        """
+        if text == "nvml":
+            return cls("nvml")
+        kind, _, path = text.partition(":")
+        if kind == "scenario":
+            if not path:
+                raise ValueError("'scenario:' needs a path to a scenario file: scenario:PATH")
+            if base_dir is not None and not os.path.isabs(path):
+                path = os.path.normpath(os.path.join(base_dir, path))
+            return cls("scenario", path)
+        hint = difflib.get_close_matches(kind.lower(), ["nvml", "scenario:PATH"], n=1, cutoff=0.6)
+        suggestion = f" (did you mean {hint[0]!r}?)" if hint else ""
+        raise ValueError(f"{text!r} is not a backend: use 'nvml' or 'scenario:PATH'{suggestion}")
+
+
+# -- sections ------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class PollConfig:
+    interval: float = 5.0
+    call_timeout: float = 2.0
+    nvlink: bool = True
+    processes: bool = True
+
+
+@dataclass(frozen=True)
+class GpusConfig:
+    expected: int | None = None
+    ignore: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class MetricsConfig:
+    dcgm_compat: bool = False
+    hostname_label: bool = True
+    per_link: bool = True
+
+
+KERNEL_LOG_CHOICES = ("auto", "journald", "kmsg", "none")
+
+
+@dataclass(frozen=True)
+class SourcesConfig:
+    kernel_log: str = "auto"
+    journal_dir: str | None = None
+    kmsg_path: str = "/dev/kmsg"
+    nvml_events: bool = True
+    merge_window: float = 3.0
+    backfill: float = 0.0
+
+
+@dataclass(frozen=True)
+class XidConfig:
+    """Per-code overrides of the XID catalog's severity and action."""
+
+    overrides: tuple[tuple[int, tuple[tuple[str, str], ...]], ...] = ()
+
+    def catalog(self) -> Any:
+        """The XID catalog with these overrides applied (``gpuwatchd.xid.Catalog``)."""
+        from gpuwatchd.xid.catalog import Catalog
+
+        base = Catalog.default()
+        if not self.overrides:
+            return base
+        return base.with_overrides({code: dict(fields) for code, fields in self.overrides})
+
+
+@dataclass(frozen=True)
+class WebSection:
+    """The HTTP server's guards (see ``httpd`` and ``webconfig``)."""
+
+    config_file: str | None = None  # exporter-toolkit web config: TLS, basic auth, headers
+    max_request_bytes: int = 65536
+    rate_limit: float = 50.0  # requests per second per client address; 0 turns it off
+    rate_burst: int = 100
+
+
+@dataclass(frozen=True)
+class Config:
+    node_name: str
+    listen: ListenAddress
+    backend: BackendSpec
+    state_dir: str
+    log_level: str
+    poll: PollConfig
+    gpus: GpusConfig
+    metrics: MetricsConfig
+    sources: SourcesConfig = field(default_factory=SourcesConfig)
+    receivers: tuple[ReceiverConfig, ...] = ()
+    routing: RoutingConfig = field(default_factory=RoutingConfig)
+    drain: DrainConfig = field(default_factory=DrainConfig)
+    rules: RulesConfig = field(default_factory=RulesConfig)
+    xid: XidConfig = field(default_factory=XidConfig)
+    web: WebSection = field(default_factory=WebSection)
+    source: str | None = field(default=None, compare=False, metadata={"internal": True})
+    """The file it was loaded from (``None``: built-in defaults only)."""
+
+    def as_dict(self) -> dict[str, Any]:
+        """Plain values in the config file's shape (secrets replaced), for printing.
+
+        Dumped as YAML, the result is itself a valid config that loads to an equal
+        ``Config``.
+        """
+        out = as_plain(self)
+        assert isinstance(out, dict)
+        return out
+
+
+def as_plain(value: Any) -> Any:
+    """Dataclasses to dicts, tuples to lists, value types to their config strings.
+
+    A dataclass field with ``metadata={"secret": True}`` shows as ``SECRET_PLACEHOLDER``
+    when set; fields marked ``internal`` are left out.
+    """
+    if isinstance(value, ListenAddress | BackendSpec):
+        return str(value)
+    if isinstance(value, XidConfig):
+        return {"overrides": {code: dict(fields) for code, fields in value.overrides}}
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        out: dict[str, Any] = {}
+        for f in dataclasses.fields(value):
+            if f.metadata.get("internal"):
+                continue
+            item = getattr(value, f.name)
+            if f.metadata.get("secret") and item is not None:
+                out[f.name] = SECRET_PLACEHOLDER
+            else:
+                out[f.name] = as_plain(item)
+        return out
+    if isinstance(value, tuple | list):
+        return [as_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): as_plain(v) for k, v in value.items()}
+    return value
+
+
+# -- readers -------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class _Context:
+    environ: Mapping[str, str]
+    base_dir: str | None  # directory of the config file, for relative paths
+    # Values of the keys read so far, so a later section can check references to an
+    # earlier one (routing names receivers).
+    seen: dict[str, Any] = field(default_factory=dict)
+
+
+def _section_keys(r: Reader, node: Node | None, cls: type, what: str) -> dict[str, Node]:
+    """A section's keys; a missing or empty (null) section means all defaults."""
+    if node is None or node.value is None:
+        return {}
+    names = [f.name for f in dataclasses.fields(cls)]
+    return r.mapping(node, names, what) or {}
+
+
+def _fmt_seconds(seconds: float) -> str:
+    if 0 < seconds < 1 and seconds * 1000 == round(seconds * 1000):
+        return f"{round(seconds * 1000)}ms"
+    return f"{seconds:g}s"
+
+
+def _duration(
+    r: Reader, node: Node, what: str, *, at_least: float | None = None, above: float | None = None
+) -> float | None:
+    seconds = r.duration(node, what, minimum=-math.inf)
+    if seconds is None:
+        return None
+    if not math.isfinite(seconds):
+        r.error(node.loc, f"{what}: must be a finite duration, got {node.value!r}")
+        return None
+    if at_least is not None and seconds < at_least:
+        r.error(node.loc, f"{what}: must be at least {_fmt_seconds(at_least)}, got {node.value!r}")
+        return None
+    if above is not None and seconds <= above:
+        r.error(node.loc, f"{what}: must be more than {_fmt_seconds(above)}, got {node.value!r}")
+        return None
+    return seconds
+
+
+def _read_node_name(r: Reader, node: Node, ctx: _Context) -> str | None:
+    value = r.string(node, "node_name")
+    if value is None:
+        return None
+    if not value or len(value) > 253 or any(c.isspace() or not c.isprintable() for c in value):
+        r.error(
+            node.loc,
+            f"node_name: {value!r} is not a node name "
+            "(1-253 characters, no spaces or control characters)",
+        )
+        return None
+    return value
+
+
+def _default_node_name(ctx: _Context) -> str:
+    return socket.gethostname().partition(".")[0] or "localhost"
+
+
+def _read_listen(r: Reader, node: Node, ctx: _Context) -> ListenAddress | None:
+    pair = r.listen_address(node, "listen")
+    return None if pair is None else ListenAddress(*pair)
+
+
+def _read_backend(r: Reader, node: Node, ctx: _Context) -> BackendSpec | None:
+    value = r.string(node, "backend")
+    if value is None:
+        return None
+    try:
+        return BackendSpec.parse(value, ctx.base_dir)
+    except ValueError as exc:
+        r.error(node.loc, f"backend: {exc}")
+        return None
+
+
+def _read_state_dir(r: Reader, node: Node, ctx: _Context) -> str | None:
+    value = r.string(node, "state_dir")
+    if value is None:
+        return None
+    if not os.path.isabs(value):
+        r.error(node.loc, f"state_dir: {value!r} is not an absolute path")
+        return None
+    return os.path.normpath(value)
+
+
+def _default_state_dir(ctx: _Context) -> str:
+    # systemd's StateDirectory= sets $STATE_DIRECTORY (colon-separated if several).
+    first = ctx.environ.get("STATE_DIRECTORY", "").split(":")[0]
+    return first if os.path.isabs(first) else DEFAULT_STATE_DIR
+
+
+def _read_log_level(r: Reader, node: Node, ctx: _Context) -> str | None:
+    value = r.string(node, "log_level")
+    if value is None:
+        return None
+    if value.lower() in LOG_LEVELS:
+        return value.lower()
+    hint = difflib.get_close_matches(value.lower(), LOG_LEVELS, n=1, cutoff=0.6)
+    suggestion = f" (did you mean {hint[0]!r}?)" if hint else ""
+    r.error(node.loc, f"log_level: {value!r} is not one of {', '.join(LOG_LEVELS)}{suggestion}")
+    return None
+
+
+def _read_poll(r: Reader, node: Node | None, ctx: _Context) -> PollConfig:
+    keys = _section_keys(r, node, PollConfig, "poll")
+    d = PollConfig()
+    values: dict[str, Any] = {}
+    if "interval" in keys:
+        values["interval"] = _duration(
+            r, keys["interval"], "poll.interval", at_least=MIN_POLL_INTERVAL
+        )
+    if "call_timeout" in keys:
+        timeout_node = keys["call_timeout"]
+        timeout = _duration(r, timeout_node, "poll.call_timeout", above=0.0)
+        interval = values.get("interval", d.interval)
+        if timeout is not None and interval is not None:
+            limit = interval * CALL_TIMEOUT_FACTOR
+            if timeout >= limit:
+                r.error(
+                    timeout_node.loc,
+                    f"poll.call_timeout: must be less than {CALL_TIMEOUT_FACTOR} x poll.interval "
+                    f"({_fmt_seconds(limit)}), got {timeout_node.value!r}",
+                )
+                timeout = None
+        values["call_timeout"] = timeout
+    for name in ("nvlink", "processes"):
+        if name in keys:
+            values[name] = r.boolean(keys[name], f"poll.{name}")
+    return dataclasses.replace(d, **{k: v for k, v in values.items() if v is not None})
+
+
+_UUID_RE = re.compile(
+    r"GPU-[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}"
+)
+_PCI_RE = re.compile(
+    r"(?:(?P<domain>[0-9a-fA-F]{1,8}):)?(?P<bus>[0-9a-fA-F]{2}):(?P<dev>[0-9a-fA-F]{2})\.(?P<fn>[0-7])"
+)
+
+
+def normalize_gpu_id(text: str) -> str | None:
+    """A GPU UUID or PCI bus id in NVML's form, or ``None`` if it is neither.
+
+    UUIDs keep NVML's ``GPU-`` prefix with lowercase hex; PCI bus ids become NVML's
+    ``00000000:3B:00.0`` (8-digit domain, uppercase), whether written that way, as sysfs
+    and ``lspci -D`` do (``0000:3b:00.0``) or without a domain (``3b:00.0``).
+    """
+    text = text.strip()
+    if _UUID_RE.fullmatch(text):
+        return "GPU-" + text[4:].lower()
+    m = _PCI_RE.fullmatch(text)
+    if m:
+        domain = int(m.group("domain") or "0", 16)
+        return f"{domain:08X}:{m.group('bus').upper()}:{m.group('dev').upper()}.{m.group('fn')}"
+    return None
+
+
+def _read_gpus(r: Reader, node: Node | None, ctx: _Context) -> GpusConfig:
+    keys = _section_keys(r, node, GpusConfig, "gpus")
+    d = GpusConfig()
+    expected = d.expected
+    if "expected" in keys and keys["expected"].value is not None:
+        expected = r.integer(keys["expected"], "gpus.expected", minimum=0)
+    ignore: list[str] = []
+    items: list[Node] | None = None
+    if "ignore" in keys and keys["ignore"].value is not None:
+        items = r.sequence(keys["ignore"], "gpus.ignore")
+    for item in items or []:
+        what = "gpus.ignore"
+        if isinstance(item.value, int) and not isinstance(item.value, bool):
+            r.error(
+                item.loc,
+                f"{what}: {item.value!r} looks like a GPU index, which can change across "
+                "reboots; use the GPU UUID (GPU-...) or PCI bus id (00000000:3B:00.0)",
+            )
+            continue
+        text = r.string(item, what)
+        if text is None:
+            continue
+        gpu_id = normalize_gpu_id(text)
+        if gpu_id is None:
+            r.error(
+                item.loc,
+                f"{what}: {text!r} is neither a GPU UUID (GPU-xxxxxxxx-xxxx-xxxx-xxxx-"
+                "xxxxxxxxxxxx) nor a PCI bus id (00000000:3B:00.0)",
+            )
+        elif gpu_id in ignore:
+            r.error(item.loc, f"{what}: {text!r} is listed twice")
+        else:
+            ignore.append(gpu_id)
+    return GpusConfig(expected=expected, ignore=tuple(ignore))
+
+
+def _read_metrics(r: Reader, node: Node | None, ctx: _Context) -> MetricsConfig:
+    keys = _section_keys(r, node, MetricsConfig, "metrics")
+    values = {name: r.boolean(n, f"metrics.{name}") for name, n in keys.items()}
+    return dataclasses.replace(
+        MetricsConfig(), **{k: v for k, v in values.items() if v is not None}
+    )
+
+
+def _read_sources(r: Reader, node: Node | None, ctx: _Context) -> SourcesConfig:
+    keys = _section_keys(r, node, SourcesConfig, "sources")
+    values: dict[str, Any] = {}
+    if "kernel_log" in keys:
+        values["kernel_log"] = r.string(
+            keys["kernel_log"], "sources.kernel_log", KERNEL_LOG_CHOICES
+        )
+    for name in ("journal_dir", "kmsg_path"):
+        if name in keys and keys[name].value is not None:
+            text = r.string(keys[name], f"sources.{name}")
+            if text is not None and ctx.base_dir is not None and not os.path.isabs(text):
+                text = os.path.normpath(os.path.join(ctx.base_dir, text))
+            values[name] = text
+    if "nvml_events" in keys:
+        values["nvml_events"] = r.boolean(keys["nvml_events"], "sources.nvml_events")
+    if "merge_window" in keys:
+        values["merge_window"] = _duration(
+            r, keys["merge_window"], "sources.merge_window", above=0.0
+        )
+    if "backfill" in keys:
+        values["backfill"] = _duration(r, keys["backfill"], "sources.backfill")
+    return dataclasses.replace(
+        SourcesConfig(), **{k: v for k, v in values.items() if v is not None}
+    )
+
+
+def _read_web(r: Reader, node: Node | None, ctx: _Context) -> WebSection:
+    keys = _section_keys(r, node, WebSection, "web")
+    values: dict[str, Any] = {}
+    n = keys.get("config_file")
+    if n is not None and n.value is not None:
+        text = r.string(n, "web.config_file")
+        if text is not None and ctx.base_dir is not None and not os.path.isabs(text):
+            text = os.path.normpath(os.path.join(ctx.base_dir, text))
+        if text is not None:
+            from gpuwatchd.config.web import load_web_config
+
+            try:
+                load_web_config(text)  # every problem of that file, at its own location
+                values["config_file"] = text
+            except ConfigError as exc:
+                r.error(n.loc, f"web.config_file: {text} does not load")
+                r.problems.extend(exc.problems)
+    if "max_request_bytes" in keys:
+        values["max_request_bytes"] = r.integer(
+            keys["max_request_bytes"], "web.max_request_bytes", minimum=1024, maximum=1 << 30
+        )
+    if "rate_limit" in keys:
+        values["rate_limit"] = r.number(keys["rate_limit"], "web.rate_limit", minimum=0.0)
+    if "rate_burst" in keys:
+        values["rate_burst"] = r.integer(
+            keys["rate_burst"], "web.rate_burst", minimum=1, maximum=1_000_000
+        )
+    return dataclasses.replace(WebSection(), **{k: v for k, v in values.items() if v is not None})
+
+
+def _read_xid(r: Reader, node: Node | None, ctx: _Context) -> XidConfig:
+    keys = _section_keys(r, node, XidConfig, "xid")
+    if "overrides" not in keys or keys["overrides"].value is None:
+        return XidConfig()
+    from gpuwatchd.xid.catalog import Catalog
+
+    table = keys["overrides"]
+    if not table.is_mapping():
+        r.error(table.loc, "xid.overrides: expected a mapping of XID number to {severity, action}")
+        return XidConfig()
+    out: list[tuple[int, tuple[tuple[str, str], ...]]] = []
+    for key_node, value_node in table.items():
+        what = f"xid.overrides.{key_node.value}"
+        if not str(key_node.value).isdigit():
+            r.error(key_node.loc, f"xid.overrides: {key_node.value!r} is not an XID number")
+            continue
+        code = int(key_node.value)
+        fields = r.mapping(value_node, ["severity", "action"], what)
+        if fields is None:
+            continue
+        pairs: list[tuple[str, str]] = []
+        for name, fnode in fields.items():
+            text = r.string(fnode, f"{what}.{name}")
+            if text is None:
+                continue
+            try:
+                Catalog.default().with_overrides({code: {name: text}})
+            except ValueError as exc:
+                r.error(fnode.loc, f"{what}.{name}: {exc}")
+                continue
+            pairs.append((name, text))
+        if pairs:
+            out.append((code, tuple(sorted(pairs))))
+    return XidConfig(tuple(sorted(out)))
+
+
+# -- the table of top-level keys -----------------------------------------------------------
+@dataclass(frozen=True)
+class _Entry(Generic[T]):
+    """One top-level key: how to read it and what it is when absent.
+
+    ``read`` returns ``None`` after recording a problem. A section reader (``section`` set)
+    is also called with ``None`` when the key is absent and returns its defaults.
+    """
+
+    read: Callable[[Reader, Node, _Context], T | None]
+    default: Callable[[_Context], T]
+    section: type | None = None
+
+
+def _section_entry(cls: type, read: Callable[[Reader, Node | None, _Context], T]) -> _Entry[T]:
+    return _Entry(read=read, default=lambda ctx: read(Reader(), None, ctx), section=cls)
+
+
+def _const(value: T) -> Callable[[_Context], T]:
+    return lambda ctx: value
+
+
+_ENTRIES: dict[str, _Entry[Any]] = {
+    "node_name": _Entry(_read_node_name, _default_node_name),
+    "listen": _Entry(_read_listen, _const(ListenAddress("127.0.0.1", DEFAULT_PORT))),
+    "backend": _Entry(_read_backend, _const(BackendSpec("nvml"))),
+    "state_dir": _Entry(_read_state_dir, _default_state_dir),
+    "log_level": _Entry(_read_log_level, _const("info")),
+    "poll": _section_entry(PollConfig, _read_poll),
+    "gpus": _section_entry(GpusConfig, _read_gpus),
+    "metrics": _section_entry(MetricsConfig, _read_metrics),
+    "sources": _section_entry(SourcesConfig, _read_sources),
+    "receivers": _Entry(lambda r, n, ctx: read_receivers(r, n), _const(())),
+    "routing": _section_entry(
+        RoutingConfig, lambda r, n, ctx: read_routing(r, n, ctx.seen.get("receivers", ()))
+    ),
+    "drain": _section_entry(DrainConfig, lambda r, n, ctx: read_drain(r, n)),
+    "rules": _section_entry(RulesConfig, lambda r, n, ctx: read_rules(r, n, ctx.base_dir)),
+    "xid": _section_entry(XidConfig, _read_xid),
+    "web": _section_entry(WebSection, _read_web),
+}
+
+
+def config_keys() -> list[str]:
+    """Every key the config file accepts, dotted (``poll.interval``), in file order."""
+    out: list[str] = []
+    for name, entry in _ENTRIES.items():
+        out.append(name)
+        if entry.section is not None:
+            out.extend(f"{name}.{f.name}" for f in dataclasses.fields(entry.section))
+    return out
+
+
+# -- loading -------------------------------------------------------------------------------
+def _build(root: Node | None, ctx: _Context, source: str | None) -> Config:
+    r = Reader()
+    keys: dict[str, Node] = {}
+    if root is not None and root.value is not None:
+        keys = r.mapping(root, list(_ENTRIES), "config") or {}
+    values: dict[str, Any] = {}
+    for name, entry in _ENTRIES.items():
+        node = keys.get(name)
+        value = entry.read(r, node, ctx) if node is not None else None
+        values[name] = value if value is not None else entry.default(ctx)
+        ctx.seen[name] = values[name]
+    r.raise_if_any()
+    return Config(**values, source=source)
+
+
+def default_config(environ: Mapping[str, str] | None = None) -> Config:
+    """The configuration when there is no file at all."""
+    return _build(None, _Context(os.environ if environ is None else environ, None), None)
+
+
+def load_config(
+    path: str | None, *, must_exist: bool, environ: Mapping[str, str] | None = None
+) -> Config:
+    """Load and validate the config file at ``path``.
+
+    ``path=None`` gives the built-in defaults without reading anything. A ``path`` that
+    does not exist gives the defaults too, unless ``must_exist`` (the user named it with
+    ``-c``). The CLI calls ``load_config(args.config or DEFAULT_CONFIG_PATH,
+    must_exist=args.config is not None)``. An empty file means all defaults.
+
+    ``environ`` (default ``os.environ``) supplies ``$STATE_DIRECTORY``.
+    Raises ``ConfigError`` listing every problem as ``PATH:LINE:COL: message``.
+    """
+    env = os.environ if environ is None else environ
+    if path is None or (not must_exist and not os.path.lexists(path)):
+        return default_config(env)
+    root = yamlsrc.load_file(path)
+    ctx = _Context(env, os.path.dirname(os.path.abspath(path)))
+    return _build(root, ctx, path)
+
+
+__all__ = [
+    "CALL_TIMEOUT_FACTOR",
+    "DEFAULT_CONFIG_PATH",
+    "DEFAULT_PORT",
+    "DEFAULT_STATE_DIR",
+    "LOG_LEVELS",
+    "BackendSpec",
+    "Config",
+    "ConfigError",
+    "GpusConfig",
+    "ListenAddress",
+    "MetricsConfig",
+    "PollConfig",
+    "WebSection",
+    "as_plain",
+    "config_keys",
+    "default_config",
+    "load_config",
+    "normalize_gpu_id",
+]

@@ -1,0 +1,67 @@
+"""The ``rules:`` section of the config file: which rule files the engine loads.
+
+    rules:
+      files: [/etc/gpuwatchd/rules.d/*.yaml]   # paths or globs, relative to the config file
+      defaults: true                           # also load the shipped rules
+      disable: [GpuPcieDowntrained]            # rule names to leave out
+
+The rule files themselves are read and validated by ``gpuwatchd.rules`` (at start-up, on
+reload and by ``check-config``), not here.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpuwatchd.config.paths import default_rule_files
+from gpuwatchd.config.yamlsrc import Node, Reader
+
+
+@dataclass(frozen=True)
+class RulesConfig:
+    files: tuple[str, ...] = field(default_factory=default_rule_files)
+    defaults: bool = True
+    disable: tuple[str, ...] = ()
+
+
+def read_rules(r: Reader, node: Node | None, base_dir: str | None) -> RulesConfig:
+    d = RulesConfig()
+    if node is None or node.value is None:
+        return d
+    keys = r.mapping(node, ["files", "defaults", "disable"], "rules")
+    if keys is None:
+        return d
+    values: dict[str, Any] = {}
+    if "files" in keys and keys["files"].value is not None:
+        files: list[str] = []
+        for item in r.sequence(keys["files"], "rules.files") or []:
+            text = r.string(item, "rules.files")
+            if text is None:
+                continue
+            if not text:
+                r.error(item.loc, "rules.files: an empty path")
+                continue
+            if base_dir is not None and not os.path.isabs(text):
+                text = os.path.join(base_dir, text)
+            text = os.path.normpath(text)
+            if text in files:
+                r.error(item.loc, f"rules.files: {text!r} is listed twice")
+                continue
+            files.append(text)
+        values["files"] = tuple(files)
+    if "defaults" in keys:
+        values["defaults"] = r.boolean(keys["defaults"], "rules.defaults")
+    if "disable" in keys and keys["disable"].value is not None:
+        names: list[str] = []
+        for item in r.sequence(keys["disable"], "rules.disable") or []:
+            text = r.string(item, "rules.disable")
+            if text is None:
+                continue
+            if text in names:
+                r.error(item.loc, f"rules.disable: {text!r} is listed twice")
+                continue
+            names.append(text)
+        values["disable"] = tuple(names)
+    return RulesConfig(**{**d.__dict__, **{k: v for k, v in values.items() if v is not None}})

@@ -1,0 +1,373 @@
+"""YAML loading that keeps source positions, and typed readers that report them.
+
+Config, rule and scenario files all go through here, so that every mistake becomes a
+``ConfigError`` naming ``PATH:LINE:COL``. A ``Node`` is a parsed YAML value together with
+where it came from; the ``Reader`` helpers pull typed values out of nodes and collect
+problems instead of stopping at the first one.
+"""
+
+from __future__ import annotations
+
+import difflib
+import ipaddress
+import math
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any, NoReturn
+
+import yaml
+
+from gpuwatchd.core.errors import ConfigError, Location
+
+
+@dataclass
+class Node:
+    """A YAML value with its location. Mappings hold ``{key: (key_node, value_node)}``."""
+
+    value: Any
+    loc: Location
+    tag: str = ""
+
+    def is_mapping(self) -> bool:
+        return isinstance(self.value, dict)
+
+    def is_sequence(self) -> bool:
+        return isinstance(self.value, list)
+
+    def get(self, key: str) -> Node | None:
+        if not isinstance(self.value, dict):
+            return None
+        pair = self.value.get(key)
+        return None if pair is None else pair[1]
+
+    def items(self) -> Iterator[tuple[Node, Node]]:
+        if isinstance(self.value, dict):
+            yield from self.value.values()
+
+    def plain(self) -> Any:
+        """The value without positions (plain dicts, lists and scalars)."""
+        if isinstance(self.value, dict):
+            return {k: v.plain() for k, (_, v) in self.value.items()}
+        if isinstance(self.value, list):
+            return [v.plain() for v in self.value]
+        return self.value
+
+
+def _loc(path: str, mark: Any) -> Location:
+    return Location(path, mark.line + 1, mark.column + 1)
+
+
+class _Loader(yaml.SafeLoader):
+    pass
+
+
+def _construct_scalar(path: str, loader: yaml.SafeLoader, node: yaml.ScalarNode) -> Node:
+    value = loader.construct_object(node, deep=True)
+    return Node(value, _loc(path, node.start_mark), node.tag)
+
+
+MAX_BYTES = 4 * 1024 * 1024
+"""Largest YAML file (config, rules, scenario) that is read at all."""
+MAX_NODES = 200_000
+"""Most values a document may hold once every alias is expanded ("billion laughs")."""
+MAX_DEPTH = 64
+"""Deepest nesting of mappings and lists."""
+
+
+class _Budget:
+    """Counts the nodes built, so that aliases cannot multiply a small file into millions
+    of values: the expansion stops at ``MAX_NODES`` in linear time."""
+
+    def __init__(self, path: str, max_nodes: int) -> None:
+        self.path = path
+        self.left = max_nodes
+        self.max_nodes = max_nodes
+
+    def take(self, node: yaml.Node, depth: int) -> None:
+        self.left -= 1
+        if self.left < 0:
+            raise ConfigError.at(
+                _loc(self.path, node.start_mark),
+                f"YAML error: document too large after alias expansion (more than "
+                f"{self.max_nodes} values); aliases that multiply content are refused",
+            )
+        if depth > MAX_DEPTH:
+            raise ConfigError.at(
+                _loc(self.path, node.start_mark),
+                f"YAML error: nested too deeply (more than {MAX_DEPTH} levels)",
+            )
+
+
+def _build(
+    path: str, loader: yaml.SafeLoader, node: yaml.Node, budget: _Budget, depth: int = 0
+) -> Node:
+    budget.take(node, depth)
+    if isinstance(node, yaml.MappingNode):
+        loader.flatten_mapping(node)
+        out: dict[str, tuple[Node, Node]] = {}
+        for key_node, value_node in node.value:
+            key = _build(path, loader, key_node, budget, depth + 1)
+            if not isinstance(key.value, str | int | float | bool) or key.value is None:
+                raise ConfigError.at(key.loc, "mapping keys must be plain scalars")
+            skey = str(key.value)
+            if skey in out:
+                raise ConfigError.at(key.loc, f"duplicate key {skey!r}")
+            value = _build(path, loader, value_node, budget, depth + 1)
+            out[skey] = (Node(skey, key.loc, key.tag), value)
+        return Node(out, _loc(path, node.start_mark), node.tag)
+    if isinstance(node, yaml.SequenceNode):
+        items = [_build(path, loader, child, budget, depth + 1) for child in node.value]
+        return Node(items, _loc(path, node.start_mark), node.tag)
+    assert isinstance(node, yaml.ScalarNode)
+    return _construct_scalar(path, loader, node)
+
+
+def parse(text: str, path: str, *, max_nodes: int = MAX_NODES) -> Node | None:
+    """Parse YAML text into a ``Node`` tree; ``None`` for an empty document.
+
+    Hostile input is refused with a ``ConfigError``, within limits: more than ``MAX_BYTES``
+    of text, more than ``max_nodes`` values after alias expansion, nesting deeper than
+    ``MAX_DEPTH``.
+    """
+    if len(text) > MAX_BYTES:
+        raise ConfigError.at(Location(path, 1, 1), _too_large())
+    try:
+        loader = _Loader(text)
+    except yaml.reader.ReaderError as exc:
+        raise ConfigError.at(
+            _reader_location(path, text, exc), f"YAML error: {exc.reason}"
+        ) from None
+    try:
+        root = loader.get_single_node()
+        if root is None:
+            return None
+        return _build(path, loader, root, _Budget(path, max_nodes))
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        where = _loc(path, mark) if mark is not None else Location(path, 1, 1)
+        raise ConfigError.at(where, f"YAML syntax error: {exc.problem or exc}") from None
+    except yaml.reader.ReaderError as exc:
+        raise ConfigError.at(
+            _reader_location(path, text, exc), f"YAML error: {exc.reason}"
+        ) from None
+    except yaml.YAMLError as exc:
+        raise ConfigError.at(Location(path, 1, 1), f"YAML error: {exc}") from None
+    except RecursionError:
+        raise ConfigError.at(Location(path, 1, 1), "YAML error: nested too deeply") from None
+    finally:
+        loader.dispose()
+
+
+def _reader_location(path: str, text: str, exc: yaml.reader.ReaderError) -> Location:
+    """Line and column of a character PyYAML's reader refused (it gives an offset)."""
+    before = text[: max(0, exc.position)]
+    line = before.count("\n") + 1
+    return Location(path, line, len(before) - (before.rfind("\n") + 1) + 1)
+
+
+def _too_large() -> str:
+    return f"file too large (more than {MAX_BYTES // (1024 * 1024)} MiB)"
+
+
+def load_file(path: str) -> Node | None:
+    """Read and parse a YAML file (at most ``MAX_BYTES``; see ``parse`` for the limits)."""
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read(MAX_BYTES + 1)
+    except OSError as exc:
+        raise ConfigError.at(Location(path, 1, 1), f"cannot read file: {exc.strerror}") from None
+    if len(data) > MAX_BYTES:
+        raise ConfigError.at(Location(path, 1, 1), _too_large())
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError.at(Location(path, 1, 1), f"not UTF-8 text: {exc.reason}") from None
+    return parse(text, path)
+
+
+_DURATION_RE = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d|w)")
+_DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
+
+
+def parse_duration(text: str) -> float | None:
+    """Seconds for a Prometheus-style duration (``90s``, ``5m``, ``1h30m``, ``250ms``)."""
+    text = text.strip()
+    if not text:
+        return None
+    pos = 0
+    total = 0.0
+    for match in _DURATION_RE.finditer(text):
+        if match.start() != pos:
+            return None
+        total += float(match.group(1)) * _DURATION_UNITS[match.group(2)]
+        pos = match.end()
+    return total if pos == len(text) else None
+
+
+def type_name(value: Any) -> str:
+    """How an error message names a YAML value's type."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int | float):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, list):
+        return "list"
+    if isinstance(value, dict):
+        return "mapping"
+    return type(value).__name__
+
+
+@dataclass
+class Reader:
+    """Collects problems while typed values are read out of nodes."""
+
+    problems: list[tuple[Location, str]] = field(default_factory=list)
+
+    def error(self, loc: Location, message: str) -> None:
+        self.problems.append((loc, message))
+
+    def raise_if_any(self) -> None:
+        if self.problems:
+            raise ConfigError(self.problems)
+
+    def fail(self, loc: Location, message: str) -> NoReturn:
+        self.error(loc, message)
+        raise ConfigError(self.problems)
+
+    # -- structure -------------------------------------------------------------------
+    def mapping(
+        self, node: Node, allowed: set[str] | list[str], what: str, required: tuple[str, ...] = ()
+    ) -> dict[str, Node] | None:
+        """The keys of a mapping node; unknown keys are reported with a did-you-mean."""
+        if not node.is_mapping():
+            self.error(node.loc, f"{what}: expected a mapping, got {type_name(node.value)}")
+            return None
+        out: dict[str, Node] = {}
+        allowed_set = set(allowed)
+        for key_node, value_node in node.items():
+            key = key_node.value
+            if key not in allowed_set:
+                hint = difflib.get_close_matches(key, sorted(allowed_set), n=1, cutoff=0.6)
+                suggestion = f" (did you mean {hint[0]!r}?)" if hint else ""
+                self.error(key_node.loc, f"{what}: unknown key {key!r}{suggestion}")
+                continue
+            out[key] = value_node
+        for key in required:
+            if key not in out and key in allowed_set and node.get(key) is None:
+                self.error(node.loc, f"{what}: missing required key {key!r}")
+        return out
+
+    def sequence(self, node: Node, what: str) -> list[Node] | None:
+        if not node.is_sequence():
+            self.error(node.loc, f"{what}: expected a list, got {type_name(node.value)}")
+            return None
+        items: list[Node] = node.value
+        return items
+
+    # -- scalars ---------------------------------------------------------------------
+    def string(self, node: Node, what: str, choices: tuple[str, ...] | None = None) -> str | None:
+        if not isinstance(node.value, str):
+            self.error(node.loc, f"{what}: expected a string, got {type_name(node.value)}")
+            return None
+        if choices is not None and node.value not in choices:
+            hint = difflib.get_close_matches(node.value, choices, n=1, cutoff=0.6)
+            suggestion = f" (did you mean {hint[0]!r}?)" if hint else ""
+            self.error(
+                node.loc,
+                f"{what}: {node.value!r} is not one of {', '.join(choices)}{suggestion}",
+            )
+            return None
+        return node.value
+
+    def boolean(self, node: Node, what: str) -> bool | None:
+        if not isinstance(node.value, bool):
+            self.error(node.loc, f"{what}: expected true or false, got {type_name(node.value)}")
+            return None
+        return node.value
+
+    def number(
+        self,
+        node: Node,
+        what: str,
+        minimum: float | None = None,
+        maximum: float | None = None,
+        integer: bool = False,
+    ) -> float | None:
+        value = node.value
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            kind = "an integer" if integer else "a number"
+            self.error(node.loc, f"{what}: expected {kind}, got {type_name(value)}")
+            return None
+        if integer and not isinstance(value, int):
+            self.error(node.loc, f"{what}: expected an integer, got {value!r}")
+            return None
+        if not math.isfinite(float(value)):
+            self.error(node.loc, f"{what}: must be a finite number")
+            return None
+        if minimum is not None and value < minimum:
+            self.error(node.loc, f"{what}: must be >= {minimum:g}, got {value!r}")
+            return None
+        if maximum is not None and value > maximum:
+            self.error(node.loc, f"{what}: must be <= {maximum:g}, got {value!r}")
+            return None
+        return float(value)
+
+    def integer(
+        self, node: Node, what: str, minimum: int | None = None, maximum: int | None = None
+    ) -> int | None:
+        value = self.number(node, what, minimum, maximum, integer=True)
+        return None if value is None else int(value)
+
+    def duration(
+        self, node: Node, what: str, minimum: float = 0.0, allow_zero: bool = True
+    ) -> float | None:
+        """A duration string (``30s``, ``5m``, ``1h30m``) or a plain number of seconds."""
+        value = node.value
+        seconds: float | None
+        if isinstance(value, bool):
+            seconds = None
+        elif isinstance(value, int | float):
+            seconds = float(value)
+        elif isinstance(value, str):
+            seconds = parse_duration(value)
+        else:
+            seconds = None
+        if seconds is None:
+            self.error(
+                node.loc,
+                f"{what}: {value!r} is not a duration (use a number and a unit with no space: "
+                "250ms, 30s, 5m, 2h, 1d, 1w; combined like 1h30m)",
+            )
+            return None
+        if seconds < minimum or (not allow_zero and seconds == 0):
+            self.error(node.loc, f"{what}: must be more than {minimum:g}s, got {value!r}")
+            return None
+        return seconds
+
+    def listen_address(self, node: Node, what: str) -> tuple[str, int] | None:
+        """``HOST:PORT`` with an IP literal or ``localhost`` (``[::1]:9835`` for IPv6)."""
+        value = node.value
+        if not isinstance(value, str):
+            self.error(node.loc, f"{what}: expected 'HOST:PORT', got {type_name(value)}")
+            return None
+        host, sep, port_text = value.rpartition(":")
+        if not sep or not port_text.isdigit() or not host:
+            self.error(node.loc, f"{what}: {value!r} is not an address of the form HOST:PORT")
+            return None
+        port = int(port_text)
+        if not 0 <= port <= 65535:
+            self.error(node.loc, f"{what}: port {port} is out of range 0-65535")
+            return None
+        bare = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+        if bare != "localhost":
+            try:
+                ipaddress.ip_address(bare)
+            except ValueError:
+                self.error(node.loc, f"{what}: {host!r} is not an IP address (or 'localhost')")
+                return None
+        return bare, port

@@ -1,0 +1,354 @@
+"""The HTTP endpoints: /metrics, /healthz, /api/v1/status and a landing page.
+
+A small threaded ``http.server``: each request reads the in-memory node view through the
+callables it was given, so no request ever calls NVML or waits on a GPU.
+
+Guards, in the order a request meets them (``WebGuard`` holds the settings):
+
+- at most ``MAX_CONNECTIONS`` connections at once (more are closed at once), each with a
+  ``TIMEOUT`` for the TLS handshake and every read, so slow clients cannot pile up;
+- TLS when the web config file (exporter-toolkit format, ``web.config_file``) asks;
+- a rate limit per client address (429 with ``Retry-After``);
+- the request line and headers together at most ``web.max_request_bytes`` (431), a body
+  larger than that 413 (no endpoint takes a body; a smaller one is read and ignored);
+- basic auth against bcrypt hashes when the web config has users (401);
+- only GET and HEAD (405).
+
+Every refusal is a 4xx and is counted in ``gpuwatchd_http_requests_refused_total``. The
+only 5xx answers: /healthz's 503 when the daemon is not healthy, http.server's 505 for a
+request line in an HTTP version other than 0.9, 1.0 and 1.1, and a 500 from an endpoint
+that failed (logged with its traceback; the fuzz tests have never produced one).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import socket
+import ssl
+import threading
+import time
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from prometheus_client.openmetrics.exposition import (
+    CONTENT_TYPE_LATEST as OPENMETRICS_CONTENT_TYPE,
+)
+from prometheus_client.openmetrics.exposition import generate_latest as openmetrics_latest
+
+from gpuwatchd.config.web import WebGuard
+from gpuwatchd.core.families import CONTENT_TYPE, Families
+from gpuwatchd.exposition.metrics import MetricsRenderer, client_registry
+
+log = logging.getLogger(__name__)
+
+Health = Callable[[], tuple[bool, str]]
+Status = Callable[[], dict[str, Any]]
+
+MAX_CONNECTIONS = 64
+TIMEOUT = 10.0  # seconds for the TLS handshake and for each read of a request
+REFUSALS = ("connections", "tls", "rate_limit", "too_large", "auth", "method", "bad_request")
+_WARN_EVERY = 10.0  # seconds between two warnings of one kind
+
+_LANDING = b"""<!doctype html><html><head><title>gpuwatchd</title></head><body>
+<h1>gpuwatchd</h1><ul>
+<li><a href="/metrics">/metrics</a> Prometheus metrics</li>
+<li><a href="/healthz">/healthz</a> daemon health</li>
+<li><a href="/api/v1/status">/api/v1/status</a> per-GPU health (JSON)</li>
+</ul></body></html>
+"""
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+    request_queue_size = 64
+
+    def __init__(
+        self,
+        address: tuple[str, int],
+        renderer: MetricsRenderer,
+        health: Health,
+        status: Status,
+        guard: WebGuard,
+    ) -> None:
+        self.address_family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
+        self.renderer = renderer
+        self.registry = client_registry(renderer)
+        self.health = health
+        self.status = status
+        self.guard = guard
+        self.refused = dict.fromkeys(REFUSALS, 0)
+        self.requests = 0
+        self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+        self._count_lock = threading.Lock()
+        self._warned: dict[str, float] = {}
+        super().__init__(address, _Handler)
+
+    def refuse(self, reason: str, message: str | None = None, *args: object) -> None:
+        """Count a refusal; log it at most once per ``_WARN_EVERY`` seconds per reason."""
+        with self._count_lock:
+            self.refused[reason] += 1
+            now = time.monotonic()
+            loud = message is not None and now - self._warned.get(reason, -1e9) >= _WARN_EVERY
+            if loud:
+                self._warned[reason] = now
+        if loud:
+            assert message is not None
+            quiet = " (more are counted, not logged, for %gs)"
+            log.warning(message + quiet, *args, _WARN_EVERY)
+
+    def count_request(self) -> None:
+        with self._count_lock:
+            self.requests += 1
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self._slots.acquire(blocking=False):
+            self.refuse(
+                "connections",
+                "HTTP: %d connections already open; closing a new one from %s",
+                MAX_CONNECTIONS,
+                client_address[0],
+            )
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
+
+    def finish_request(self, request: Any, client_address: Any) -> None:
+        self.guard.refresh()
+        request.settimeout(TIMEOUT)
+        ctx = self.guard.ssl_context
+        if ctx is None:
+            self.RequestHandlerClass(request, client_address, self)  # type: ignore[arg-type]
+            return
+        try:
+            tls = ctx.wrap_socket(request, server_side=True, do_handshake_on_connect=False)
+        except (OSError, ValueError):
+            return
+        try:
+            tls.do_handshake()
+        except (ssl.SSLError, OSError) as exc:
+            self.refuse(
+                "tls", "HTTP: TLS handshake with %s failed: %s", client_address[0], _brief(exc)
+            )
+            tls.close()
+            return
+        try:
+            self.RequestHandlerClass(tls, client_address, self)  # type: ignore[arg-type]
+        finally:
+            tls.close()  # no close_notify wait: a silent peer must not hold the slot
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        log.debug("HTTP: connection from %s ended with an error", client_address[0], exc_info=True)
+
+
+def _brief(exc: BaseException) -> str:
+    reason = getattr(exc, "reason", None)
+    return str(reason) if reason else type(exc).__name__
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: _Server
+    protocol_version = "HTTP/1.1"
+    server_version = "gpuwatchd"
+
+    def version_string(self) -> str:
+        return self.server_version  # no Python version for scanners
+
+    def log_message(self, format: str, *args: Any) -> None:
+        log.debug("http %s - " + format, self.client_address[0], *args)
+
+    def end_headers(self) -> None:
+        for name, value in self.server.guard.config.headers:
+            self.send_header(name, value)
+        super().end_headers()
+
+    def _refuse(
+        self,
+        code: int,
+        reason: str,
+        headers: dict[str, str] | None = None,
+        text: str = "",
+        note: str | None = None,
+        *args: object,
+    ) -> bool:
+        """Send a refusal (connection closed after it); count it, and log ``note``."""
+        self.server.refuse(reason, note, *args)
+        body = ((text or self.responses.get(code, ("error",))[0]) + "\n").encode()
+        self.close_connection = True
+        self.send_response(code)
+        for name, value in (headers or {}).items():
+            self.send_header(name, value)
+        self.send_header("Content-Type", "text/plain; charset=utf-8")
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Connection", "close")
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+        return False
+
+    def parse_request(self) -> bool:
+        """Parse, then apply the guards; False ends the request (a refusal was sent)."""
+        if not super().parse_request():
+            self.server.refuse("bad_request")
+            return False
+        guard = self.server.guard
+        self.server.count_request()
+        client = self.client_address[0]
+        wait = guard.limiter.allow(client)
+        if wait > 0:
+            retry = {"Retry-After": str(max(1, round(wait)))}
+            note = "HTTP: rate limit: refusing requests from %s"
+            return self._refuse(429, "rate_limit", retry, "", note, client)
+        line: bytes = getattr(self, "raw_requestline", b"")
+        size = len(line) + sum(len(k) + len(v) + 4 for k, v in self.headers.items())
+        if size > guard.max_request_bytes:
+            return self._refuse(431, "too_large")
+        ok, user = guard.auth.check(self.headers.get("Authorization"))
+        if not ok:
+            # name the user only when it is a configured one: never echo what was sent
+            who = f"user {user!r}" if user in guard.auth.users else "unknown or no user"
+            challenge = {"WWW-Authenticate": 'Basic realm="gpuwatchd"'}
+            note = "HTTP: authentication failed from %s (%s)"
+            return self._refuse(401, "auth", challenge, "", note, client, who)
+        if self.command not in ("GET", "HEAD"):
+            return self._refuse(405, "method", {"Allow": "GET, HEAD"})
+        return self._discard_body(guard.max_request_bytes)
+
+    def _discard_body(self, limit: int) -> bool:
+        if self.headers.get("Transfer-Encoding"):
+            return self._refuse(400, "bad_request", text="request bodies are not accepted")
+        raw = self.headers.get("Content-Length")
+        if raw is None:
+            return True
+        if not raw.strip().isdigit():
+            return self._refuse(400, "bad_request", text="bad Content-Length")
+        length = int(raw)
+        if length > limit:
+            return self._refuse(413, "too_large")
+        while length > 0:
+            chunk = self.rfile.read(min(length, 65536))
+            if not chunk:
+                self.close_connection = True
+                return False
+            length -= len(chunk)
+        return True
+
+    def _send(self, code: int, body: bytes, content_type: str) -> None:
+        self.send_response(code)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Cache-Control", "no-store")
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+
+    def do_HEAD(self) -> None:
+        self.do_GET()
+
+    def do_GET(self) -> None:
+        path = self.path.split("?", 1)[0]
+        try:
+            if path == "/metrics":
+                accept = self.headers.get("Accept", "")
+                if "application/openmetrics-text" in accept:
+                    body = openmetrics_latest(self.server.registry)  # type: ignore[no-untyped-call]
+                    self._send(200, body, OPENMETRICS_CONTENT_TYPE)
+                else:
+                    self._send(200, self.server.renderer.render(), CONTENT_TYPE)
+            elif path == "/healthz":
+                ok, reason = self.server.health()
+                self._send(
+                    200 if ok else 503, (reason + "\n").encode(), "text/plain; charset=utf-8"
+                )
+            elif path == "/api/v1/status":
+                body = json.dumps(self.server.status(), indent=2, sort_keys=True).encode()
+                self._send(200, body + b"\n", "application/json")
+            elif path == "/":
+                self._send(200, _LANDING, "text/html; charset=utf-8")
+            else:
+                self._send(404, b"not found\n", "text/plain; charset=utf-8")
+        except (BrokenPipeError, ConnectionResetError, TimeoutError, ssl.SSLError):
+            self.close_connection = True  # the client went away mid-response
+        except Exception:  # keep serving whatever one request hit
+            log.exception("error serving %s", path[:200])
+            self._send(500, b"internal error\n", "text/plain; charset=utf-8")
+
+
+class HttpServer:
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        renderer: MetricsRenderer,
+        health: Health,
+        status: Status,
+        guard: WebGuard | None = None,
+    ) -> None:
+        self.guard = guard or WebGuard(
+            None, rate_interval=0.0, rate_burst=1, max_request_bytes=65536
+        )
+        self._server = _Server((host, port), renderer, health, status, self.guard)
+        self._thread: threading.Thread | None = None
+
+    @property
+    def address(self) -> tuple[str, int]:
+        host, port = self._server.server_address[:2]
+        return str(host), int(port)
+
+    @property
+    def url(self) -> str:
+        host, port = self.address
+        scheme = "https" if self.guard.tls else "http"
+        return f"{scheme}://[{host}]:{port}" if ":" in host else f"{scheme}://{host}:{port}"
+
+    def families(self, fams: Families) -> None:
+        """Request and refusal counters (all present at 0 from start-up)."""
+        fams.get(
+            "gpuwatchd_http_requests_total",
+            "counter",
+            "HTTP requests parsed (refused ones included).",
+            [],
+        ).add([], float(self._server.requests))
+        refused = fams.get(
+            "gpuwatchd_http_requests_refused_total",
+            "counter",
+            "HTTP requests or connections refused: connections (too many open), tls "
+            "(handshake failed), rate_limit (429), too_large (413/431), auth (401), method "
+            "(405), bad_request (400).",
+            ["reason"],
+        )
+        for reason in REFUSALS:
+            refused.add([reason], float(self._server.refused[reason]))
+        fams.get(
+            "gpuwatchd_web_config_reload_failures_total",
+            "counter",
+            "Times the web config file changed but did not load (the previous one stays).",
+            [],
+        ).add([], float(self.guard.reload_failures))
+
+    def start(self) -> None:
+        self._thread = threading.Thread(
+            target=self._server.serve_forever,
+            kwargs={"poll_interval": 0.5},
+            name="http",
+            daemon=True,
+        )
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        if self._thread is not None:
+            self._thread.join(2.0)

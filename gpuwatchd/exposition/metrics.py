@@ -1,0 +1,325 @@
+"""Renders a ``NodeView`` as Prometheus metrics at scrape time.
+
+Every scrape builds fresh families from the latest immutable view, so a scrape never
+calls NVML and never waits on a GPU. ``MetricsRenderer`` caches the text per view
+version: scrapes between two polls cost a lookup. ``NodeCollector`` exposes the same
+families through a private prometheus_client registry (used for OpenMetrics).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from functools import lru_cache
+
+from prometheus_client.core import Metric
+from prometheus_client.registry import Collector, CollectorRegistry
+
+from gpuwatchd import __version__
+from gpuwatchd.config.loader import MetricsConfig
+from gpuwatchd.core.families import Families, escape_label_value, label_text, to_client_metric
+from gpuwatchd.core.fields import CLOCK_EVENT_REASONS, GPU_FIELD_LIST, LINK_FIELD_LIST, FieldSpec
+from gpuwatchd.core.nodestate import NodeView
+from gpuwatchd.core.records import GpuInfo, GpuStatus
+
+GPU_LABELS = ("gpu", "uuid", "pci_bus_id", "model")
+LINK_LABELS = (*GPU_LABELS, "link")
+
+ExtraFamilies = Callable[[NodeView, Families], None]
+
+
+@lru_cache(maxsize=1024)
+def gpu_label_text(info: GpuInfo) -> str:
+    return label_text(GPU_LABELS, (str(info.index), info.uuid, info.pci_bus_id, info.name))
+
+
+def _suffix(spec: FieldSpec) -> str:
+    if not spec.const_labels:
+        return ""
+    return "," + label_text(tuple(spec.const_labels), tuple(spec.const_labels.values()))
+
+
+_GPU_SPECS = tuple((spec, _suffix(spec)) for spec in GPU_FIELD_LIST)
+_LINK_SPECS = tuple((spec, _suffix(spec)) for spec in LINK_FIELD_LIST)
+_REASONS = tuple((bit, f',reason="{name}"') for bit, name in CLOCK_EVENT_REASONS)
+_STATUSES = tuple((st, f',status="{st.value}"') for st in GpuStatus)
+
+
+def _node_families(view: NodeView, fams: Families) -> None:
+    fams.get("gpuwatchd_build_info", "gauge", "gpuwatchd version (value 1).", ["version"]).add(
+        [__version__], 1.0
+    )
+    fams.get(
+        "gpuwatchd_node_info", "gauge", "The node name gpuwatchd reports as (value 1).", ["node"]
+    ).add([view.node_name], 1.0)
+    fams.get(
+        "gpuwatchd_start_time_seconds",
+        "gauge",
+        "When the daemon started, in seconds since the epoch.",
+        [],
+    ).add([], view.started_at)
+    fams.get("gpuwatchd_gpus", "gauge", "GPUs found at start-up.", []).add(
+        [], float(len(view.gpus))
+    )
+    if view.expected_gpus is not None:
+        fams.get(
+            "gpuwatchd_gpus_expected", "gauge", "GPUs this node is configured to have.", []
+        ).add([], float(view.expected_gpus))
+
+
+def _source_families(view: NodeView, fams: Families) -> None:
+    up = fams.get(
+        "gpuwatchd_source_up",
+        "gauge",
+        "1 when the input source works (nvml, journald, kmsg, nvml_events).",
+        ["source"],
+    )
+    last = fams.get(
+        "gpuwatchd_source_last_success_timestamp_seconds",
+        "gauge",
+        "When the source last succeeded, in seconds since the epoch.",
+        ["source"],
+    )
+    dur = fams.get(
+        "gpuwatchd_source_duration_seconds",
+        "gauge",
+        "How long the source's last cycle took (nvml: the slowest GPU poll).",
+        ["source"],
+    )
+    errs = fams.get(
+        "gpuwatchd_source_errors_total", "counter", "Failed cycles of the source.", ["source"]
+    )
+    for name in sorted(view.sources):
+        s = view.sources[name]
+        up.add([name], 1.0 if s.up else 0.0)
+        if s.last_success is not None:
+            last.add([name], s.last_success)
+        if s.last_duration is not None:
+            dur.add([name], s.last_duration)
+        errs.add([name], float(s.errors))
+
+
+def _gpu_families(view: NodeView, fams: Families, per_link: bool) -> None:
+    info_f = fams.get(
+        "gpuwatchd_gpu_info",
+        "gauge",
+        "Static facts about each GPU (value 1).",
+        [*GPU_LABELS, "serial", "vbios", "driver"],
+    )
+    up = fams.get(
+        "gpuwatchd_gpu_up",
+        "gauge",
+        "1 when the GPU's last poll answered; 0 when lost, stale or failing.",
+        GPU_LABELS,
+    )
+    status = fams.get(
+        "gpuwatchd_gpu_status",
+        "gauge",
+        "The GPU's poll status as a state set (ok, lost, stale, error).",
+        [*GPU_LABELS, "status"],
+    )
+    last = fams.get(
+        "gpuwatchd_gpu_last_sample_timestamp_seconds",
+        "gauge",
+        "When the GPU last answered a poll, in seconds since the epoch.",
+        GPU_LABELS,
+    )
+    polldur = fams.get(
+        "gpuwatchd_gpu_poll_duration_seconds",
+        "gauge",
+        "Wall time of the GPU's last successful poll.",
+        GPU_LABELS,
+    )
+    slowdown = fams.get(
+        "gpuwatchd_gpu_slowdown_temperature_celsius",
+        "gauge",
+        "GPU temperature at which the hardware slows the clocks.",
+        GPU_LABELS,
+    )
+    shutdown = fams.get(
+        "gpuwatchd_gpu_shutdown_temperature_celsius",
+        "gauge",
+        "GPU temperature at which the hardware shuts down.",
+        GPU_LABELS,
+    )
+    memmax = fams.get(
+        "gpuwatchd_memory_max_temperature_celsius",
+        "gauge",
+        "Highest HBM temperature the GPU is specified for.",
+        GPU_LABELS,
+    )
+    ecc = fams.get("gpuwatchd_ecc_enabled", "gauge", "1 when ECC is enabled.", GPU_LABELS)
+    nlinks = fams.get(
+        "gpuwatchd_nvlink_links", "gauge", "NVLink links present on the GPU.", GPU_LABELS
+    )
+    gpu_fams = [
+        (
+            spec.name,
+            sfx,
+            fams.get(spec.metric, spec.kind, spec.help, (*GPU_LABELS, *spec.const_labels)),
+        )
+        for spec, sfx in _GPU_SPECS
+    ]
+    reasons = fams.get(
+        "gpuwatchd_clock_event_reason_active",
+        "gauge",
+        "1 when NVML reports this clocks-event (throttle) reason.",
+        [*GPU_LABELS, "reason"],
+    )
+    link_fams = [
+        (
+            spec.name,
+            sfx,
+            fams.get(spec.metric, spec.kind, spec.help, (*LINK_LABELS, *spec.const_labels)),
+        )
+        for spec, sfx in _LINK_SPECS
+    ]
+
+    for g in view.gpus:
+        i = g.info
+        base = gpu_label_text(i)
+        info_f.add_text(
+            base + "," + label_text(("serial", "vbios", "driver"), (i.serial, i.vbios, i.driver)),
+            1.0,
+        )
+        up.add_text(base, 1.0 if g.status is GpuStatus.OK else 0.0)
+        for st, sfx in _STATUSES:
+            status.add_text(base + sfx, 1.0 if g.status is st else 0.0)
+        if g.last_success is not None:
+            last.add_text(base, g.last_success)
+        if i.slowdown_temperature is not None:
+            slowdown.add_text(base, i.slowdown_temperature)
+        if i.shutdown_temperature is not None:
+            shutdown.add_text(base, i.shutdown_temperature)
+        if i.memory_max_temperature is not None:
+            memmax.add_text(base, i.memory_max_temperature)
+        if i.ecc_enabled is not None:
+            ecc.add_text(base, 1.0 if i.ecc_enabled else 0.0)
+        nlinks.add_text(base, float(i.nvlink_count))
+        sample = g.sample
+        if sample is None or g.status is not GpuStatus.OK:
+            continue  # never present old readings as current ones
+        polldur.add_text(base, sample.duration_seconds)
+        fields = sample.fields
+        for name, sfx, fam in gpu_fams:
+            value = fields.get(name)
+            if value is not None:
+                fam.add_text(base + sfx, value)
+        mask = fields.get("clock_event_reasons")
+        if mask is not None:
+            bits = int(mask)
+            for bit, sfx in _REASONS:
+                reasons.add_text(base + sfx, 1.0 if bits & bit else 0.0)
+        if per_link:
+            for ls in sample.links:
+                lbase = f'{base},link="{ls.link}"'
+                lf = ls.fields
+                for name, sfx, fam in link_fams:
+                    value = lf.get(name)
+                    if value is not None:
+                        fam.add_text(lbase + sfx, value)
+
+
+def _xid_families(view: NodeView, fams: Families) -> None:
+    xid = fams.get(
+        "gpuwatchd_xid_errors_total",
+        "counter",
+        "NVIDIA XID errors seen from trusted sources, by GPU and XID code.",
+        [*GPU_LABELS, "xid"],
+    )
+    by_index = {g.info.index: g.info for g in view.gpus}
+
+    def order(item: tuple[tuple[int | None, int], int]) -> tuple[int, int]:
+        (gpu, code), _ = item
+        return (-1 if gpu is None else gpu, code)
+
+    for (gpu, code), count in sorted(view.xid_counts.items(), key=order):
+        info = by_index.get(gpu) if gpu is not None else None
+        base = gpu_label_text(info) if info is not None else 'gpu="",uuid="",pci_bus_id="",model=""'
+        xid.add_text(f'{base},xid="{escape_label_value(str(code))}"', float(count))
+
+
+def build_families(
+    view: NodeView, *, per_link: bool = True, extra: tuple[ExtraFamilies, ...] = ()
+) -> Families:
+    fams = Families()
+    _node_families(view, fams)
+    _gpu_families(view, fams, per_link)
+    _xid_families(view, fams)
+    _source_families(view, fams)
+    for add in extra:
+        add(view, fams)
+    return fams
+
+
+class MetricsRenderer:
+    """Text exposition of the node, cached per view version."""
+
+    def __init__(
+        self,
+        view: Callable[[], NodeView],
+        *,
+        per_link: bool = True,
+        dcgm_compat: bool = False,
+        hostname_label: bool = True,
+        extra_families: tuple[ExtraFamilies, ...] = (),
+    ) -> None:
+        self._view = view
+        self.per_link = per_link
+        extra: list[ExtraFamilies] = list(extra_families)
+        if dcgm_compat:
+            from gpuwatchd.exposition.dcgm_compat import dcgm_families
+
+            extra.append(lambda v, f: dcgm_families(v, f, hostname_label=hostname_label))
+        self.extra = tuple(extra)
+        self._lock = threading.Lock()
+        self._cache: tuple[int, bytes] | None = None
+
+    @classmethod
+    def for_config(
+        cls,
+        view: Callable[[], NodeView],
+        metrics: MetricsConfig,
+        extra_families: tuple[ExtraFamilies, ...] = (),
+    ) -> MetricsRenderer:
+        """The renderer with the ``metrics:`` section's options."""
+        return cls(
+            view,
+            per_link=metrics.per_link,
+            dcgm_compat=metrics.dcgm_compat,
+            hostname_label=metrics.hostname_label,
+            extra_families=extra_families,
+        )
+
+    def families(self, view: NodeView | None = None) -> Families:
+        return build_families(view or self._view(), per_link=self.per_link, extra=self.extra)
+
+    def render(self) -> bytes:
+        view = self._view()
+        with self._lock:
+            if self._cache is not None and self._cache[0] == view.version:
+                return self._cache[1]
+        body = self.families(view).render()
+        with self._lock:
+            self._cache = (view.version, body)
+        return body
+
+
+class NodeCollector(Collector):
+    """The same families through prometheus_client (a private registry, no global state)."""
+
+    def __init__(self, renderer: MetricsRenderer) -> None:
+        self._renderer = renderer
+
+    def describe(self) -> list[Metric]:
+        return []  # registration never triggers a collection
+
+    def collect(self) -> Iterator[Metric]:
+        for fam in self._renderer.families():
+            yield to_client_metric(fam)
+
+
+def client_registry(renderer: MetricsRenderer) -> CollectorRegistry:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(NodeCollector(renderer))
+    return registry

@@ -1,0 +1,363 @@
+"""``gpuwatchd demo``: the real daemon on a bundled fault scenario, sped up to about a minute.
+
+The scenario backend runs on a ``ScaledClock``; the daemon polls on worker threads and
+serves /metrics exactly as ``run`` does. A narrator prints the story: the scenario's notes,
+what gpuwatchd notices (lost or stale GPUs, XIDs, rising ECC counters, throttling,
+temperatures near the slowdown threshold), then a summary.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+import tempfile
+import threading
+from dataclasses import dataclass
+from typing import Any, TextIO
+
+from gpuwatchd.config.loader import Config, ListenAddress
+from gpuwatchd.core.alerts import AlertSeverity, AlertState, AlertTransition
+from gpuwatchd.core.clock import Clock, ScaledClock
+from gpuwatchd.core.fields import HEALTH_CLOCK_EVENT_REASONS, decode_clock_event_reasons
+from gpuwatchd.core.records import DeviceEvent, DeviceEventKind, GpuSample, GpuStatus, XidEvent
+from gpuwatchd.scenario.backend import ScenarioBackend
+from gpuwatchd.scenario.model import Scenario, format_duration
+from gpuwatchd.service.daemon import Daemon
+from gpuwatchd.service.pipeline import Pipeline, Sink, Stage
+from gpuwatchd.sources.gpu.poller import Record
+
+
+@dataclass
+class Style:
+    color: bool
+
+    def _c(self, code: str, text: str) -> str:
+        return f"\033[{code}m{text}\033[0m" if self.color else text
+
+    def dim(self, text: str) -> str:
+        return self._c("2", text)
+
+    def bold(self, text: str) -> str:
+        return self._c("1", text)
+
+    def red(self, text: str) -> str:
+        return self._c("1;31", text)
+
+    def yellow(self, text: str) -> str:
+        return self._c("33", text)
+
+    def green(self, text: str) -> str:
+        return self._c("32", text)
+
+    def cyan(self, text: str) -> str:
+        return self._c("36", text)
+
+
+_WATCHED_COUNTERS = {
+    "ecc_corrected_volatile": "corrected ECC errors",
+    "ecc_uncorrected_volatile": "UNCORRECTED ECC errors",
+    "remapped_rows_pending": "row remapping pending",
+    "remapped_rows_failure": "row remapping FAILED",
+    "pcie_replay": "PCIe replays",
+}
+
+
+_RETELL_SECONDS = 900.0  # repeat a rising counter at most every 15 min of node time
+
+
+class Narrator:
+    """Turns records into readable lines; remembers what it already said."""
+
+    def __init__(self, scenario: Scenario, out: TextIO, style: Style, clock: Clock) -> None:
+        self.scenario = scenario
+        self.out = out
+        self.style = style
+        self.clock = clock
+        self.t0 = clock.now()
+        self._lock = threading.Lock()
+        self._last: dict[tuple[int, str], float] = {}
+        self._told: dict[tuple[int, str], tuple[float, float]] = {}  # (time, value) last told
+        self._reasons: dict[int, frozenset[str]] = {}
+        self._hot: set[int] = set()
+        self._link_errors: dict[tuple[int, int], float] = {}
+        self.findings = 0
+
+    def say(self, t: float, text: str) -> None:
+        secs = int(max(0.0, t - self.t0))
+        stamp = self.style.dim(f"[+{secs // 3600:d}:{secs // 60 % 60:02d}:{secs % 60:02d}]")
+        with self._lock:
+            self.out.write(f"{stamp} {text}\n")
+            self.out.flush()
+
+    def note(self, t: float, text: str) -> None:
+        self.say(t, self.style.cyan("scenario: ") + text)
+
+    def finding(self, t: float, text: str, severe: bool = False) -> None:
+        self.findings += 1
+        mark = self.style.red("!!") if severe else self.style.yellow("! ")
+        self.say(t, f"{mark} {text}")
+
+    def alert(self, t: AlertTransition) -> None:
+        if t.state is AlertState.PENDING:
+            return
+        summary = t.annotations.get("summary") or t.rule
+        tag = f"[{t.severity.value}]"
+        if t.state is AlertState.FIRING:
+            head = (
+                self.style.red(f"ALERT {tag:<8}")
+                if t.severity is AlertSeverity.PAGE
+                else (self.style.yellow(f"ALERT {tag:<8}"))
+            )
+            action = t.annotations.get("action")
+            extra = f"\n{' ' * 12}   what to do: {action}" if action else ""
+            self.say(t.timestamp, f"{head} {t.rule}: {summary}{extra}")
+        else:
+            self.say(t.timestamp, self.style.green(f"RESOLVED {tag:<5}") + f" {t.rule}: {summary}")
+
+    def action(self, record: dict[str, Any]) -> None:
+        """A page or drain the actions stage recorded (the demo sends nothing)."""
+        now = self.clock.now()
+        if record.get("record") == "notification":
+            alerts = record.get("alerts", [])
+            firing = [a for a in alerts if a.get("state") == "firing"]
+            names = ", ".join(sorted({str(a.get("rule")) for a in firing})) or "resolves only"
+            self.say(
+                now,
+                self.style.cyan("-> notified ") + f"{record.get('receiver')} "
+                f"({record.get('type')}): {len(firing)} firing [{names}]",
+            )
+        elif record.get("record") == "drain":
+            how = "dry run" if record.get("dry_run") else str(record.get("mode"))
+            self.say(
+                now,
+                self.style.red("-> DRAIN ") + f"node {record.get('node')} ({how}): "
+                f"{record.get('reason') or record.get('detail')}",
+            )
+
+    def record(self, record: Record) -> None:
+        if isinstance(record, DeviceEvent):
+            severe = record.kind in (DeviceEventKind.LOST, DeviceEventKind.ERROR)
+            what = {
+                DeviceEventKind.LOST: "fell off the bus (NVML: GPU is lost)",
+                DeviceEventKind.RECOVERED: "answers again",
+                DeviceEventKind.STALE: "is STALE: its NVML calls stopped returning",
+                DeviceEventKind.FRESH: "answers again after a stall",
+                DeviceEventKind.ERROR: "poll failed",
+                DeviceEventKind.MISSING: "is missing",
+            }[record.kind]
+            text = f"GPU {record.gpu} ({record.pci_bus_id}) {what}"
+            if record.kind in (DeviceEventKind.RECOVERED, DeviceEventKind.FRESH):
+                self.say(record.timestamp, self.style.green("ok ") + text)
+            else:
+                self.finding(
+                    record.timestamp, text + (f": {record.detail}" if record.detail else ""), severe
+                )
+        elif isinstance(record, XidEvent):
+            self.finding(
+                record.timestamp,
+                f"GPU {record.gpu} ({record.pci_bus_id}): XID {record.xid} from {record.source}",
+                severe=True,
+            )
+        elif isinstance(record, GpuSample) and record.status is GpuStatus.OK:
+            self._sample(record)
+
+    def _sample(self, s: GpuSample) -> None:
+        f = s.fields
+        for name, label in _WATCHED_COUNTERS.items():
+            value = f.get(name)
+            if value is None:
+                continue
+            key = (s.gpu, name)
+            before = self._last.get(key)
+            self._last[key] = value
+            if before is None or value <= before:
+                continue
+            told = self._told.get(key)
+            severe = name in ("ecc_uncorrected_volatile", "remapped_rows_failure")
+            if told is None or severe:
+                self.finding(s.timestamp, f"GPU {s.gpu}: {label} {before:g} -> {value:g}", severe)
+                self._told[key] = (s.timestamp, value)
+            elif s.timestamp - told[0] >= _RETELL_SECONDS:
+                elapsed = s.timestamp - told[0]
+                hours = elapsed / 3600
+                rate = (value - told[1]) / hours
+                self.finding(
+                    s.timestamp,
+                    f"GPU {s.gpu}: {label} now {value:g} "
+                    f"(+{value - told[1]:g} in {format_duration(round(elapsed / 60) * 60)},"
+                    f" {rate:.0f}/h)",
+                )
+                self._told[key] = (s.timestamp, value)
+        mask = f.get("clock_event_reasons")
+        if mask is not None:
+            reasons = frozenset(decode_clock_event_reasons(int(mask))) & HEALTH_CLOCK_EVENT_REASONS
+            if reasons != self._reasons.get(s.gpu, frozenset()):
+                if reasons:
+                    clock = f.get("sm_clock")
+                    at = f" (SM clock {clock / 1e6:.0f} MHz)" if clock else ""
+                    self.finding(
+                        s.timestamp,
+                        f"GPU {s.gpu}: clocks held down by {', '.join(sorted(reasons))}{at}",
+                    )
+                else:
+                    self.say(
+                        s.timestamp, self.style.green("ok ") + f"GPU {s.gpu}: no longer throttled"
+                    )
+                self._reasons[s.gpu] = reasons
+        temp = f.get("temperature_gpu")
+        if temp is not None:
+            if temp >= 85 and s.gpu not in self._hot:
+                self._hot.add(s.gpu)
+                self.finding(s.timestamp, f"GPU {s.gpu}: temperature {temp:.0f} C (>= 85 C)")
+            elif temp < 80 and s.gpu in self._hot:
+                self._hot.discard(s.gpu)
+                self.say(
+                    s.timestamp,
+                    self.style.green("ok ") + f"GPU {s.gpu}: temperature back to {temp:.0f} C",
+                )
+        for ls in s.links:
+            crc = ls.fields.get("nvlink_crc_errors")
+            if crc is None:
+                continue
+            key2 = (s.gpu, ls.link)
+            before = self._link_errors.get(key2)
+            self._link_errors[key2] = crc
+            if before is not None and crc > before:
+                self.finding(
+                    s.timestamp, f"GPU {s.gpu} NVLink {ls.link}: CRC errors {before:g} -> {crc:g}"
+                )
+
+
+def demo_config(base: Config, scenario: Scenario, listen: ListenAddress) -> Config:
+    poll = dataclasses.replace(base.poll, interval=scenario.step, call_timeout=scenario.step)
+    return dataclasses.replace(base, poll=poll, listen=listen)
+
+
+def _demo_pipeline(
+    config: Config, clock: ScaledClock, narrator: Narrator, state_dir: str
+) -> Pipeline:
+    """The rule engine (in memory) and the actions stage in record-only mode."""
+    from gpuwatchd.rules import rules_stage
+
+    stages: list[Stage] = [rules_stage(config, clock, durable=False)]
+    sinks: list[Sink] = []
+    if config.receivers or config.drain.mode != "none":
+        from gpuwatchd.actions import ActionsSink
+
+        sinks.append(
+            ActionsSink(
+                config,
+                clock,
+                db_path=os.path.join(state_dir, "demo.db"),
+                simulate=True,
+                record=narrator.action,
+                on_drain=narrator.action,
+            )
+        )
+    return Pipeline(stages, sinks, on_transition=narrator.alert)
+
+
+def default_demo_config() -> Config:
+    from importlib import resources
+
+    from gpuwatchd.config.loader import load_config
+
+    path = resources.files("gpuwatchd").joinpath("data", "demo-config.yaml")
+    return load_config(str(path), must_exist=True)
+
+
+def run_demo(
+    scenario: Scenario,
+    base: Config,
+    *,
+    seconds: float = 60.0,
+    forever: bool = False,
+    listen: ListenAddress | None = None,
+    out: TextIO = sys.stdout,
+    color: bool | None = None,
+) -> int:
+    style = Style(out.isatty() if color is None else color)
+    factor = scenario.duration / seconds
+    clock = ScaledClock(factor)
+    with tempfile.TemporaryDirectory(prefix="gpuwatchd-demo-") as state_dir:
+        config = dataclasses.replace(
+            demo_config(base, scenario, listen or base.listen), state_dir=state_dir
+        )
+        return _play(
+            scenario, config, clock, factor, seconds, forever, listen, out, style, state_dir
+        )
+
+
+def _play(
+    scenario: Scenario,
+    config: Config,
+    clock: ScaledClock,
+    factor: float,
+    seconds: float,
+    forever: bool,
+    listen: ListenAddress | None,
+    out: TextIO,
+    style: Style,
+    state_dir: str,
+) -> int:
+    backend = ScenarioBackend(scenario, clock, real_stalls=True)
+    narrator = Narrator(scenario, out, style, clock)
+
+    def make_daemon(cfg: Config) -> Daemon:
+        return Daemon(
+            cfg,
+            backend,
+            clock,
+            emit=narrator.record,
+            pipeline=_demo_pipeline(cfg, clock, narrator, state_dir),
+        )
+
+    daemon = make_daemon(config)
+    try:
+        daemon.start()
+    except OSError as exc:
+        if listen is None and config.listen.port != 0:  # default port busy: take a free one
+            config = dataclasses.replace(config, listen=ListenAddress(config.listen.host, 0))
+            daemon = make_daemon(config)
+            daemon.start()
+        else:
+            raise SystemExit(f"gpuwatchd demo: cannot listen on {config.listen}: {exc}") from None
+    url = daemon.http.url if daemon.http else "(no HTTP)"
+    out.write(style.bold(f"gpuwatchd demo: {scenario.name}") + f" - {scenario.description}\n")
+    out.write(
+        f"  {len(daemon.infos)} GPUs, {format_duration(scenario.duration)} of node time "
+        f"played {factor:.0f}x faster (about {seconds:.0f} s). Poll every "
+        f"{format_duration(scenario.step)} of node time. Pages and drains are printed, "
+        "never sent.\n"
+    )
+    out.write(f"  Metrics: {url}/metrics   Status: {url}/api/v1/status\n\n")
+    out.flush()
+    stop = threading.Event()
+    try:
+        notes = list(scenario.notes)
+        while not stop.is_set():
+            elapsed = clock.now() - narrator.t0
+            while notes and notes[0].t <= elapsed:
+                narrator.note(narrator.t0 + notes[0].t, notes.pop(0).text)
+            if elapsed >= scenario.duration:
+                break
+            stop.wait(0.02)
+        view = daemon.state.view()
+        firing = daemon.status().get("alerts", [])
+        out.write("\n" + style.bold("Summary") + f": {narrator.findings} findings.\n")
+        for g in view.gpus:
+            word = g.status.value
+            text = style.green(word) if g.status is GpuStatus.OK else style.red(word)
+            out.write(f"  GPU {g.info.index} {g.info.pci_bus_id} {text}\n")
+        if isinstance(firing, list) and firing:
+            out.write(f"  {len(firing)} alert(s) still firing.\n")
+        if forever:
+            out.write(f"\nStill serving {url}/metrics (Ctrl-C to stop).\n")
+            out.flush()
+            daemon.wait()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        daemon.stop()
+    return 0

@@ -1,0 +1,1023 @@
+"""The real backend: NVIDIA GPUs through NVML (nvidia-ml-py, ``import pynvml``).
+
+Design notes (facts behind them: docs/real-gpu.md and the shared NVML reference):
+
+- Everything NVML exposes as a field id is read with ONE ``nvmlDeviceGetFieldValues`` call
+  per GPU per poll: the GPU fields and every NVLink counter, as ``(fieldId, scopeId)``
+  pairs. Each entry carries its own return code, which is checked before the value union
+  is read by its ``valueType``. Only ids below 251 are used: 251 and up were renumbered
+  between pynvml 12 and 13.
+- A field or call that answers NOT_SUPPORTED (or FUNCTION_NOT_FOUND; for field ids also
+  INVALID_ARGUMENT, which is how a driver answers an id it does not know) is remembered per
+  GPU and never asked again. Other per-field failures go into ``GpuSample.errors``.
+- GPU_IS_LOST anywhere raises ``GpuLost``; RESET_REQUIRED raises ``ResetRequired``. The
+  next ``sample`` of that GPU looks for a fresh handle (by UUID, then PCI bus id), so a GPU
+  that comes back after a reset is sampled again.
+- A few readings cost the driver milliseconds of CPU each (measured on an H200 with driver
+  580: total energy 4 ms, each violation counter 0.75 ms, PCIe replays 0.15 ms; every
+  other reading about 10 us or less). These SLOW fields are read every ``slow_interval_s``
+  (default 10 s) and their last values are carried in the samples between reads; 0 reads
+  everything on every poll. See docs/PERFORMANCE.md.
+- Per-GPU state is separate and guarded by its own lock, so one thread per GPU can poll
+  concurrently. pynvml itself is safe to call from several threads.
+- pynvml is imported lazily (``nvml`` is the seam: tests pass a fake module object).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import functools
+import logging
+import os
+import struct
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any
+
+from gpuwatchd.core.clock import Clock
+from gpuwatchd.core.errors import (
+    BackendError,
+    BackendUnavailable,
+    GpuLost,
+    NotSupported,
+    ResetRequired,
+)
+from gpuwatchd.core.records import GpuInfo, GpuSample, LinkSample, ProcessInfo, XidEvent
+
+log = logging.getLogger(__name__)
+
+# --- NVML numbers (nvml.h; identical in pynvml 12.x and 13.x) --------------------------
+
+NVML_SUCCESS = 0
+NVML_ERROR_INVALID_ARGUMENT = 2
+NVML_ERROR_NOT_SUPPORTED = 3
+NVML_ERROR_TIMEOUT = 10
+NVML_ERROR_FUNCTION_NOT_FOUND = 13
+NVML_ERROR_GPU_IS_LOST = 15
+NVML_ERROR_RESET_REQUIRED = 16
+
+_CODE_NAMES: dict[int, str] = {
+    1: "UNINITIALIZED",
+    2: "INVALID_ARGUMENT",
+    3: "NOT_SUPPORTED",
+    4: "NO_PERMISSION",
+    5: "ALREADY_INITIALIZED",
+    6: "NOT_FOUND",
+    7: "INSUFFICIENT_SIZE",
+    8: "INSUFFICIENT_POWER",
+    9: "DRIVER_NOT_LOADED",
+    10: "TIMEOUT",
+    11: "IRQ_ISSUE",
+    12: "LIBRARY_NOT_FOUND",
+    13: "FUNCTION_NOT_FOUND",
+    14: "CORRUPTED_INFOROM",
+    15: "GPU_IS_LOST",
+    16: "RESET_REQUIRED",
+    17: "OPERATING_SYSTEM",
+    18: "LIB_RM_VERSION_MISMATCH",
+    19: "IN_USE",
+    20: "MEMORY",
+    21: "NO_DATA",
+    22: "VGPU_ECC_NOT_SUPPORTED",
+    23: "INSUFFICIENT_RESOURCES",
+    24: "FREQ_NOT_SUPPORTED",
+    25: "ARGUMENT_VERSION_MISMATCH",
+    26: "DEPRECATED",
+    27: "NOT_READY",
+    28: "GPU_NOT_FOUND",
+    29: "INVALID_STATE",
+    30: "RESET_TYPE_NOT_SUPPORTED",
+    999: "UNKNOWN",
+}
+
+# A call answering one of these will never work on this GPU with this driver.
+_CALL_UNSUPPORTED = frozenset({NVML_ERROR_NOT_SUPPORTED, NVML_ERROR_FUNCTION_NOT_FOUND})
+# A field entry answering one of these likewise (INVALID_ARGUMENT: id unknown to the driver).
+_FIELD_UNSUPPORTED = _CALL_UNSUPPORTED | {NVML_ERROR_INVALID_ARGUMENT}
+
+# Field ids (NVML_FI_*). All < 251: see the module docstring.
+FI_DEV_ECC_CURRENT = 1
+FI_DEV_ECC_PENDING = 2
+FI_DEV_ECC_SBE_VOL_TOTAL = 3
+FI_DEV_ECC_DBE_VOL_TOTAL = 4
+FI_DEV_ECC_SBE_AGG_TOTAL = 5
+FI_DEV_ECC_DBE_AGG_TOTAL = 6
+FI_DEV_RETIRED_SBE = 29
+FI_DEV_RETIRED_DBE = 30
+FI_DEV_RETIRED_PENDING = 31
+FI_DEV_MEMORY_TEMP = 82
+FI_DEV_TOTAL_ENERGY_CONSUMPTION = 83  # mJ since the driver loaded
+FI_DEV_NVLINK_LINK_COUNT = 91
+FI_DEV_PCIE_REPLAY_COUNTER = 94
+FI_DEV_REMAPPED_COR = 142
+FI_DEV_REMAPPED_UNC = 143
+FI_DEV_REMAPPED_PENDING = 144
+FI_DEV_REMAPPED_FAILURE = 145
+FI_DEV_NVLINK_ERROR_DL_REPLAY = 161
+FI_DEV_NVLINK_ERROR_DL_RECOVERY = 162
+FI_DEV_NVLINK_ERROR_DL_CRC = 163
+FI_DEV_NVLINK_GET_STATE = 165
+FI_DEV_GET_GPU_RECOVERY_ACTION = 230
+
+NVLINK_STATE_ACTIVE = 1
+
+# Enum values used with getters.
+NVML_TEMPERATURE_GPU = 0
+NVML_TEMPERATURE_THRESHOLD_SHUTDOWN = 0
+NVML_TEMPERATURE_THRESHOLD_SLOWDOWN = 1
+NVML_TEMPERATURE_THRESHOLD_MEM_MAX = 2
+NVML_CLOCK_SM = 1
+NVML_CLOCK_MEM = 2
+NVML_PERF_POLICY_POWER = 0
+NVML_PERF_POLICY_THERMAL = 1
+EVENT_TYPE_XID_CRITICAL_ERROR = 0x8
+
+# Value union member by nvmlValueType_t.
+_VALUE_MEMBERS: dict[int, str] = {
+    0: "dVal",
+    1: "uiVal",
+    2: "ulVal",
+    3: "ullVal",
+    4: "sllVal",
+    5: "siVal",
+    6: "usVal",
+}
+
+
+@dataclass(frozen=True)
+class _FieldSpec:
+    name: str  # key in gpuwatchd.core.fields.GPU_FIELDS / LINK_FIELDS
+    field_id: int
+    scale: float = 1.0
+    slow: bool = False  # costly for the driver: read every slow_interval_s only
+
+
+GPU_FIELD_IDS: tuple[_FieldSpec, ...] = (
+    _FieldSpec("temperature_memory", FI_DEV_MEMORY_TEMP),
+    _FieldSpec("energy", FI_DEV_TOTAL_ENERGY_CONSUMPTION, 1e-3, slow=True),
+    _FieldSpec("ecc_corrected_volatile", FI_DEV_ECC_SBE_VOL_TOTAL),
+    _FieldSpec("ecc_uncorrected_volatile", FI_DEV_ECC_DBE_VOL_TOTAL),
+    _FieldSpec("ecc_corrected_aggregate", FI_DEV_ECC_SBE_AGG_TOTAL),
+    _FieldSpec("ecc_uncorrected_aggregate", FI_DEV_ECC_DBE_AGG_TOTAL),
+    _FieldSpec("retired_pages_sbe", FI_DEV_RETIRED_SBE),
+    _FieldSpec("retired_pages_dbe", FI_DEV_RETIRED_DBE),
+    _FieldSpec("retired_pages_pending", FI_DEV_RETIRED_PENDING),
+    _FieldSpec("remapped_rows_correctable", FI_DEV_REMAPPED_COR),
+    _FieldSpec("remapped_rows_uncorrectable", FI_DEV_REMAPPED_UNC),
+    _FieldSpec("remapped_rows_pending", FI_DEV_REMAPPED_PENDING),
+    _FieldSpec("remapped_rows_failure", FI_DEV_REMAPPED_FAILURE),
+    _FieldSpec("pcie_replay", FI_DEV_PCIE_REPLAY_COUNTER, slow=True),
+    _FieldSpec("recovery_action", FI_DEV_GET_GPU_RECOVERY_ACTION),
+)
+
+# Fields read only every slow_interval_s (the batch ones above marked slow, and getters).
+SLOW_FIELDS = frozenset(
+    {s.name for s in GPU_FIELD_IDS if s.slow} | {"violation_power", "violation_thermal"}
+)
+DEFAULT_SLOW_INTERVAL_S = 10.0
+
+# Link state is read every poll; the three error counters (54 of the 72 per-link values
+# on an 18-link GPU, ~0.2 ms of driver CPU each) on the slow cadence, like the other
+# costly counters: a counter read 10 s late loses nothing, rules look at increases.
+LINK_FIELD_IDS: tuple[_FieldSpec, ...] = (
+    _FieldSpec("nvlink_up", FI_DEV_NVLINK_GET_STATE),
+    _FieldSpec("nvlink_replay_errors", FI_DEV_NVLINK_ERROR_DL_REPLAY, slow=True),
+    _FieldSpec("nvlink_recovery_errors", FI_DEV_NVLINK_ERROR_DL_RECOVERY, slow=True),
+    _FieldSpec("nvlink_crc_errors", FI_DEV_NVLINK_ERROR_DL_CRC, slow=True),
+)
+SLOW_LINK_FIELDS = frozenset(s.name for s in LINK_FIELD_IDS if s.slow)
+
+# --- error conversion: the one place NVML errors become gpuwatchd errors ---------------
+
+
+def nvml_code(exc: BaseException) -> int | None:
+    """The nvmlReturn_t code of a pynvml ``NVMLError`` (None for anything else)."""
+    value = getattr(exc, "value", None)
+    return value if isinstance(value, int) else None
+
+
+def describe_code(code: int | None) -> str:
+    if code is None:
+        return "unknown NVML failure"
+    return f"NVML_ERROR_{_CODE_NAMES.get(code, 'CODE')} ({code})"
+
+
+def error_from_code(code: int | None, what: str) -> BackendError:
+    """Map an NVML return code to the gpuwatchd error class callers act on."""
+    text = f"{what}: {describe_code(code)}"
+    if code == NVML_ERROR_GPU_IS_LOST:
+        return GpuLost(text + ": the GPU has fallen off the bus or is inaccessible", code)
+    if code == NVML_ERROR_RESET_REQUIRED:
+        return ResetRequired(text + ": the GPU needs a reset", code)
+    if code in _CALL_UNSUPPORTED:
+        return NotSupported(text, code)
+    return BackendError(text, code)
+
+
+def nvml_error(exc: BaseException, what: str) -> BackendError:
+    return error_from_code(nvml_code(exc), what)
+
+
+def _unavailable(exc: BaseException, what: str) -> BackendUnavailable:
+    code = nvml_code(exc)
+    hints = {
+        9: "the NVIDIA kernel driver is not loaded",
+        12: "libnvidia-ml.so.1 was not found: is the NVIDIA driver installed?",
+        18: "the NVML library and the kernel driver differ in version "
+        "(driver upgraded without a reboot?)",
+        4: "no permission to open the NVIDIA device files",
+        28: "NVML found no GPUs",
+    }
+    hint = hints.get(code if code is not None else -1, str(exc) or describe_code(code))
+    return BackendUnavailable(f"NVML unavailable: {what}: {hint} [{describe_code(code)}]", code)
+
+
+def _handle_key(handle: Any) -> int | None:
+    """The address an NVML device handle points at (handles compare by identity)."""
+    try:
+        return ctypes.cast(handle, ctypes.c_void_p).value
+    except (TypeError, ctypes.ArgumentError):
+        return None
+
+
+def decode_field_value(entry: Any) -> float:
+    """The value of one successful ``c_nvmlFieldValue_t``, read by its ``valueType``."""
+    member = _VALUE_MEMBERS.get(entry.valueType)
+    if member is None:
+        raise ValueError(f"unknown NVML valueType {entry.valueType}")
+    return float(getattr(entry.value, member))
+
+
+class _RawDecoder:
+    """Reads a whole ``c_nvmlFieldValue_t`` array from its bytes in one pass.
+
+    pynvml's structs answer every attribute read through a Python-level
+    ``__getattribute__``; unpacking the raw buffer is several times cheaper. The layout is
+    taken from the ctypes class itself (offsets, sizes), so a changed struct either still
+    decodes right or is refused here (then the attribute path is used).
+    """
+
+    def __init__(self, elem: Any) -> None:
+        vtype, ret, value = elem.valueType, elem.nvmlReturn, elem.value
+        size = ctypes.sizeof(elem)
+        if vtype.size != 4 or ret.size != 4 or ret.offset != vtype.offset + 4:
+            raise ValueError("unexpected c_nvmlFieldValue_t layout")
+        if value.size < 8 or value.offset + 8 > size:
+            raise ValueError("unexpected c_nvmlFieldValue_t layout")
+        self.size = size
+        self.value_offset = value.offset
+        self.head = struct.Struct(f"={vtype.offset}xII{size - vtype.offset - 8}x")
+        ulong = "Q" if ctypes.sizeof(ctypes.c_ulong) == 8 else "I"
+        formats = {0: "d", 1: "I", 2: ulong, 3: "Q", 4: "q", 5: "i", 6: "H"}
+        self.values = {t: struct.Struct("=" + f) for t, f in formats.items()}
+
+    def __call__(self, values: Any) -> list[tuple[int, float | None]]:
+        raw = ctypes.string_at(ctypes.addressof(values), ctypes.sizeof(values))
+        out: list[tuple[int, float | None]] = []
+        at = self.value_offset
+        for vtype, ret in self.head.iter_unpack(raw):
+            if ret == NVML_SUCCESS:
+                fmt = self.values.get(vtype)
+                out.append((ret, float(fmt.unpack_from(raw, at)[0]) if fmt else None))
+            else:
+                out.append((ret, None))
+            at += self.size
+        return out
+
+
+_DECODERS: dict[Any, _RawDecoder | None] = {}
+
+
+def read_field_values(values: Any, raw: bool = True) -> list[tuple[int, float | None]]:
+    """``(nvmlReturn, value)`` per entry of a ``nvmlDeviceGetFieldValues`` answer.
+
+    ``value`` is None unless the entry succeeded with a known ``valueType``. ``raw=False``
+    forces the attribute-by-attribute path (tests compare the two).
+    """
+    decoder: _RawDecoder | None = None
+    if raw and isinstance(values, ctypes.Array):
+        elem = values._type_
+        if elem not in _DECODERS:
+            try:
+                _DECODERS[elem] = _RawDecoder(elem)
+            except (AttributeError, ValueError, TypeError, struct.error):
+                _DECODERS[elem] = None
+        decoder = _DECODERS[elem]
+        if decoder is not None and ctypes.sizeof(values) != decoder.size * len(values):
+            decoder = None
+    if decoder is not None:
+        return decoder(values)
+    out: list[tuple[int, float | None]] = []
+    for entry in values:
+        ret = int(entry.nvmlReturn)
+        if ret != NVML_SUCCESS:
+            out.append((ret, None))
+            continue
+        try:
+            out.append((ret, decode_field_value(entry)))
+        except ValueError:
+            out.append((ret, None))
+    return out
+
+
+class _Fallbacks:
+    """One logical call with alternatives, newest first: the first that works wins.
+
+    FUNCTION_NOT_FOUND (the loaded driver lacks the symbol), ARGUMENT_VERSION_MISMATCH or
+    NOT_SUPPORTED from one alternative moves on to the next, once for the whole backend; a
+    pynvml without a wrapper skips it. When the last alternative fails, its error stands.
+    """
+
+    _MOVE_ON = frozenset({NVML_ERROR_FUNCTION_NOT_FOUND, NVML_ERROR_NOT_SUPPORTED, 25})
+
+    def __init__(self, nvml: Any, alternatives: Sequence[str | Callable[..., Any]]) -> None:
+        self._fns: list[Callable[..., Any]] = [
+            getattr(nvml, a) if isinstance(a, str) else a
+            for a in alternatives
+            if not isinstance(a, str) or hasattr(nvml, a)
+        ]
+        self._nvml = nvml
+        self._i = 0
+        self._lock = threading.Lock()
+
+    def __call__(self, *args: Any) -> Any:
+        while True:
+            i = self._i
+            if i >= len(self._fns):
+                raise self._nvml.NVMLError(NVML_ERROR_FUNCTION_NOT_FOUND)
+            try:
+                return self._fns[i](*args)
+            except self._nvml.NVMLError as exc:
+                if nvml_code(exc) not in self._MOVE_ON or i + 1 >= len(self._fns):
+                    raise
+                with self._lock:
+                    self._i = max(self._i, i + 1)
+
+
+# --- per-GPU state ---------------------------------------------------------------------
+
+
+class _Gpu:
+    """Everything the backend keeps about one GPU; touched only under ``lock``."""
+
+    def __init__(self, index: int, handle: Any, info: GpuInfo) -> None:
+        self.index = index
+        self.info = info
+        self.lock = threading.Lock()
+        self.handle = handle
+        self.lost = handle is None
+        self.nvlink_count = info.nvlink_count
+        self.bad_fields: set[tuple[int, int]] = set()  # (fieldId, scopeId)
+        self.bad_calls: set[str] = set()
+        self.pcie_max: dict[str, float] = {}
+        # field-value batches: everything (full) and without the slow fields (fast)
+        self.full_ids: list[tuple[int, int]] = []
+        self.full_specs: list[tuple[_FieldSpec, int | None]] = []
+        self.fast_ids: list[tuple[int, int]] = []
+        self.fast_specs: list[tuple[_FieldSpec, int | None]] = []
+        self.batch_dirty = True
+        # slow fields: when next due (clock.monotonic), and their last values
+        self.slow_due: float | None = None
+        self.slow_values: dict[str, float] = {}
+        self.slow_link_values: list[dict[str, float]] = []
+        # XID events
+        self.events_registered = False
+        self.events_unsupported = False
+
+    def rebuild_batch(self) -> None:
+        ids: list[tuple[int, int]] = []
+        specs: list[tuple[_FieldSpec, int | None]] = []
+        for spec in GPU_FIELD_IDS:
+            if (spec.field_id, 0) not in self.bad_fields:
+                ids.append((spec.field_id, 0))
+                specs.append((spec, None))
+        for link in range(self.nvlink_count):
+            for spec in LINK_FIELD_IDS:
+                if (spec.field_id, link) not in self.bad_fields:
+                    ids.append((spec.field_id, link))
+                    specs.append((spec, link))
+        self.full_ids = ids
+        self.full_specs = specs
+        fast = [i for i, (spec, _) in enumerate(specs) if not spec.slow]
+        self.fast_ids = [ids[i] for i in fast]
+        self.fast_specs = [specs[i] for i in fast]
+        self.batch_dirty = False
+
+    def not_supported(self) -> list[str]:
+        by_id = {s.field_id: s.name for s in (*GPU_FIELD_IDS, *LINK_FIELD_IDS)}
+        link_ids = {s.field_id for s in LINK_FIELD_IDS}
+        out = []
+        for fid, scope in sorted(self.bad_fields):
+            where = f" link {scope}" if fid in link_ids else ""
+            out.append(f"field {fid} ({by_id.get(fid, '?')}){where}")
+        out.extend(f"call {c}" for c in sorted(self.bad_calls))
+        return out
+
+
+# --- the backend -----------------------------------------------------------------------
+
+
+class NvmlBackend:
+    """Backend on real NVIDIA GPUs. ``nvml`` replaces the pynvml module (tests, bench)."""
+
+    name = "nvml"
+
+    def __init__(
+        self,
+        clock: Clock,
+        nvml: Any | None = None,
+        slow_interval_s: float = DEFAULT_SLOW_INTERVAL_S,
+    ) -> None:
+        self._clock = clock
+        self._slow_interval = max(0.0, slow_interval_s)
+        self._nvml_arg = nvml
+        self._nvml: Any = None
+        self._gpus: list[_Gpu] = []
+        self._infos: list[GpuInfo] = []
+        self._open = False
+        self._stop = threading.Event()
+        self._event_lock = threading.Lock()
+        self._event_set: Any = None
+        self._events_unavailable = False
+        self._temperature: _Fallbacks | None = None
+        self._clock_reasons: _Fallbacks | None = None
+        self._memory_info: _Fallbacks | None = None
+
+    # -- open / close --------------------------------------------------------------------
+
+    def _load(self) -> Any:
+        if self._nvml_arg is not None:
+            return self._nvml_arg
+        try:
+            import pynvml
+        except ImportError as exc:
+            raise BackendUnavailable(
+                "NVML unavailable: the Python package nvidia-ml-py (module pynvml) is not "
+                f"installed ({exc})"
+            ) from exc
+        return pynvml
+
+    def open(self) -> list[GpuInfo]:
+        if self._open:
+            return list(self._infos)
+        nv = self._load()
+        if self._nvml_arg is None and os.environ.get("MALLOC_ARENA_MAX") != "1":
+            log.warning(
+                "MALLOC_ARENA_MAX=1 is not set: NVML polled from worker threads corrupted "
+                "the heap on a 2 x H200 NVLink host (docs/real-gpu.md); `gpuwatchd run` and "
+                "the systemd unit set it"
+            )
+        self._nvml = nv
+        try:
+            nv.nvmlInit()
+        except nv.NVMLError as exc:
+            raise _unavailable(exc, "nvmlInit") from exc
+        try:
+            count = int(nv.nvmlDeviceGetCount())
+        except nv.NVMLError as exc:
+            self._shutdown_quietly()
+            raise _unavailable(exc, "nvmlDeviceGetCount") from exc
+        if count <= 0:
+            self._shutdown_quietly()
+            raise BackendUnavailable("NVML unavailable: NVML initialised but found no GPUs")
+        self._temperature = _Fallbacks(
+            nv, ("nvmlDeviceGetTemperatureV", "nvmlDeviceGetTemperature")
+        )
+        self._clock_reasons = _Fallbacks(
+            nv,
+            ("nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetCurrentClocksThrottleReasons"),
+        )
+        # v2 reports driver-reserved memory apart, so "used" matches nvidia-smi's Used
+        memory_v2 = getattr(nv, "nvmlMemory_v2", None)
+        self._memory_info = _Fallbacks(
+            nv,
+            [
+                *([functools.partial(_memory_info_v2, nv, memory_v2)] if memory_v2 else []),
+                "nvmlDeviceGetMemoryInfo",
+            ],
+        )
+        driver = self._try_static(nv.nvmlSystemGetDriverVersion, default="")
+        gpus = [self._open_gpu(i, str(driver)) for i in range(count)]
+        self._gpus = gpus
+        self._infos = [g.info for g in gpus]
+        self._open = True
+        self._stop.clear()
+        return list(self._infos)
+
+    def _try_static(self, fn: Callable[..., Any], *args: Any, default: Any = None) -> Any:
+        try:
+            return fn(*args)
+        except self._nvml.NVMLError:
+            return default
+
+    def _open_gpu(self, index: int, driver: str) -> _Gpu:
+        nv = self._nvml
+        try:
+            handle = nv.nvmlDeviceGetHandleByIndex(index)
+        except nv.NVMLError:
+            # Keep the slot: the first sample() reports the GPU as lost and retries by
+            # index; identity is read once a handle comes.
+            info = GpuInfo(index=index, uuid="", name="", pci_bus_id="", driver=driver)
+            return _Gpu(index, None, info)
+        return _Gpu(index, handle, self._read_info(index, handle, driver))
+
+    def _read_info(self, index: int, handle: Any, driver: str) -> GpuInfo:
+        """Static facts of one GPU; each read may fail alone and leaves its default."""
+        nv = self._nvml
+
+        def get(fn: Callable[..., Any], *args: Any, default: Any = None) -> Any:
+            return self._try_static(fn, handle, *args, default=default)
+
+        uuid = str(get(nv.nvmlDeviceGetUUID, default=""))
+        name = str(get(nv.nvmlDeviceGetName, default=""))
+        pci = get(nv.nvmlDeviceGetPciInfo)
+        pci_bus_id = str(getattr(pci, "busId", "")) if pci is not None else ""
+        serial = str(get(nv.nvmlDeviceGetSerial, default=""))
+        vbios = str(get(nv.nvmlDeviceGetVbiosVersion, default=""))
+
+        static = self._static_fields(handle)
+        ecc_cur = static.get(FI_DEV_ECC_CURRENT)
+        ecc_pend = static.get(FI_DEV_ECC_PENDING)
+        if ecc_cur is None or ecc_pend is None:
+            mode = get(nv.nvmlDeviceGetEccMode)
+            if mode is not None:
+                ecc_cur = float(mode[0]) if ecc_cur is None else ecc_cur
+                ecc_pend = float(mode[1]) if ecc_pend is None else ecc_pend
+        links = static.get(FI_DEV_NVLINK_LINK_COUNT)
+
+        # Absolute thresholds come from nvmlDeviceGetTemperatureThreshold: the only
+        # threshold field ids (193-196, *_TLIMIT) are positions on the relative T.Limit
+        # scale (-8, -2, 0, 0 on an H100), not degrees Celsius.
+        def threshold(kind: int) -> float | None:
+            value = get(nv.nvmlDeviceGetTemperatureThreshold, kind)
+            return float(value) if value is not None else None
+
+        return GpuInfo(
+            index=index,
+            uuid=uuid,
+            name=name,
+            pci_bus_id=pci_bus_id,
+            serial=serial,
+            vbios=vbios,
+            driver=driver,
+            ecc_enabled=None if ecc_cur is None else bool(ecc_cur),
+            ecc_pending=None if ecc_pend is None else bool(ecc_pend),
+            slowdown_temperature=threshold(NVML_TEMPERATURE_THRESHOLD_SLOWDOWN),
+            shutdown_temperature=threshold(NVML_TEMPERATURE_THRESHOLD_SHUTDOWN),
+            memory_max_temperature=threshold(NVML_TEMPERATURE_THRESHOLD_MEM_MAX),
+            nvlink_count=int(links) if links is not None else 0,
+        )
+
+    def _static_fields(self, handle: Any) -> dict[int, float]:
+        ids = [(FI_DEV_ECC_CURRENT, 0), (FI_DEV_ECC_PENDING, 0), (FI_DEV_NVLINK_LINK_COUNT, 0)]
+        out: dict[int, float] = {}
+        values = self._try_static(self._nvml.nvmlDeviceGetFieldValues, handle, ids)
+        if values is None:
+            return out
+        for (fid, _), (ret, value) in zip(ids, read_field_values(values), strict=False):
+            if ret == NVML_SUCCESS and value is not None:
+                out[fid] = value
+        return out
+
+    def close(self) -> None:
+        self._stop.set()
+        if not self._open:
+            return
+        with self._event_lock:
+            if self._event_set is not None:
+                self._try_static(self._nvml.nvmlEventSetFree, self._event_set)
+                self._event_set = None
+            self._open = False
+        self._shutdown_quietly()
+
+    def _shutdown_quietly(self) -> None:
+        with contextlib.suppress(self._nvml.NVMLError):
+            self._nvml.nvmlShutdown()
+
+    # -- introspection (docs, bench, tests) --------------------------------------------
+
+    def infos(self) -> list[GpuInfo]:
+        return list(self._infos)
+
+    def not_supported(self, index: int) -> list[str]:
+        """What this GPU answered NOT_SUPPORTED (or unknown) so far; never asked again."""
+        gpu = self._gpu(index)
+        with gpu.lock:
+            return gpu.not_supported()
+
+    def field_batch(self, index: int, full: bool = True) -> list[tuple[int, int]]:
+        """The ``(fieldId, scopeId)`` list a poll of this GPU asks in its one call
+        (``full``: a poll that also reads the slow fields)."""
+        gpu = self._gpu(index)
+        with gpu.lock:
+            if gpu.batch_dirty:
+                gpu.rebuild_batch()
+            return list(gpu.full_ids if full else gpu.fast_ids)
+
+    # -- sampling -------------------------------------------------------------------------
+
+    def _gpu(self, index: int) -> _Gpu:
+        if not self._open:
+            raise BackendError("NVML backend is not open")
+        if not 0 <= index < len(self._gpus):
+            raise BackendError(f"no GPU with index {index} (NVML has {len(self._gpus)})")
+        return self._gpus[index]
+
+    def sample(self, index: int) -> GpuSample:
+        gpu = self._gpu(index)
+        with gpu.lock:
+            start = time.perf_counter()
+            timestamp = self._clock.now()
+            handle = self._ensure_handle(gpu)
+            try:
+                fields, links, processes, errors = self._poll(gpu, handle)
+            except (GpuLost, ResetRequired):
+                gpu.lost = True
+                raise
+            duration = time.perf_counter() - start
+        return GpuSample(
+            gpu=index,
+            uuid=gpu.info.uuid,
+            timestamp=timestamp,
+            fields=MappingProxyType(fields),
+            links=links,
+            processes=processes,
+            duration_seconds=duration,
+            errors=MappingProxyType(errors),
+        )
+
+    def _ensure_handle(self, gpu: _Gpu) -> Any:
+        """The GPU's handle; after a loss, a fresh one by UUID, then PCI bus id (or index)."""
+        if not gpu.lost:
+            return gpu.handle
+        nv = self._nvml
+        tries: list[tuple[str, Callable[..., Any], Any]] = []
+        if gpu.info.uuid:
+            tries.append(("nvmlDeviceGetHandleByUUID", nv.nvmlDeviceGetHandleByUUID, gpu.info.uuid))
+        if gpu.info.pci_bus_id:
+            tries.append(
+                (
+                    "nvmlDeviceGetHandleByPciBusId",
+                    nv.nvmlDeviceGetHandleByPciBusId,
+                    gpu.info.pci_bus_id,
+                )
+            )
+        if not tries:  # never identified (handle by index failed at open)
+            tries.append(("nvmlDeviceGetHandleByIndex", nv.nvmlDeviceGetHandleByIndex, gpu.index))
+        last: BackendError | None = None
+        for what, fn, arg in tries:
+            try:
+                handle = fn(arg)
+            except nv.NVMLError as exc:
+                last = nvml_error(exc, f"GPU {gpu.index}: {what}")
+                continue
+            if not gpu.info.uuid:  # first handle ever for this GPU: learn what it is
+                gpu.info = self._read_info(gpu.index, handle, gpu.info.driver)
+                gpu.nvlink_count = gpu.info.nvlink_count
+                gpu.batch_dirty = True
+                self._infos[gpu.index] = gpu.info
+            gpu.handle = handle
+            gpu.lost = False
+            gpu.events_registered = False
+            gpu.pcie_max.clear()
+            gpu.slow_due = None  # counters may have restarted: read everything now
+            gpu.slow_values.clear()
+            gpu.slow_link_values = []
+            return handle
+        assert last is not None
+        if isinstance(last, (GpuLost, ResetRequired)):
+            raise last
+        raise GpuLost(
+            f"GPU {gpu.index} {gpu.info.uuid or ''} {gpu.info.pci_bus_id or ''}".strip()
+            + f" is lost and no fresh handle was found ({last})",
+            last.code,
+        )
+
+    def _poll(
+        self, gpu: _Gpu, handle: Any
+    ) -> tuple[dict[str, float], tuple[LinkSample, ...], tuple[ProcessInfo, ...], dict[str, str]]:
+        nv = self._nvml
+        fields: dict[str, float] = {}
+        errors: dict[str, str] = {}
+        link_fields: list[dict[str, float]] = [{} for _ in range(gpu.nvlink_count)]
+
+        now = self._clock.monotonic()
+        full = gpu.slow_due is None or now >= gpu.slow_due or self._slow_interval <= 0
+
+        # 1. Everything with a field id: one call.
+        if gpu.batch_dirty:
+            gpu.rebuild_batch()
+        ids, specs = (gpu.full_ids, gpu.full_specs) if full else (gpu.fast_ids, gpu.fast_specs)
+        if ids:
+            self._read_batch(gpu, handle, ids, specs, fields, link_fields, errors)
+
+        # 2. The rest: one getter each; a NOT_SUPPORTED getter is never called again.
+        def call(key: str, names: tuple[str, ...], fn: Callable[..., Any], *args: Any) -> Any:
+            if key in gpu.bad_calls:
+                return None
+            try:
+                return fn(handle, *args)
+            except nv.NVMLError as exc:
+                code = nvml_code(exc)
+                if code in _CALL_UNSUPPORTED:
+                    gpu.bad_calls.add(key)
+                    return None
+                err = error_from_code(code, f"GPU {gpu.index}: {key}")
+                if isinstance(err, (GpuLost, ResetRequired)):
+                    raise err from exc
+                for n in names:
+                    errors[n] = str(err)
+                return None
+
+        assert self._temperature and self._clock_reasons and self._memory_info
+        value = call(
+            "nvmlDeviceGetTemperature",
+            ("temperature_gpu",),
+            self._temperature,
+            NVML_TEMPERATURE_GPU,
+        )
+        if value is not None:
+            fields["temperature_gpu"] = float(value)
+        value = call("nvmlDeviceGetPowerUsage", ("power",), nv.nvmlDeviceGetPowerUsage)
+        if value is not None:
+            fields["power"] = value / 1000.0  # mW
+        if full and (FI_DEV_TOTAL_ENERGY_CONSUMPTION, 0) in gpu.bad_fields:
+            value = call(
+                "nvmlDeviceGetTotalEnergyConsumption",
+                ("energy",),
+                nv.nvmlDeviceGetTotalEnergyConsumption,
+            )
+            if value is not None:
+                fields["energy"] = value / 1000.0  # mJ
+        value = call(
+            "nvmlDeviceGetClockInfo(SM)", ("sm_clock",), nv.nvmlDeviceGetClockInfo, NVML_CLOCK_SM
+        )
+        if value is not None:
+            fields["sm_clock"] = value * 1e6  # MHz
+        value = call(
+            "nvmlDeviceGetClockInfo(MEM)",
+            ("memory_clock",),
+            nv.nvmlDeviceGetClockInfo,
+            NVML_CLOCK_MEM,
+        )
+        if value is not None:
+            fields["memory_clock"] = value * 1e6
+        util = call(
+            "nvmlDeviceGetUtilizationRates",
+            ("utilization_gpu", "utilization_memory"),
+            nv.nvmlDeviceGetUtilizationRates,
+        )
+        if util is not None:
+            fields["utilization_gpu"] = util.gpu / 100.0
+            fields["utilization_memory"] = util.memory / 100.0
+        mem = call(
+            "nvmlDeviceGetMemoryInfo",
+            ("memory_used", "memory_free", "memory_total"),
+            self._memory_info,
+        )
+        if mem is not None:
+            fields["memory_used"] = float(mem.used)
+            fields["memory_free"] = float(mem.free)
+            fields["memory_total"] = float(mem.total)
+        if full:  # slow: see the module docstring
+            for name, policy, label in (
+                ("violation_power", NVML_PERF_POLICY_POWER, "POWER"),
+                ("violation_thermal", NVML_PERF_POLICY_THERMAL, "THERMAL"),
+            ):
+                viol = call(
+                    f"nvmlDeviceGetViolationStatus({label})",
+                    (name,),
+                    nv.nvmlDeviceGetViolationStatus,
+                    policy,
+                )
+                if viol is not None:
+                    fields[name] = viol.violationTime * 1e-9  # ns
+        value = call(
+            "nvmlDeviceGetCurrentClocksEventReasons", ("clock_event_reasons",), self._clock_reasons
+        )
+        if value is not None:
+            fields["clock_event_reasons"] = float(value)
+        value = call(
+            "nvmlDeviceGetCurrPcieLinkGeneration",
+            ("pcie_link_generation",),
+            nv.nvmlDeviceGetCurrPcieLinkGeneration,
+        )
+        if value is not None:
+            fields["pcie_link_generation"] = float(value)
+        value = call(
+            "nvmlDeviceGetCurrPcieLinkWidth",
+            ("pcie_link_width",),
+            nv.nvmlDeviceGetCurrPcieLinkWidth,
+        )
+        if value is not None:
+            fields["pcie_link_width"] = float(value)
+        # The maxima are facts of the card and the slot: read until they answer once.
+        for name, getter in (
+            ("pcie_link_generation_max", "nvmlDeviceGetMaxPcieLinkGeneration"),
+            ("pcie_link_width_max", "nvmlDeviceGetMaxPcieLinkWidth"),
+        ):
+            if name not in gpu.pcie_max:
+                value = call(getter, (name,), getattr(nv, getter))
+                if value is not None:
+                    gpu.pcie_max[name] = float(value)
+            if name in gpu.pcie_max:
+                fields[name] = gpu.pcie_max[name]
+        procs = call(
+            "nvmlDeviceGetComputeRunningProcesses",
+            ("compute_processes",),
+            nv.nvmlDeviceGetComputeRunningProcesses,
+        )
+        processes: tuple[ProcessInfo, ...] = ()
+        if procs is not None:
+            processes = tuple(_process_info(p) for p in procs)
+            fields["compute_processes"] = float(len(processes))
+
+        if full:
+            gpu.slow_values = {n: fields[n] for n in SLOW_FIELDS if n in fields}
+            gpu.slow_link_values = [
+                {n: lf[n] for n in SLOW_LINK_FIELDS if n in lf} for lf in link_fields
+            ]
+            gpu.slow_due = now + self._slow_interval
+        else:
+            fields.update(gpu.slow_values)
+            for lf, kept in zip(link_fields, gpu.slow_link_values, strict=False):
+                lf.update(kept)
+
+        links = tuple(
+            LinkSample(link=i, fields=MappingProxyType(f)) for i, f in enumerate(link_fields)
+        )
+        return fields, links, processes, errors
+
+    def _read_batch(
+        self,
+        gpu: _Gpu,
+        handle: Any,
+        ids: list[tuple[int, int]],
+        specs: list[tuple[_FieldSpec, int | None]],
+        fields: dict[str, float],
+        link_fields: list[dict[str, float]],
+        errors: dict[str, str],
+    ) -> None:
+        nv = self._nvml
+        try:
+            values = nv.nvmlDeviceGetFieldValues(handle, ids)
+        except nv.NVMLError as exc:
+            code = nvml_code(exc)
+            if code in _CALL_UNSUPPORTED:
+                gpu.bad_fields.update(ids)
+                gpu.bad_calls.add("nvmlDeviceGetFieldValues")
+                gpu.batch_dirty = True
+                return
+            err = error_from_code(code, f"GPU {gpu.index}: nvmlDeviceGetFieldValues")
+            if isinstance(err, (GpuLost, ResetRequired)):
+                raise err from exc
+            for spec, link in specs:
+                errors[_label(spec, link)] = str(err)
+            return
+        for (spec, link), (ret, value) in zip(specs, read_field_values(values), strict=False):
+            if ret == NVML_SUCCESS:
+                if value is None:
+                    errors[_label(spec, link)] = f"field {spec.field_id}: unknown valueType"
+                elif link is None:
+                    fields[spec.name] = value * spec.scale if spec.scale != 1.0 else value
+                elif spec.field_id == FI_DEV_NVLINK_GET_STATE:
+                    link_fields[link][spec.name] = 1.0 if value == NVLINK_STATE_ACTIVE else 0.0
+                else:
+                    link_fields[link][spec.name] = value
+            elif ret in _FIELD_UNSUPPORTED:
+                gpu.bad_fields.add((spec.field_id, 0 if link is None else link))
+                gpu.batch_dirty = True
+            else:
+                err = error_from_code(
+                    ret, f"GPU {gpu.index}: field {spec.field_id} ({_label(spec, link)})"
+                )
+                if isinstance(err, (GpuLost, ResetRequired)):
+                    raise err
+                errors[_label(spec, link)] = str(err)
+
+    # -- XID events -----------------------------------------------------------------------
+
+    def wait_xid_events(self, timeout_s: float) -> list[XidEvent]:
+        """XIDs the driver reports within ``timeout_s`` (``nvmlEventSetWait``).
+
+        Returns [] on timeout. A lost GPU never raises here: the wait sits out its timeout
+        and returns [], and ``sample`` reports the loss. Call from one thread; stop it
+        before ``close``.
+        """
+        with self._event_lock:
+            if not self._open or self._stop.is_set():
+                return []
+            event_set = self._prepare_event_set()
+            if event_set is None:
+                self._clock.wait(self._stop, timeout_s)
+                return []
+            return self._wait_events(event_set, timeout_s)
+
+    def _prepare_event_set(self) -> Any:
+        nv = self._nvml
+        if self._events_unavailable:
+            return None
+        if self._event_set is None:
+            try:
+                self._event_set = nv.nvmlEventSetCreate()
+            except nv.NVMLError as exc:
+                code = nvml_code(exc)
+                if code in _CALL_UNSUPPORTED:
+                    self._events_unavailable = True
+                    return None
+                raise nvml_error(exc, "nvmlEventSetCreate") from exc
+        for gpu in self._gpus:
+            if gpu.events_registered or gpu.events_unsupported or gpu.lost:
+                continue
+            try:
+                nv.nvmlDeviceRegisterEvents(
+                    gpu.handle, EVENT_TYPE_XID_CRITICAL_ERROR, self._event_set
+                )
+            except nv.NVMLError as exc:
+                if nvml_code(exc) in _CALL_UNSUPPORTED:
+                    gpu.events_unsupported = True
+                continue  # lost or other trouble: try again on the next wait
+            gpu.events_registered = True
+        return self._event_set
+
+    def _wait_events(self, event_set: Any, timeout_s: float) -> list[XidEvent]:
+        nv = self._nvml
+        events: list[XidEvent] = []
+        timeout_ms = max(0, int(timeout_s * 1000))
+        for _ in range(256):  # the first wait blocks; the rest drain what is queued
+            try:
+                data = nv.nvmlEventSetWait(event_set, timeout_ms)
+            except nv.NVMLError as exc:
+                code = nvml_code(exc)
+                if code == NVML_ERROR_TIMEOUT or events:
+                    break
+                if code in (NVML_ERROR_GPU_IS_LOST, NVML_ERROR_RESET_REQUIRED):
+                    self._clock.wait(self._stop, timeout_s)
+                    break
+                raise nvml_error(exc, "nvmlEventSetWait") from exc
+            timeout_ms = 0
+            event = self._xid_event(data)
+            if event is not None:
+                events.append(event)
+        return events
+
+    def _xid_event(self, data: Any) -> XidEvent | None:
+        if not int(data.eventType) & EVENT_TYPE_XID_CRITICAL_ERROR:
+            return None
+        handle = data.device
+        key = _handle_key(handle)
+        found: _Gpu | None = None
+        if key is not None:
+            for gpu in self._gpus:
+                if gpu.handle is not None and _handle_key(gpu.handle) == key:
+                    found = gpu
+                    break
+        if found is None:
+            uuid = self._try_static(self._nvml.nvmlDeviceGetUUID, handle, default=None)
+            for gpu in self._gpus:
+                if uuid and gpu.info.uuid == uuid:
+                    found = gpu
+                    break
+        return XidEvent(
+            timestamp=self._clock.now(),
+            source="nvml",
+            xid=int(data.eventData),
+            gpu=found.index if found else None,
+            uuid=(found.info.uuid or None) if found else None,
+            pci_bus_id=(found.info.pci_bus_id or None) if found else None,
+        )
+
+
+def reexec_with_single_arena() -> None:
+    """Restart this process with ``MALLOC_ARENA_MAX=1`` in its environment, if not set.
+
+    On a 2 x H200 NVLink host (driver 580.159.04), polling NVML from any thread other than
+    the main one aborted the process within about 20 s ("malloc(): corrupted top size"),
+    while the same polls on the main thread, or with ``MALLOC_ARENA_MAX=1`` set at start-up,
+    ran clean; setting the limit later with mallopt() did not help. gpuwatchd polls each
+    GPU on its own thread, so ``gpuwatchd run`` re-executes itself with the variable set
+    before anything starts (the systemd unit sets it too). docs/real-gpu.md has the
+    experiment matrix; bench/nvml_crash_matrix.sh reproduces it.
+    """
+    if os.environ.get("MALLOC_ARENA_MAX") == "1" or not sys.platform.startswith("linux"):
+        return
+    os.environ["MALLOC_ARENA_MAX"] = "1"
+    os.execv(sys.executable, [sys.executable, "-m", "gpuwatchd", *sys.argv[1:]])
+
+
+def _label(spec: _FieldSpec, link: int | None) -> str:
+    return spec.name if link is None else f"{spec.name}[link {link}]"
+
+
+def _memory_info_v2(nv: Any, version: int, handle: Any) -> Any:
+    return nv.nvmlDeviceGetMemoryInfo(handle, version=version)
+
+
+def _process_info(proc: Any) -> ProcessInfo:
+    used = getattr(proc, "usedGpuMemory", None)
+    return ProcessInfo(pid=int(proc.pid), used_memory_bytes=int(used) if used is not None else None)

@@ -1,0 +1,244 @@
+"""Polls every GPU on its own worker thread, so one slow or lost GPU never delays another.
+
+NVML calls cannot be cancelled from Python, so the time bound is enforced around them:
+each GPU has one worker thread; the scheduler hands it a poll at every interval only when
+it is idle. A worker whose poll has not returned after ``call_timeout`` marks its GPU
+stale (and is not given new work until the stuck call returns). Scrapes read the
+``NodeState`` and never wait for a worker.
+
+``poll_once_sync`` runs the same logic inline for ``simulate`` on a virtual clock, where a
+stall is signalled by the backend raising ``CallTimeout``.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from gpuwatchd.core.clock import Clock
+from gpuwatchd.core.errors import BackendError, CallTimeout, GpuLost, ResetRequired
+from gpuwatchd.core.nodestate import NodeState
+from gpuwatchd.core.records import (
+    DeviceEvent,
+    DeviceEventKind,
+    GpuInfo,
+    GpuSample,
+    GpuStatus,
+    XidEvent,
+)
+from gpuwatchd.sources.gpu.backend import Backend
+
+log = logging.getLogger(__name__)
+
+Record = GpuSample | DeviceEvent | XidEvent
+Emit = Callable[[Record], None]
+
+_TRANSITIONS: dict[GpuStatus, DeviceEventKind] = {
+    GpuStatus.LOST: DeviceEventKind.LOST,
+    GpuStatus.STALE: DeviceEventKind.STALE,
+    GpuStatus.ERROR: DeviceEventKind.ERROR,
+}
+
+
+def _failed_sample(info: GpuInfo, now: float, status: GpuStatus, error: str) -> GpuSample:
+    return GpuSample(gpu=info.index, uuid=info.uuid, timestamp=now, status=status, error=error)
+
+
+def poll_gpu(backend: Backend, info: GpuInfo, clock: Clock) -> GpuSample:
+    """One poll of one GPU, with every backend failure turned into a sample status."""
+    try:
+        return backend.sample(info.index)
+    except GpuLost as exc:
+        return _failed_sample(info, clock.now(), GpuStatus.LOST, str(exc) or "GPU is lost")
+    except CallTimeout as exc:
+        return _failed_sample(info, clock.now(), GpuStatus.STALE, str(exc) or "call timed out")
+    except ResetRequired as exc:
+        return _failed_sample(info, clock.now(), GpuStatus.ERROR, f"reset required: {exc}")
+    except BackendError as exc:
+        return _failed_sample(info, clock.now(), GpuStatus.ERROR, str(exc))
+    except Exception as exc:  # a bug in one GPU's path must not stop the others
+        log.exception("unexpected error polling GPU %d", info.index)
+        return _failed_sample(info, clock.now(), GpuStatus.ERROR, f"internal error: {exc!r}")
+
+
+def _device_event(info: GpuInfo, kind: DeviceEventKind, now: float, detail: str) -> DeviceEvent:
+    return DeviceEvent(kind, info.index, info.uuid, info.pci_bus_id, now, detail)
+
+
+@dataclass
+class _Worker:
+    info: GpuInfo
+    go: threading.Event
+    thread: threading.Thread | None = None
+    busy_since: float | None = None  # monotonic, clock's seconds
+    stale_reported: bool = False
+
+
+class Poller:
+    def __init__(
+        self,
+        backend: Backend,
+        infos: list[GpuInfo],
+        state: NodeState,
+        clock: Clock,
+        interval: float,
+        call_timeout: float,
+        emit: Emit | None = None,
+    ) -> None:
+        self.backend = backend
+        self.infos = infos
+        self.state = state
+        self.clock = clock
+        self.interval = interval
+        self.call_timeout = call_timeout
+        self.emit: Emit = emit or (lambda record: None)
+        self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._lock = threading.Lock()
+        self._workers = {i.index: _Worker(i, threading.Event()) for i in infos}
+        self._scheduler: threading.Thread | None = None
+        self.cycles = 0  # completed scheduler ticks (a liveness signal for the watchdog)
+
+    # -- shared bookkeeping ------------------------------------------------------------
+    def _store(self, info: GpuInfo, sample: GpuSample) -> None:
+        previous = self.state.record_sample(sample)
+        self.emit(sample)
+        if previous is None:
+            return
+        now = sample.timestamp
+        if sample.status is GpuStatus.OK:
+            kind = (
+                DeviceEventKind.RECOVERED
+                if previous is not GpuStatus.STALE
+                else (DeviceEventKind.FRESH)
+            )
+            self.emit(_device_event(info, kind, now, f"was {previous.value}"))
+        else:
+            self.emit(_device_event(info, _TRANSITIONS[sample.status], now, sample.error or ""))
+        log.log(
+            logging.INFO if sample.status is GpuStatus.OK else logging.WARNING,
+            "GPU %d %s: %s -> %s %s",
+            info.index,
+            info.pci_bus_id,
+            previous.value,
+            sample.status.value,
+            sample.error or "",
+        )
+
+    def _source_health(self, durations: list[float], answered: int | None = None) -> None:
+        now = self.clock.now()
+        total = len(self.infos)
+        if answered is None:
+            answered = sum(1 for g in self.state.view().gpus if g.status is GpuStatus.OK)
+        self.state.source(
+            "nvml",
+            up=answered > 0 or not total,
+            now=now,
+            duration=max(durations) if durations else None,
+            detail=f"{answered}/{total} GPUs answering",
+        )
+
+    # -- synchronous (simulate) ------------------------------------------------------
+    def poll_once_sync(self) -> None:
+        durations = []
+        answered = 0
+        for info in self.infos:
+            sample = poll_gpu(self.backend, info, self.clock)
+            durations.append(sample.duration_seconds)
+            answered += sample.status is GpuStatus.OK
+            self._store(info, sample)
+        self.cycles += 1
+        self._source_health(durations, answered)
+
+    # -- threaded (run, demo) --------------------------------------------------------
+    def start(self) -> None:
+        for worker in self._workers.values():
+            worker.thread = threading.Thread(
+                target=self._work,
+                args=(worker,),
+                name=f"poll-gpu{worker.info.index}",
+                daemon=True,
+            )
+            worker.thread.start()
+        self._scheduler = threading.Thread(
+            target=self._schedule, name="poll-scheduler", daemon=True
+        )
+        self._scheduler.start()
+
+    def stop(self, timeout: float = 2.0) -> None:
+        self._stop.set()
+        self._wake.set()
+        for worker in self._workers.values():
+            worker.go.set()
+        if self._scheduler is not None:
+            self._scheduler.join(timeout)
+        for worker in self._workers.values():
+            if worker.thread is not None:
+                worker.thread.join(timeout=0.2)  # a thread stuck in NVML is left behind
+
+    def _work(self, worker: _Worker) -> None:
+        while True:
+            worker.go.wait()
+            worker.go.clear()
+            if self._stop.is_set():
+                return
+            sample = poll_gpu(self.backend, worker.info, self.clock)
+            if self._stop.is_set():
+                return
+            with self._lock:
+                worker.busy_since = None
+                worker.stale_reported = False
+            self._store(worker.info, sample)
+
+    def _schedule(self) -> None:
+        next_tick = self.clock.monotonic()
+        while not self._stop.is_set():
+            now_m = self.clock.monotonic()
+            if now_m >= next_tick:
+                self._tick(now_m)
+                next_tick += self.interval
+                if next_tick < now_m:  # fell behind (suspend, overload): don't burst
+                    next_tick = now_m + self.interval
+            deadline = next_tick
+            with self._lock:
+                for worker in self._workers.values():
+                    if worker.busy_since is not None and not worker.stale_reported:
+                        deadline = min(deadline, worker.busy_since + self.call_timeout)
+            self._check_stale(self.clock.monotonic())
+            self.clock.wait(self._wake, max(0.0, deadline - self.clock.monotonic()))
+            self._wake.clear()
+
+    def _tick(self, now_m: float) -> None:
+        durations = []
+        with self._lock:
+            for worker in self._workers.values():
+                if worker.busy_since is None:
+                    worker.busy_since = now_m
+                    worker.go.set()
+        for gpu in self.state.view().gpus:
+            if gpu.sample is not None and gpu.status is GpuStatus.OK:
+                durations.append(gpu.sample.duration_seconds)
+        self.cycles += 1
+        self._source_health(durations)
+
+    def _check_stale(self, now_m: float) -> None:
+        stale: list[_Worker] = []
+        with self._lock:
+            for worker in self._workers.values():
+                if (
+                    worker.busy_since is not None
+                    and not worker.stale_reported
+                    and now_m - worker.busy_since >= self.call_timeout
+                ):
+                    worker.stale_reported = True
+                    stale.append(worker)
+        now = self.clock.now()
+        for worker in stale:
+            detail = f"poll has not returned after {self.call_timeout:g}s"
+            if self.state.set_status(worker.info.index, GpuStatus.STALE, now) is not None:
+                self.emit(_device_event(worker.info, DeviceEventKind.STALE, now, detail))
+                log.warning(
+                    "GPU %d %s is stale: %s", worker.info.index, worker.info.pci_bus_id, detail
+                )

@@ -1,0 +1,155 @@
+"""One incident per fault: the NVML XID event and the kernel's XID line become one event.
+
+The NVML event arrives within milliseconds but carries only the XID number; the kernel
+line carries the text, pid and process but may come later (journald batching). When both
+paths are working, the first to arrive waits up to ``window`` seconds for its partner (same
+PCI address and XID); the pair is emitted as one ``XidEvent`` whose ``source`` names both
+(``kmsg+nvml``). A report whose partner never comes is emitted alone after the window and
+counted as a mismatch, since it means one of the paths is broken. When only one path is up,
+its reports are emitted at once. Pure: time is passed in.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+from gpuwatchd.core.families import Families
+from gpuwatchd.core.records import XidEvent
+
+NVML = "nvml"
+
+
+@dataclass
+class _Pending:
+    event: XidEvent
+    arrived: float
+
+
+def _key(event: XidEvent) -> tuple[str, int]:
+    pci = (event.pci_bus_id or "").upper()
+    return (pci or f"gpu{event.gpu}", event.xid)
+
+
+def _is_nvml(event: XidEvent) -> bool:
+    return event.source == NVML
+
+
+def merge_pair(kernel: XidEvent, nvml: XidEvent) -> XidEvent:
+    """The kernel report with the NVML identity filled in and both provenances named."""
+    return replace(
+        kernel,
+        source=f"{kernel.source}+{NVML}",
+        timestamp=min(kernel.timestamp, nvml.timestamp),
+        gpu=kernel.gpu if kernel.gpu is not None else nvml.gpu,
+        uuid=kernel.uuid or nvml.uuid,
+        pci_bus_id=kernel.pci_bus_id or nvml.pci_bus_id,
+    )
+
+
+class IncidentMerger:
+    def __init__(
+        self,
+        window: float,
+        emit: Callable[[XidEvent], None],
+        *,
+        kernel_up: Callable[[], bool],
+        nvml_up: Callable[[], bool],
+        on_mismatch: Callable[[XidEvent, str], None] | None = None,
+    ) -> None:
+        self.window = window
+        self.emit = emit
+        self.kernel_up = kernel_up
+        self.nvml_up = nvml_up
+        self.on_mismatch = on_mismatch
+        self._pending: dict[tuple[str, int], deque[_Pending]] = {}
+        self._lock = threading.Lock()
+        self.merged = 0
+        self.duplicates = 0  # the same bus loss reported by an Xid 79 line and a plain line
+        self._bus_loss: dict[str, float] = {}  # pci -> when a bus loss was last taken in
+        self.mismatch = {"kernel": 0, "nvml": 0}  # which path was missing
+
+    def _duplicate_bus_loss(self, event: XidEvent, now: float) -> bool:
+        """The driver reports a bus loss twice (an Xid 79 line and a "fallen off the bus"
+        line); the second kernel report within the window is the same incident."""
+        if event.xid != 79 or _is_nvml(event):
+            return False
+        pci = (event.pci_bus_id or "").upper()
+        last = self._bus_loss.get(pci)
+        self._bus_loss[pci] = now
+        return last is not None and now - last < self.window
+
+    def submit(self, event: XidEvent, now: float) -> None:
+        out: XidEvent | None = None
+        with self._lock:
+            if self._duplicate_bus_loss(event, now):
+                self.duplicates += 1
+                return
+        nvml = _is_nvml(event)
+        partner_expected = self.kernel_up() if nvml else (self.nvml_up() and event.kind == "xid")
+        with self._lock:
+            queue = self._pending.get(_key(event))
+            if queue:
+                head = queue[0]
+                if _is_nvml(head.event) != nvml:
+                    queue.popleft()
+                    if not queue:
+                        del self._pending[_key(event)]
+                    kernel_ev, nvml_ev = (head.event, event) if nvml else (event, head.event)
+                    out = merge_pair(kernel_ev, nvml_ev)
+                    self.merged += 1
+            if out is None:
+                if not partner_expected:
+                    out = event
+                else:
+                    self._pending.setdefault(_key(event), deque()).append(_Pending(event, now))
+        if out is not None:
+            self.emit(out)
+
+    def expire(self, now: float) -> None:
+        """Emit reports whose partner did not come within the window."""
+        late: list[XidEvent] = []
+        with self._lock:
+            for key in list(self._pending):
+                queue = self._pending[key]
+                while queue and now - queue[0].arrived >= self.window:
+                    late.append(queue.popleft().event)
+                if not queue:
+                    del self._pending[key]
+        for event in late:
+            missing = "kernel" if _is_nvml(event) else "nvml"
+            self.mismatch[missing] += 1
+            if self.on_mismatch is not None:
+                self.on_mismatch(event, missing)
+            self.emit(event)
+
+    def pending(self) -> int:
+        with self._lock:
+            return sum(len(q) for q in self._pending.values())
+
+    def families(self, fams: Families) -> None:
+        merged = fams.get(
+            "gpuwatchd_xid_merged_total",
+            "counter",
+            "XIDs reported by both the kernel log and NVML events, merged into one incident.",
+            [],
+        )
+        merged.add([], float(self.merged))
+        dup = fams.get(
+            "gpuwatchd_xid_duplicates_total",
+            "counter",
+            "Second kernel reports of one bus loss (an Xid 79 line and a 'fallen off the bus' "
+            "line) folded into the first.",
+            [],
+        )
+        dup.add([], float(self.duplicates))
+        mismatch = fams.get(
+            "gpuwatchd_xid_source_mismatch_total",
+            "counter",
+            "XIDs seen on one path only although both were up (missing = the silent path).",
+            ["missing"],
+        )
+        for missing in ("kernel", "nvml"):
+            mismatch.add([missing], float(self.mismatch[missing]))

@@ -1,0 +1,208 @@
+"""Builds the XID inputs a daemon (or simulation) runs, from config and backend.
+
+``XidInputs`` owns the kernel-log source (journald, /dev/kmsg or the scenario's lines),
+the line handlers, and the incident merger that NVML events also pass through. It hands
+merged, trusted ``XidEvent``s to one callback and exposes its metrics.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from gpuwatchd.config.loader import Config
+from gpuwatchd.core.clock import Clock
+from gpuwatchd.core.families import Families
+from gpuwatchd.core.heartbeat import HeartbeatRegistry
+from gpuwatchd.core.records import GpuInfo, XidEvent
+from gpuwatchd.core.statehealth import StoreHealth
+from gpuwatchd.sources.incidents import IncidentMerger
+from gpuwatchd.sources.kernel.cursor import PositionFile
+from gpuwatchd.sources.kernel.journald import JournaldSource, journal_available
+from gpuwatchd.sources.kernel.kmsg import KmsgSource, kmsg_available
+from gpuwatchd.sources.kernel.linehandler import GpuResolver, KernelLineHandler, kernel_log_families
+
+log = logging.getLogger(__name__)
+
+Status = Callable[[str, bool, str], None]  # (source name, up, detail)
+
+
+class _Runnable(Protocol):
+    name: str
+
+    def start(self) -> None: ...
+
+    def stop(self) -> None: ...
+
+
+class ScenarioKernelSource:
+    """Kernel-log lines scripted in a scenario, replayed as their time comes."""
+
+    name = "scenario"
+
+    def __init__(self, backend: Any, handler: KernelLineHandler, clock: Clock) -> None:
+        self.backend = backend
+        self.handler = handler
+        self.clock = clock
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def pump(self, now: float) -> None:
+        for ts, transport, line in self.backend.kernel_log_lines_until(now):
+            self.handler.handle(line, ts, transport == "kernel")
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.pump(self.clock.now())
+            self.clock.wait(self._stop, 1.0)
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="scenario-kernel", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(2.0)
+
+
+def choose_kernel_log(config: Config, backend: Any) -> str:
+    choice = config.sources.kernel_log
+    if choice != "auto":
+        return choice
+    if hasattr(backend, "kernel_log_lines_until"):
+        return "scenario"
+    if config.sources.journal_dir or journal_available():
+        return "journald"
+    if kmsg_available(config.sources.kmsg_path):
+        return "kmsg"
+    return "none"
+
+
+class XidInputs:
+    def __init__(
+        self,
+        config: Config,
+        backend: Any,
+        clock: Clock,
+        emit: Callable[[XidEvent], None],
+        status: Status,
+        *,
+        durable: bool = True,
+    ) -> None:
+        self.config = config
+        self.clock = clock
+        self.status = status
+        self.resolver = GpuResolver()
+        self.kind = choose_kernel_log(config, backend)
+        self.handler: KernelLineHandler | None = None
+        self.source: _Runnable | None = None
+        self._kernel_up = False
+        self.nvml_events_up = False
+        self.merger = IncidentMerger(
+            config.sources.merge_window,
+            emit,
+            kernel_up=lambda: self._kernel_up,
+            nvml_up=lambda: self.nvml_events_up,
+            on_mismatch=self._mismatch,
+        )
+        self._stop = threading.Event()
+        self._expirer: threading.Thread | None = None
+        state_dir = config.state_dir if durable else None
+        if self.kind == "none":
+            log.warning("no kernel-log source: XIDs come from NVML events only")
+            return
+        self.handler = KernelLineHandler(self.kind, self.resolver, self._from_kernel)
+        if self.kind == "scenario":
+            self.source = ScenarioKernelSource(backend, self.handler, clock)
+            self._kernel_up = True
+        elif self.kind == "journald":
+            self.source = JournaldSource(
+                self.handler,
+                clock,
+                directory=config.sources.journal_dir,
+                position=PositionFile(_pos(state_dir, "journald.json")),
+                status=self._source_status,
+                backfill=config.sources.backfill,
+            )
+        else:
+            self.source = KmsgSource(
+                self.handler,
+                clock,
+                path=config.sources.kmsg_path,
+                position=PositionFile(_pos(state_dir, "kmsg.json")),
+                status=self._source_status,
+            )
+
+    def _source_status(self, up: bool, detail: str) -> None:
+        self._kernel_up = up
+        self.status(self.kind, up, detail)
+
+    def _from_kernel(self, event: XidEvent) -> None:
+        self.merger.submit(event, self.clock.monotonic())
+
+    def nvml_event(self, event: XidEvent) -> None:
+        self.merger.submit(self.resolver.resolve(event), self.clock.monotonic())
+
+    def _mismatch(self, event: XidEvent, missing: str) -> None:
+        log.warning(
+            "XID %d on %s seen only by %s: the %s path reported nothing within %gs",
+            event.xid,
+            event.pci_bus_id,
+            event.source,
+            missing,
+            self.merger.window,
+        )
+
+    def set_gpus(self, infos: list[GpuInfo]) -> None:
+        self.resolver.update(infos)
+
+    def _expire_loop(self) -> None:
+        while not self._stop.is_set():
+            self.merger.expire(self.clock.monotonic())
+            self.clock.wait(self._stop, min(0.25, self.merger.window / 4))
+
+    def start(self, heartbeats: HeartbeatRegistry | None = None) -> None:
+        if isinstance(self.source, JournaldSource | KmsgSource) and heartbeats is not None:
+            # a read loop turns at least every 0.5 s; 30 s of silence means it is wedged
+            self.source.heartbeat = heartbeats.register(f"kernel-log-{self.kind}", 30.0)
+        if self.source is not None:
+            self.source.start()
+            if self.kind == "scenario":
+                self.status("scenario", True, "replaying the scenario's kernel-log lines")
+        self._expirer = threading.Thread(target=self._expire_loop, name="xid-merge", daemon=True)
+        self._expirer.start()
+
+    def pump(self, now: float, monotonic: float) -> None:
+        """Synchronous step for simulate: replay due scenario lines, expire the merger."""
+        if isinstance(self.source, ScenarioKernelSource):
+            self.source.pump(now)
+        self.merger.expire(monotonic)
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self.source is not None:
+            self.source.stop()
+        if self._expirer is not None:
+            self._expirer.join(2.0)
+        self.merger.expire(float("inf"))
+
+    def families(self, fams: Families) -> None:
+        kernel_log_families([self.handler] if self.handler else [], fams)
+        self.merger.families(fams)
+
+    def state_health(self) -> StoreHealth | None:
+        """Whether the kernel-log reader's resume position reaches the disk."""
+        position = getattr(self.source, "position", None)
+        if not isinstance(position, PositionFile) or position.path is None:
+            return None
+        return StoreHealth(
+            f"{self.kind}_position", position.durable, position.errors, position.problem
+        )
+
+
+def _pos(state_dir: str | None, name: str) -> str | None:
+    return None if state_dir is None else os.path.join(state_dir, name)

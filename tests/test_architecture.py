@@ -1,0 +1,133 @@
+"""The package layout holds: every module sits in a stage package, imports only point down
+the stack (or within its own package), and no two modules import each other, even through
+imports hidden inside functions."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parent.parent / "gpuwatchd"
+
+# Lower numbers are lower in the stack. A module may import its own package and any package
+# with a lower rank; packages of equal rank are independent stages and never import each other.
+RANKS = {
+    "core": 0,
+    "xid": 1,
+    "config": 2,
+    "sources": 3,
+    "scenario": 4,
+    "rules": 4,
+    "actions": 4,
+    "exposition": 4,
+    "testing": 5,
+    "service": 6,
+    "harness": 7,
+    "cli": 8,
+}
+TOP_LEVEL_FILES = {"__init__.py", "__main__.py", "py.typed"}
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def imports_of(path: Path) -> set[str]:
+    """Every gpuwatchd module ``path`` imports, at any depth of the file."""
+    tree = ast.parse(path.read_text(), str(path))
+    me = module_name(path)
+    package = me if path.name == "__init__.py" else me.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name.startswith("gpuwatchd."))
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                target = ".".join([*base, node.module] if node.module else base)
+            else:
+                target = node.module or ""
+            if not target.startswith("gpuwatchd"):
+                continue
+            for alias in node.names:  # `from pkg import module` imports the module
+                sub = f"{target}.{alias.name}"
+                found.add(
+                    sub
+                    if (PACKAGE.parent / sub.replace(".", "/")).exists()
+                    or (PACKAGE.parent / (sub.replace(".", "/") + ".py")).exists()
+                    else target
+                )
+    found.discard(me)
+    return found
+
+
+def stage_of(module: str) -> str | None:
+    """The stage package of ``module``; None for the top-level package and its entry points."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 and parts[1] in RANKS else None
+
+
+def all_modules() -> dict[str, Path]:
+    return {module_name(p): p for p in PACKAGE.rglob("*.py")}
+
+
+def test_every_module_sits_in_a_stage_package() -> None:
+    loose = sorted(
+        p.name for p in PACKAGE.iterdir() if p.is_file() and p.name not in TOP_LEVEL_FILES
+    )
+    assert loose == [], f"modules outside a stage package: {loose}"
+    packages = sorted(p.name for p in PACKAGE.iterdir() if p.is_dir() and p.name != "data")
+    assert sorted(n for n in packages if n != "__pycache__") == sorted(RANKS)
+
+
+def test_imports_point_down_the_stack() -> None:
+    upward = []
+    for module, path in all_modules().items():
+        here = stage_of(module)
+        if here is None:
+            continue
+        for target in imports_of(path):
+            there = stage_of(target)
+            if there is None or there == here:
+                continue
+            if RANKS[there] >= RANKS[here]:
+                upward.append(f"{module} -> {target}")
+    assert upward == [], "imports that do not point down the stack:\n" + "\n".join(upward)
+
+
+def test_no_import_cycles() -> None:
+    graph = {m: {t for t in imports_of(p) if t in all_modules()} for m, p in all_modules().items()}
+    # A package's __init__ may re-export its own modules: ignore edges into one's own parent.
+    for module in graph:
+        graph[module] = {t for t in graph[module] if not module.startswith(t + ".")}
+    cycles: list[list[str]] = []
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                cycles.append([*stack[stack.index(nxt) :], nxt])
+            elif nxt not in state:
+                visit(nxt)
+        stack.pop()
+        state[node] = 2
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node)
+    assert cycles == [], "import cycles:\n" + "\n".join(" -> ".join(c) for c in cycles)
+
+
+@pytest.mark.parametrize("stage", sorted(RANKS))
+def test_stage_package_has_a_docstring(stage: str) -> None:
+    init = PACKAGE / stage / "__init__.py"
+    tree = ast.parse(init.read_text())
+    assert ast.get_docstring(tree), f"{init}: say in one paragraph what this stage does"
