@@ -26,6 +26,9 @@ TAINT_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
 PAGERDUTY_URL = "https://events.pagerduty.com/v2/enqueue"
 SIGNATURE_HEADER = "X-Gpuwatchd-Signature"
 DEFAULT_STATE_FILE = "/run/gpuwatchd/health.json"
+DEFAULT_SEVERITY_LABELS: dict[str, str] = {"page": "critical", "ticket": "warning", "info": "info"}
+"""The ``severity`` label Alertmanager and webhook receivers see for each gpuwatchd severity
+(Alertmanager's and most routing trees' convention); ``severity_labels`` changes it."""
 
 _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
 _CREDENTIAL_RE = re.compile(r"[A-Za-z0-9_.@-]{1,255}")
