@@ -7,8 +7,6 @@ import json
 import logging
 import os
 import sys
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Sequence
 
 from gpuwatchd import __version__
@@ -25,7 +23,7 @@ from gpuwatchd.core.errors import BackendUnavailable, ConfigError
 log = logging.getLogger("gpuwatchd")
 
 # Modules that add subcommands: each has ``add_parser(subparsers)`` and sets ``func``.
-COMMAND_MODULES: tuple[str, ...] = ("xid", "drainhelper", "silence", "rules")
+COMMAND_MODULES: tuple[str, ...] = ("xid", "drainhelper", "silence", "rules", "check")
 
 
 def _load(args: argparse.Namespace) -> Config:
@@ -228,21 +226,25 @@ def cmd_check_config(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    if args.url:
-        base = args.url.rstrip("/")
-    else:
-        try:
-            config = _load(args)
-        except ConfigError as exc:
-            return _config_errors(exc)
-        host = config.listen.host
-        host = f"[{host}]" if ":" in host else host
-        base = f"http://{host}:{config.listen.port}"
+    from gpuwatchd.cli.daemonclient import DaemonError, client_from_args
+
     try:
-        with urllib.request.urlopen(f"{base}/api/v1/status", timeout=args.timeout) as resp:
-            status = json.load(resp)
-    except (urllib.error.URLError, OSError) as exc:
-        print(f"gpuwatchd status: cannot reach the daemon at {base}: {exc}", file=sys.stderr)
+        config = None if args.url and not args.config else _load(args)
+        client = client_from_args(args, config)
+    except ConfigError as exc:
+        return _config_errors(exc)
+    except ValueError as exc:
+        print(f"gpuwatchd status: {exc}", file=sys.stderr)
+        return 1
+    try:
+        if args.healthz:  # a probe: the daemon's own health, not the GPUs'
+            code, body = client.get("/healthz")
+            text = body.decode("utf-8", "replace").strip()
+            print(text if code in (200, 503) else f"HTTP {code} {text}"[:300])
+            return 0 if code == 200 else 1
+        status = json.loads(client.get_ok("/api/v1/status"))
+    except (DaemonError, ValueError) as exc:
+        print(f"gpuwatchd status: {exc}", file=sys.stderr)
         return 1
     if args.json:
         json.dump(status, sys.stdout, indent=2, sort_keys=True)
@@ -265,7 +267,8 @@ def cmd_status(args: argparse.Namespace) -> int:
 
     for line in status_lines(status):  # deliveries, silences, drain (when configured)
         print(line)
-    return 0 if all(g["status"] == "ok" for g in status["gpus"]) else 3
+    gpus = status["gpus"]
+    return 0 if gpus and all(g["status"] == "ok" for g in gpus) else 3  # no GPU is no health
 
 
 # -- parser ------------------------------------------------------------------------------
@@ -337,9 +340,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_check_config)
 
     p = with_config(sub.add_parser("status", help="ask the running daemon for per-GPU health"))
-    p.add_argument("--url", help="daemon base URL (default: from the config's listen)")
     p.add_argument("--json", action="store_true", help="print the raw JSON")
-    p.add_argument("--timeout", type=float, default=5.0, help="seconds to wait")
+    p.add_argument(
+        "--healthz",
+        action="store_true",
+        help="only the daemon's /healthz: exit 0 when it is healthy (a probe command)",
+    )
+    from gpuwatchd.cli.daemonclient import add_client_arguments
+
+    add_client_arguments(p)  # --url, --timeout, TLS and basic auth
     p.set_defaults(func=cmd_status)
 
     import importlib
