@@ -47,6 +47,7 @@ from gpuwatchd.actions.store import DB_NAME, Store, loads
 from gpuwatchd.config.loader import Config
 from gpuwatchd.core.alerts import AlertState, AlertTransition
 from gpuwatchd.core.clock import Clock
+from gpuwatchd.core.eventlog import log_delivery
 from gpuwatchd.core.families import Families
 from gpuwatchd.core.nodestate import NodeView
 from gpuwatchd.core.statehealth import StoreHealth, state_families
@@ -653,6 +654,7 @@ class ActionsSink:
                     [(done, i) for i in ids],
                 )
             self.metrics.add_sent(rcv.name, [done - float(r["received"]) for r in rows])
+            log_delivery(rcv.name, rcv.kind, notes, done - now)
             last["last_success"] = done
             if rcv.min_interval:
                 self._blocked[(rcv.name, target)] = done + rcv.min_interval

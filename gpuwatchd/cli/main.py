@@ -31,11 +31,12 @@ def _load(args: argparse.Namespace) -> Config:
     return load_config(path, must_exist=args.config is not None)
 
 
-def _setup_logging(level: str, verbose: bool = False) -> None:
-    """The journal when stderr is journald's stream, else tty or plain (see logsetup)."""
+def _setup_logging(level: str, verbose: bool = False, log_format: str = "auto") -> None:
+    """The journal when stderr is journald's stream, else tty or plain; or JSON lines when
+    the config's log_format asks (see logsetup)."""
     from gpuwatchd.service.logsetup import setup_logging
 
-    setup_logging(level, verbose)
+    setup_logging(level, verbose, log_format=log_format)
 
 
 def _config_errors(exc: ConfigError) -> int:
@@ -69,7 +70,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             # before anything is opened or started: NVML on worker threads needs one
             # malloc arena from process start (see reexec_with_single_arena)
             reexec_with_single_arena()
-        _setup_logging(config.log_level, args.verbose)
+        _setup_logging(config.log_level, args.verbose, config.log_format)
         clock = SystemClock()
         from gpuwatchd.rules import rules_stage
 
