@@ -23,7 +23,7 @@ def run_check(*args: str) -> subprocess.CompletedProcess[str]:
     )
     gpuwatchd = f"{sys.executable} -m gpuwatchd"
     return subprocess.run(
-        [bash, "-c", f"gpuwatchd() {{ {gpuwatchd} \"$@\"; }}\nexport -f gpuwatchd\n" + script],
+        [bash, "-c", f'gpuwatchd() {{ {gpuwatchd} "$@"; }}\nexport -f gpuwatchd\n' + script],
         capture_output=True,
         text=True,
         cwd=ROOT,
