@@ -114,7 +114,8 @@ def main() -> int:
 
     if daemon.xids.handler is not None:
         daemon.xids.handler.emit = on_kernel
-    daemon.xids.nvml_event = on_nvml  # type: ignore[method-assign]
+    if daemon.node.events is not None:
+        daemon.node.events.deliver = on_nvml
 
     cpu0 = resource.getrusage(resource.RUSAGE_SELF)
     t_start = time.monotonic()
