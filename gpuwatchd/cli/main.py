@@ -7,8 +7,6 @@ import json
 import logging
 import os
 import sys
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Sequence
 
 from gpuwatchd import __version__
@@ -20,7 +18,7 @@ from gpuwatchd.config.loader import (
 )
 from gpuwatchd.config.paths import default_config_path
 from gpuwatchd.core.clock import SystemClock
-from gpuwatchd.core.errors import BackendUnavailable, ConfigError
+from gpuwatchd.core.errors import BackendUnavailable, ConfigError, GpuwatchdError
 
 log = logging.getLogger("gpuwatchd")
 
@@ -79,7 +77,6 @@ def cmd_run(args: argparse.Namespace) -> int:
     except BackendUnavailable as exc:
         print(f"gpuwatchd run: {exc}", file=sys.stderr)
         return 1
-    from gpuwatchd.actions import ActionsError
     from gpuwatchd.service.assembly import Wiring
     from gpuwatchd.service.logsetup import config_secrets, register_secret, set_level
     from gpuwatchd.service.pipeline import Stage
@@ -97,7 +94,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         daemon = Daemon(config, backend, clock, wiring=Wiring(extra_stages=extra_stages))
     except ConfigError as exc:
         return _config_errors(exc)
-    except ActionsError as exc:
+    except GpuwatchdError as exc:  # actions cannot start: an unreadable secret, no outbox
         print(f"gpuwatchd run: {exc}", file=sys.stderr)
         return 1
     daemon.config_loader = load
@@ -234,6 +231,9 @@ def cmd_status(args: argparse.Namespace) -> int:
         host = config.listen.host
         host = f"[{host}]" if ":" in host else host
         base = f"http://{host}:{config.listen.port}"
+    import urllib.error
+    import urllib.request
+
     try:
         with urllib.request.urlopen(f"{base}/api/v1/status", timeout=args.timeout) as resp:
             status = json.load(resp)

@@ -16,12 +16,9 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
-
-import httpx
+from typing import TYPE_CHECKING, Any
 
 from gpuwatchd import __version__
-from gpuwatchd.actions import ActionsError, ActionsSink, build_actions
 from gpuwatchd.config.loader import Config
 from gpuwatchd.core.alerts import AlertState
 from gpuwatchd.core.clock import Clock
@@ -39,6 +36,11 @@ from gpuwatchd.sources.gpu.backend import Backend, XidEventSource
 from gpuwatchd.sources.gpu.poller import Poller
 from gpuwatchd.sources.gpu.xid_events import XidEventReader
 from gpuwatchd.sources.xid_inputs import XidInputs
+
+if TYPE_CHECKING:  # actions (and httpx) load only when a config has receivers or a drain
+    import httpx
+
+    from gpuwatchd.actions import ActionsSink
 
 log = logging.getLogger(__name__)
 
@@ -122,6 +124,8 @@ def build_node_actions(config: Config, clock: Clock, wiring: Wiring) -> ActionsS
     """The actions stage for this wiring, or None when nothing is configured to receive."""
     if not config.receivers and config.drain.mode == "none":
         return None
+    from gpuwatchd.actions import ActionsError, ActionsSink, build_actions
+
     if wiring.record is None and wiring.durable:
         return build_actions(config, clock, transport=wiring.transport, environ=wiring.environ)
     import random
