@@ -14,12 +14,13 @@ from __future__ import annotations
 import argparse
 import base64
 import os
-import ssl
-import urllib.error
-import urllib.request
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from gpuwatchd.config.loader import Config
+
+if TYPE_CHECKING:  # ssl and urllib load only when the daemon is really asked
+    import ssl
 
 __all__ = ["DaemonClient", "DaemonError", "add_client_arguments", "client_from_args"]
 
@@ -46,6 +47,10 @@ class DaemonClient:
 
     def get(self, path: str) -> tuple[int, bytes]:
         """Status and body of ``GET path``; any HTTP status is returned, not raised."""
+        import ssl
+        import urllib.error
+        import urllib.request
+
         request = urllib.request.Request(self.base + path, method="GET")
         if self.authorization:
             request.add_header("Authorization", self.authorization)
@@ -160,6 +165,8 @@ def client_from_args(
 def _tls_context(
     ca_file: str | None, pinned: str | None, cert: str | None, key: str | None
 ) -> ssl.SSLContext:
+    import ssl
+
     try:
         if ca_file:
             ctx = ssl.create_default_context(cafile=ca_file)
