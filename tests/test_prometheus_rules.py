@@ -132,3 +132,17 @@ def test_promtool_fires_what_the_node_fires(
         + (result.stdout + result.stderr)[-6000:]
     )
     assert INSTANCE["job"] == "gpuwatchd"
+
+
+def test_shipped_unit_tests_of_the_ecc_trend_pass() -> None:
+    """packaging/prometheus/gpuwatchd-rules.test.yaml: weeks of ECC history (accelerating,
+    one burst, a steady rate), which the simulated scenarios in CI are too short for."""
+    promtool = need_binary("promtool")
+    result = subprocess.run(
+        [promtool, "test", "rules", "gpuwatchd-rules.test.yaml"],
+        capture_output=True,
+        text=True,
+        cwd=RULES.parent,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
