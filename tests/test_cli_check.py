@@ -14,7 +14,7 @@ from conftest import GPUWATCHD, ROOT
 from fault_support import Daemon, wait_until
 from test_abuse_http import bcrypt_hash, https_get, make_pki
 
-from gpuwatchd.cli.check import Firing, Gpu, Report, judge
+from gpuwatchd.cli.check import Firing, Gpu, Report, from_metrics, from_status, judge
 
 STEADY = ROOT / "tests" / "data" / "steady-4gpu.yaml"
 UNHEALTHY = ROOT / "tests" / "data" / "check-unhealthy.yaml"
@@ -48,6 +48,25 @@ def test_tickets_warn_unless_asked_to_fail() -> None:
     ]
     strict = judge(report(), fail_on="ticket")
     assert strict.code == 1 and strict.problems == ["alert GpuEccCorrectedRising (ticket) on GPU 0"]
+
+
+def test_daemon_answers_are_read_from_status_or_metrics() -> None:
+    status = {
+        "gpus": [{"index": 0, "pci_bus_id": "00000000:18:00.0", "status": "lost"}],
+        "gpus_expected": 2,
+        "alerts": [{"rule": "GpuLost", "severity": "page", "labels": {"gpu": "0"}}],
+    }
+    gpus, expected, firing = from_status(status)
+    assert gpus == [Gpu("0", "00000000:18:00.0", "lost")] and expected == 2
+    assert firing == [Firing("GpuLost", "page", "0")]
+    assert from_status({"gpus": []})[2] is None  # an older daemon: no alerts in its status
+    metrics = (
+        "# TYPE gpuwatchd_alerts gauge\n"
+        'gpuwatchd_alerts{rule="GpuLost",severity="page",state="firing"} 1.0\n'
+        'gpuwatchd_alerts{rule="GpuLost",severity="page",state="pending"} 0.0\n'
+        'gpuwatchd_alerts{rule="GpuStale",severity="ticket",state="firing"} 0.0\n'
+    )
+    assert from_metrics(metrics)[2] == [Firing("GpuLost", "page", None, 1)]
 
 
 # -- one poll of its own -----------------------------------------------------------------------
@@ -149,7 +168,10 @@ def test_check_and_status_reach_a_daemon_with_tls_and_basic_auth(
     data = json.loads(res.stdout)
     assert res.returncode == 1, res.stdout + res.stderr
     assert data["source"] == "daemon" and data["where"] == d.url
-    assert {f["rule"] for f in data["firing"]} >= {"GpuLost", "GpuRecoveryActionRequired"}
+    assert {(f["rule"], f["gpu"]) for f in data["firing"]} >= {
+        ("GpuLost", "1"),
+        ("GpuRecoveryActionRequired", "2"),
+    }
     assert [g["status"] for g in data["gpus"]] == ["ok", "lost", "ok", "ok"]
     # no credentials: the daemon answers 401, and that is "cannot tell", not a local poll
     res = gw("check", "-c", str(config), "--format", "nhc")

@@ -1,11 +1,11 @@
 """``gpuwatchd check``: one-shot node health for Slurm prologs and epilogs, NHC and scripts.
 
 Exit status: 0 healthy, 1 unhealthy, 2 cannot tell. The answer comes from the running
-daemon when one answers (its GPU states and the alerts its rules hold firing, over HTTP with
-the daemon's TLS and basic auth), else from one poll of its own: every GPU sampled once
-through the configured backend and judged by the same rules the daemon runs (rules that
-need time, a ``for:`` or a window, cannot fire on one sample, and XIDs seen before are not
-known without the daemon).
+daemon when one answers (its GPU states and the alerts its rules hold firing, from
+/api/v1/status, over HTTP with the daemon's TLS and basic auth), else from one poll of its
+own: every GPU sampled once through the configured backend and judged by the same rules the
+daemon runs (rules that need time, a ``for:`` or a window, cannot fire on one sample, and
+XIDs seen before are not known without the daemon).
 
 Unhealthy: a GPU lost, stale or failing; fewer GPUs than ``gpus.expected``; no GPU at all;
 a firing alert of severity ``page`` (``--fail-on ticket``: tickets too). Cannot tell: the
@@ -99,6 +99,28 @@ def judge(report: Report, fail_on: str = "page") -> Report:
 
 
 # -- asking the daemon ---------------------------------------------------------------------
+def from_status(status: dict[str, Any]) -> tuple[list[Gpu], int | None, list[Firing] | None]:
+    """GPU states, ``gpus.expected`` and firing alerts from /api/v1/status (``None`` for
+    the alerts when the daemon's status has no ``alerts``: an older daemon)."""
+    gpus = [
+        Gpu(str(g.get("index", "?")), str(g.get("pci_bus_id", "")), str(g.get("status", "?")))
+        for g in status.get("gpus") or []
+    ]
+    expected = status.get("gpus_expected")
+    alerts = status.get("alerts")
+    firing = None
+    if isinstance(alerts, list):
+        firing = [
+            Firing(
+                str(a.get("rule", "?")),
+                str(a.get("severity", "?")),
+                (a.get("labels") or {}).get("gpu"),
+            )
+            for a in alerts
+        ]
+    return gpus, expected if isinstance(expected, int) else None, firing
+
+
 def from_metrics(text: str) -> tuple[list[Gpu], int | None, list[Firing]]:
     """GPU states, ``gpus.expected`` and firing alerts from the daemon's /metrics."""
     from prometheus_client.parser import text_string_to_metric_families
@@ -133,8 +155,13 @@ def ask_daemon(client: Any) -> Report:
         raise DaemonError(f"the daemon at {client.base} is not healthy: {reason}")
     if status != 200:
         client.get_ok("/healthz")  # raises with the reason (401, ...)
-    text = client.get_ok("/metrics").decode("utf-8", "replace")
-    gpus, expected, firing = from_metrics(text)
+    try:
+        data = json.loads(client.get_ok("/api/v1/status"))
+    except ValueError:
+        raise DaemonError(f"{client.base}/api/v1/status is not JSON") from None
+    gpus, expected, firing = from_status(data)
+    if firing is None:  # a daemon whose status lists no alerts: count them from /metrics
+        _, _, firing = from_metrics(client.get_ok("/metrics").decode("utf-8", "replace"))
     return Report("daemon", client.base, gpus, expected, firing)
 
 
