@@ -32,7 +32,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from gpuwatchd.actions import ActionsSink
+from actions_support import sink_for
+
 from gpuwatchd.config.loader import load_config
 from gpuwatchd.core.alerts import AlertSeverity, AlertState, AlertTransition
 from gpuwatchd.core.clock import SystemClock
@@ -98,7 +99,7 @@ routing:
     )
     config = load_config(str(cfg_path), must_exist=True, environ={})
     clock = SystemClock()
-    sink = ActionsSink(config, clock)
+    sink = sink_for(config, clock, start=True)
     latencies: list[float] = []
     commit: list[float] = []
     try:

@@ -101,6 +101,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     daemon.config_loader = load
     daemon.reload_hooks.append(rules.reload_hook)  # SIGHUP: rules validated, then swapped
     if actions is not None:
+        actions.start()
         daemon.pipeline.sinks.append(actions)
         for secret in actions.secrets:  # every log line is scrubbed of them, not only ours
             register_secret(secret)

@@ -242,19 +242,14 @@ def _demo_pipeline(
 
     stages: list[Stage] = [rules_stage(config, clock, durable=False)]
     sinks: list[Sink] = []
-    if config.receivers or config.drain.mode != "none":
-        from gpuwatchd.actions import ActionsSink
+    from gpuwatchd.actions import build_recording_actions
 
-        sinks.append(
-            ActionsSink(
-                config,
-                clock,
-                db_path=os.path.join(state_dir, "demo.db"),
-                simulate=True,
-                record=narrator.action,
-                on_drain=narrator.action,
-            )
-        )
+    actions = build_recording_actions(
+        config, clock, narrator.action, db_path=os.path.join(state_dir, "demo.db")
+    )
+    if actions is not None:
+        actions.start()
+        sinks.append(actions)
     return Pipeline(stages, sinks, on_transition=narrator.alert)
 
 

@@ -163,20 +163,11 @@ def add_actions(sim: Simulation, config: Config, *, send: bool = False) -> None:
     """The actions stage on the simulation's clock, when the config has receivers or a
     drain mode. Notifications and drains are printed as ``notification`` and ``drain``
     records, not sent; with ``send`` notifications really go out (drains never do)."""
-    if not config.receivers and config.drain.mode == "none":
-        return
     import random
 
-    from gpuwatchd.actions import ActionsSink
+    from gpuwatchd.actions import build_recording_actions
 
-    sink = ActionsSink(
-        config,
-        sim.clock,
-        threaded=False,
-        db_path=":memory:",
-        simulate=True,
-        record=None if send else sim._out,
-        on_drain=sim._out,
-        rng=random.Random(0),
-    )
+    sink = build_recording_actions(config, sim.clock, sim._out, send=send, rng=random.Random(0))
+    if sink is None:
+        return
     sim.pipeline.sinks.append(sink)
