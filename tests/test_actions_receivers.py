@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from actions_support import HttpReceiver, Received, make_config, sink_for, transition
+from actions_support import T0, HttpReceiver, Received, make_config, sink_for, transition
 from conftest import free_port
 
 from gpuwatchd.actions import ActionsSink
@@ -619,3 +619,32 @@ routing:
     finally:
         sink.close()
         echoing.stop()
+
+
+def test_pagerduty_events_stay_within_the_api_limits() -> None:
+    """Issue 14 item 6: custom_details were unbounded; an event over PagerDuty's 512 KB
+    got a 400 and the page was dropped for good."""
+    from gpuwatchd.actions.model import alert_record
+    from gpuwatchd.actions.receivers import PD_MAX_EVENT_BYTES, pagerduty_events
+
+    huge = "x" * 20_000  # 40 of them in labels and 40 in annotations: 1.6 MB
+    t = transition(
+        "r" * 5000,
+        annotations={f"a{i}": huge for i in range(40)} | {"summary": "s" * 10_000},
+        extra={f"l{i}": huge for i in range(40)},
+    )
+    note = {
+        "group_labels": {"node": "n" * 3000},
+        "node": "n" * 3000,
+        "alerts": [alert_record(t, T0)],
+        "changed": [t.fingerprint],
+    }
+    (event,) = pagerduty_events(note, "R0UT1NGKEY0123456789abcdefABCDEF")
+    body = json.dumps(event, separators=(",", ":")).encode()
+    assert len(body) <= PD_MAX_EVENT_BYTES
+    assert len(event["dedup_key"]) <= 255
+    assert len(event["payload"]["summary"]) <= 1024
+    assert all(len(event["payload"][k]) <= 255 for k in ("source", "class", "group"))
+    (trimmed,) = pagerduty_events(note, "R0UT1NGKEY0123456789abcdefABCDEF", trimmed=True)
+    assert "custom_details" not in trimmed["payload"]
+    assert trimmed["dedup_key"] == event["dedup_key"]

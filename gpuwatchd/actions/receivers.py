@@ -398,14 +398,19 @@ PD_MAX_DETAIL_ITEMS = 64  # labels or annotations of one alert in custom_details
 def pagerduty_dedup_key(alert: Mapping[str, Any], node: str) -> str:
     """One key per alert, stable across restarts: node, rule and a hash of the alert's
     fingerprint (a resolve finds the trigger; the next incident of the alert opens anew)."""
-    readable = clean_text(f"{node}/{alert['rule']}", 200)
+    readable = _short(f"{node[:100]}/{str(alert['rule'])[:100]}", 200)
     key = f"gpuwatchd/{readable}/{short_hash(str(alert['fingerprint']), n=16)}"
     return key[:PD_MAX_DEDUP]
 
 
+def _short(value: Any, limit: int) -> str:
+    """One line of at most ``limit`` characters, without scanning a huge value whole."""
+    return clean_text(str(value)[: 4 * limit], limit)
+
+
 def _bounded_map(values: Mapping[str, Any]) -> dict[str, str]:
     items = sorted(values.items())[:PD_MAX_DETAIL_ITEMS]
-    return {clean_text(str(k), 128): clean_text(str(v), PD_MAX_DETAIL_TEXT) for k, v in items}
+    return {_short(k, 128): _short(v, PD_MAX_DETAIL_TEXT) for k, v in items}
 
 
 def pagerduty_event(
@@ -419,8 +424,8 @@ def pagerduty_event(
     node = node or str((alert.get("labels") or {}).get("node", ""))
     labels = alert.get("labels") or {}
     payload: dict[str, Any] = {
-        "summary": clean_text(f"{node}: {alert_title(alert)}", PD_MAX_SUMMARY),
-        "source": clean_text(node or "gpuwatchd", PD_MAX_FIELD),
+        "summary": _short(f"{node[:PD_MAX_FIELD]}: {alert_title(alert)}", PD_MAX_SUMMARY),
+        "source": _short(node or "gpuwatchd", PD_MAX_FIELD),
         "severity": PD_SEVERITY.get(str(alert["severity"]), "error"),
         "timestamp": rfc3339(float(alert["timestamp"])),
     }
@@ -433,12 +438,12 @@ def pagerduty_event(
     }
     if trimmed:
         return event
-    payload["class"] = clean_text(str(alert["rule"]), PD_MAX_FIELD)
-    payload["group"] = clean_text(node, PD_MAX_FIELD)
+    payload["class"] = _short(alert["rule"], PD_MAX_FIELD)
+    payload["group"] = _short(node, PD_MAX_FIELD)
     if labels.get("gpu") not in (None, ""):
-        payload["component"] = clean_text(f"gpu{labels['gpu']}", PD_MAX_FIELD)
+        payload["component"] = _short(f"gpu{labels['gpu']}", PD_MAX_FIELD)
     details: dict[str, Any] = {
-        "rule": str(alert["rule"]),
+        "rule": _short(alert["rule"], PD_MAX_FIELD),
         "severity": str(alert["severity"]),
         "labels": _bounded_map(labels),
         "annotations": _bounded_map(alert.get("annotations") or {}),
