@@ -48,9 +48,9 @@ class Workers:
             if self.running:
                 return
             self.running = True
-            self._spawn(self._loop, "actions-sched", self._schedule, self._wake_sched, None)
+            self._spawn("actions-sched", self._schedule, self._wake_sched, None, SCHEDULER_WAIT)
             if self._drain is not None:
-                self._spawn(self._loop, "actions-drain", self._drain, self._wake_drain, None)
+                self._spawn("actions-drain", self._drain, self._wake_drain, None, MAX_IDLE_WAIT)
         for key, delivery in targets.items():
             self.add_target(key, delivery)
 
@@ -60,7 +60,8 @@ class Workers:
             event = threading.Event()
             self._targets[key] = (delivery, event)
             if self.running:
-                self._spawn(self._loop, f"send-{key[0]}-{key[1]}", delivery.step, event, delivery)
+                name = f"send-{key[0]}-{key[1]}"
+                self._spawn(name, delivery.step, event, delivery, MAX_IDLE_WAIT)
 
     def remove_target(self, key: TargetKey) -> None:
         """Its thread ends after the message in hand (a reload removed the receiver)."""
@@ -72,18 +73,22 @@ class Workers:
 
     def _spawn(
         self,
-        loop: Callable[[Step, threading.Event, TargetDelivery | None], None],
         name: str,
         step: Step,
         event: threading.Event,
         delivery: TargetDelivery | None,
+        most: float,
     ) -> None:
-        th = threading.Thread(target=loop, args=(step, event, delivery), name=name, daemon=True)
+        """A thread that runs ``step`` until stopped, sleeping at most ``most`` seconds."""
+        th = threading.Thread(
+            target=self._loop, args=(step, event, delivery, most), name=name, daemon=True
+        )
         self._threads.append(th)
         th.start()
 
-    def _loop(self, step: Step, event: threading.Event, delivery: TargetDelivery | None) -> None:
-        most = MAX_IDLE_WAIT if delivery is not None else SCHEDULER_WAIT
+    def _loop(
+        self, step: Step, event: threading.Event, delivery: TargetDelivery | None, most: float
+    ) -> None:
         while not self._stop.is_set() and not (delivery is not None and delivery.retired):
             try:
                 until = step()
