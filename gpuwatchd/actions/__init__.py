@@ -20,9 +20,9 @@ silences file in the state directory; default True), ``driver`` (the drain drive
 the one the config names), ``rng``, ``on_drain`` (called with each drain record) and
 ``run_notify`` (run ``drain.notify_command``; default True).
 
-``build_recording_actions(config, clock, emit)`` is the record-only variant for
+``build_recording_actions(config, clock, emit, send=..., db_path=...)`` is the variant for
 ``simulate`` and ``demo``: notifications and drains are handed to ``emit`` as records,
-nothing is sent, no secret is read and the scheduler is never touched.
+nothing is sent (unless ``send``), no secret is read and the scheduler is never touched.
 
 ``prepare_reload(actions, new_config, environ=...)`` validates a reloaded config's
 receivers, routing and drain settings and returns the function that swaps them in (a
@@ -104,19 +104,25 @@ def build_actions(
 def build_recording_actions(
     config: Config,
     clock: Clock,
-    emit: Emit,
+    emit: Emit | None,
     *,
     send: bool = False,
     transport: httpx.BaseTransport | None = None,
+    environ: Mapping[str, str] | None = None,
     db_path: str = ":memory:",
     rng: random.Random | None = None,
 ) -> ActionsSink | None:
-    """``simulate`` and ``demo``: notifications and drains become records for ``emit``
-    (with ``send``, notifications really go out over HTTP; drains never do)."""
+    """``simulate``, ``demo`` and rule tests: notifications become records for ``emit``
+    (with ``send``, or without ``emit``, they really go out over HTTP), drains are only
+    recorded (``emit`` gets them), the silences file and ``notify_command`` are left
+    alone, the outbox is in memory unless ``db_path`` says otherwise."""
+    recording = emit is not None and not send
     return build_actions(
         config,
         clock,
-        sender=HttpSender(transport) if send else RecordingSender(emit),
+        transport=transport,
+        environ=environ,
+        sender=RecordingSender(emit) if recording else None,
         db_path=db_path,
         silences=False,
         driver=RecordDriver(config.drain.mode),
