@@ -115,3 +115,61 @@ def test_fallen_off_bus_cascade_is_one_page_at_once_one_update_and_one_drain(
         assert log.read_text().count("\n") == 1
     finally:
         sink.close()
+
+
+def read_at(log: str, gpu: int) -> float:
+    """When the daemon logged reading an XID for ``gpu`` (epoch seconds)."""
+    for line in log.splitlines():
+        if f"XID 79 on GPU {gpu} " in line:
+            stamp, ms = line[:23].split(",")
+            return time.mktime(time.strptime(stamp, "%Y-%m-%d %H:%M:%S")) + int(ms) / 1000
+    raise AssertionError(f"the daemon did not log reading the XID for GPU {gpu}:\n{log}")
+
+
+def first_firing(rx: HttpReceiver, gpu: str, timeout: float = 10.0) -> float:
+    """When the first message with a firing alert for ``gpu`` arrived."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for r in list(rx.requests):
+            if any(
+                a["status"] == "firing" and a["labels"].get("gpu") == gpu
+                for a in r.json()["alerts"]
+            ):
+                return r.at
+        time.sleep(0.005)
+    raise AssertionError(f"no page for GPU {gpu}: {[r.json() for r in rx.requests]}")
+
+
+def test_kernel_only_xid_reaches_a_loopback_webhook_within_250ms_with_the_default_config(
+    tmp_path: Path,
+) -> None:
+    """Issue 11 (CI): the real daemon on the scenario backend, the DEFAULT config (shipped
+    rules, poll interval, merge window and routing) plus one loopback webhook, NVML events
+    off: from the daemon reading XID 79 (its log line for the XID, millisecond stamps) to
+    the webhook, within 250 ms (a generous bound; bench/page_latency.py and
+    bench/xid_to_page.py hold the real numbers). A followed kmsg *file* is read every
+    0.2 s (a file cannot be polled), so that wait is left out; /dev/kmsg wakes at once."""
+    from fault_support import STEADY, Daemon, KmsgFile
+
+    rx = HttpReceiver(free_port()).start()
+    kmsg = KmsgFile(tmp_path / "kmsg")
+    config = f"""node_name: fault-node
+state_dir: {tmp_path / "state"}
+sources: {{kernel_log: kmsg, kmsg_path: {kmsg.path}, nvml_events: false}}
+receivers:
+  - {{name: ops, type: webhook, url: "{rx.url}/hook"}}
+"""
+    d = Daemon(tmp_path, config, STEADY)
+    try:
+        d.start()
+        took = []
+        for gpu in (0, 1):  # cold, then warm; each GPU a new incident and a new page
+            kmsg.xid(gpu)
+            arrived = first_firing(rx, str(gpu))
+            took.append(arrived - read_at(d.output(), gpu))
+            time.sleep(5.5)  # past group_wait: the next page is a first message again
+        print(f"read -> webhook, default config: {[round(t * 1000, 1) for t in took]} ms")
+        assert max(took) < 0.25, took
+    finally:
+        d.stop()
+        rx.stop()
