@@ -145,6 +145,8 @@ class Daemon:
         if self.config.backend.kind == "nvml":  # the PCI bus cross-checks NVML's GPU count
             self.pci = PciWatcher(self.node.set_pci_gpus, on_status=self.node.source_status)
             self.pci.start()
+        if self.node.actions is not None and self.node.wiring.threaded:
+            self.node.actions.start()  # sender, scheduler and drain threads
         self.xids.start(self.heartbeats)
         # Rules run even without GPUs: a node whose NVML is gone must still page.
         self._eval_thread = threading.Thread(
