@@ -8,10 +8,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from actions_support import HttpReceiver, make_config, transition
+from actions_support import HttpReceiver, make_config, sink_for, transition
 from conftest import Proc, free_port, need_binary, wait_http
 
-from gpuwatchd.actions import ActionsSink
 from gpuwatchd.actions.receivers import external_labels
 from gpuwatchd.core.alerts import AlertSeverity
 from gpuwatchd.core.clock import SystemClock
@@ -88,7 +87,7 @@ def test_severity_routes_of_a_real_alertmanager_match(tmp_path: Path, hook: Http
     external_url: https://gpu-a17.example.org:9835/
 """,
     )
-    sink = ActionsSink(config, SystemClock())
+    sink = sink_for(config, SystemClock(), start=True)
     try:
         now = time.time()
         sink.deliver(
