@@ -110,9 +110,12 @@ def test_promtool_fires_what_the_node_fires(
             }
         )
     assert seen_any, f"{scenario}: the node fired nothing at {evals}: a vacuous test"
+    groups = [g["name"] for g in yaml.safe_load(RULES.read_text())["groups"]]
+    assert groups[0] == "gpuwatchd-recording"
     unit = {
         "rule_files": [str(RULES)],
         "evaluation_interval": "1m",
+        "group_eval_order": groups,  # recording rules first, not promtool's random order
         "tests": [
             {
                 "name": scenario,
