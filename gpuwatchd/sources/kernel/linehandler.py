@@ -114,6 +114,11 @@ class KernelLineHandler:
                     found = parsed
                     break
             if found is None:
+                if "NVRM: Xid (" in message:
+                    # The kernel wrote it, but not as the driver's report: another subsystem
+                    # echoing user-chosen text (tmpfs: Unknown parameter 'NVRM: Xid ...').
+                    self.counters.forged += 1
+                    self._warn_forged(message)
                 return None
             event = self.resolver.resolve(found.to_event(timestamp, self.source))
             self.counters.xids += 1
