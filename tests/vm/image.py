@@ -135,6 +135,12 @@ def build_rootfs(deb: Path, rootfs: Path) -> None:
         "--mode=root",
         "--format=directory",
         f"--include={','.join(GUEST_PACKAGES)}",
+        # Less to unpack: other packages' manuals, docs and translations (gpuwatchd's stay;
+        # the test checks them).
+        *[f"--dpkgopt=path-exclude=/usr/share/{d}/*" for d in ("man", "doc", "locale", "info")],
+        "--dpkgopt=path-include=/usr/share/man/man8/gpuwatchd.8.gz",
+        "--dpkgopt=path-include=/usr/share/doc/gpuwatchd/*",
+        "--aptopt=Acquire::Languages none",
         *[f"--customize-hook={h}" for h in hooks],
         "bookworm",
         str(rootfs),

@@ -120,7 +120,13 @@ class Reporter:
         self.failed = 0
 
     def __call__(self, check: str, ok: bool, detail: Any = "") -> bool:
-        rec: dict[str, Any] = {"boot": self.boot, "check": check, "ok": bool(ok), "detail": detail}
+        rec: dict[str, Any] = {
+            "boot": self.boot,
+            "check": check,
+            "ok": bool(ok),
+            "uptime": float(Path("/proc/uptime").read_text().split()[0]),
+            "detail": detail,
+        }
         if not ok:
             self.failed += 1
             rec["diag"] = diagnostics()
@@ -250,8 +256,10 @@ def check_package_files() -> tuple[bool, Any]:
     doc_root = Path("/usr/share/doc/gpuwatchd")
     broken = []
     for md in sorted(doc_root.rglob("*.md")):
-        for target in re.findall(r"\]\(([^)#:]+\.md)(?:#[^)]*)?\)", md.read_text()):
-            if not (md.parent / target).is_file():
+        for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", md.read_text()):
+            if ":" in target:  # https:, mailto:, file:
+                continue
+            if not (md.parent / target).exists():
                 broken.append(f"{md}: {target}")
     scenarios = sorted(p.name for p in Path("/usr/share/gpuwatchd/scenarios").glob("*.yaml"))
     ok = not missing and not broken and bool(scenarios)
@@ -510,7 +518,7 @@ def check_watchdog() -> tuple[bool, Any]:
         90,
     )
     took = time.monotonic() - t0
-    time.sleep(8)  # the restarted daemon would resend now if it were going to
+    time.sleep(5)  # the restarted daemon would resend now if it were going to
     log = sh("journalctl", "-b", "-u", UNIT, "--no-pager", "-o", "cat", "-g", "atchdog").stdout
     dropin.unlink()
     sh("systemctl", "daemon-reload")
