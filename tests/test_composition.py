@@ -260,3 +260,53 @@ def test_simulate_judges_an_xid_at_its_own_time_not_at_the_next_step(tmp_path: P
     assert len(fired) == 1 and fired[0]["t"] == "2m3s", fired
     xids = [r for r in records if r.get("record") == "xid"]
     assert [bool(r.get("enriches")) for r in xids] == [False, True]
+
+
+def test_nvml_events_count_as_up_from_the_start_so_a_first_fault_merges(tmp_path: Path) -> None:
+    """Before the fix the NVML event path counted as up only when its first wait returned
+    (a poll interval later): a fault in the first seconds paged twice, kernel line first,
+    then its NVML event as a new incident."""
+    sc = scenario()
+    cfg = dataclasses.replace(config(tmp_path, sc), gpus=GpusConfig())
+    clock = ScaledClock(1.0)
+    daemon = Daemon(cfg, ScenarioBackend(sc, clock), clock, serve_http=False)
+    assert daemon.node.events is not None
+    daemon.start()
+    try:
+        assert daemon.xids.nvml_events_up
+        assert daemon.state.view().sources["nvml_events"].up
+    finally:
+        daemon.stop()
+
+
+def test_sighup_applies_new_receivers_to_the_running_daemon(tmp_path: Path) -> None:
+    """Daemon.reload (SIGHUP) runs the actions' reload hook beside the rules': the new
+    receivers replace the old ones; a change only a restart applies refuses the reload."""
+    path = tmp_path / "gpuwatchd.yaml"
+    head = f"state_dir: {tmp_path / 'state'}\n"
+    path.write_text(
+        head + "receivers:\n  - {name: old, type: webhook, url: 'http://127.0.0.1:9/'}\n"
+    )
+    from gpuwatchd.config.loader import load_config
+
+    config = load_config(str(path), must_exist=True)
+    daemon = Daemon(config, FakeBackend(count=1), SystemClock(), serve_http=False)
+    try:
+        names = [r["name"] for r in daemon.status()["deliveries"]["receivers"]]
+        assert names == ["old"]
+        path.write_text(
+            head + "receivers:\n  - {name: new, type: webhook, url: 'http://127.0.0.1:9/'}\n"
+        )
+        assert daemon.reload()
+        names = [r["name"] for r in daemon.status()["deliveries"]["receivers"]]
+        assert names == ["new"]
+        path.write_text(
+            head
+            + "receivers:\n  - {name: new, type: webhook, url: 'http://127.0.0.1:9/'}\n"
+            + "drain: {mode: exec, exec: {command: [/bin/true]}}\n"
+        )
+        assert not daemon.reload()  # turning the drain on takes a restart
+        names = [r["name"] for r in daemon.status()["deliveries"]["receivers"]]
+        assert names == ["new"]
+    finally:
+        daemon.stop()
