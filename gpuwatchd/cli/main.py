@@ -103,8 +103,11 @@ def cmd_run(args: argparse.Namespace) -> int:
             register_secret(secret)
 
     def reload_logging(new: Config) -> Callable[[], None]:
-        def commit() -> None:
-            for secret in config_secrets(new):
+        def commit() -> None:  # after the actions' commit: their new secrets are read
+            secrets = list(config_secrets(new))
+            if daemon.node.actions is not None:
+                secrets += daemon.node.actions.secrets
+            for secret in secrets:
                 register_secret(secret)
             set_level(new.log_level, args.verbose)
 
