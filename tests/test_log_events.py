@@ -99,11 +99,16 @@ routing: {{group_wait: 0s}}
         d.start()
         hook.wait_for(1)
 
-        def delivered() -> list[dict[str, str]]:
+        def logged() -> list[dict[str, str]]:
+            # GpuLost fires on the lost GPU's event, the recovery action at the next
+            # evaluation: wait for both fire lines and a delivery
             lines = [json.loads(x) for x in d.output().splitlines() if x.startswith("{")]
-            return [x for x in lines if x["logger"] == "gpuwatchd.deliveries"] and lines
+            rules = {x.get("rule") for x in lines if x["logger"] == "gpuwatchd.alerts"}
+            delivered = any(x["logger"] == "gpuwatchd.deliveries" for x in lines)
+            wanted = {"GpuLost", "GpuRecoveryActionRequired"} <= rules
+            return lines if delivered and wanted else []
 
-        lines = wait_until(delivered, 15, "a delivery log line")
+        lines = wait_until(logged, 20, "fire and delivery log lines")
     finally:
         d.stop()
         hook.stop()
