@@ -9,7 +9,12 @@ written if the node changed since we read it - and sets ``spec.unschedulable``, 
 taint and records ownership in the annotation ``gpuwatchd.io/drain``. A node cordoned by
 someone else is left alone (no taint, no annotation; never uncordoned later). The condition
 goes to ``/api/v1/nodes/N/status`` as a strategic merge patch carrying
-``metadata.resourceVersion`` as a precondition. A 409 or 422 re-reads and retries.
+``metadata.resourceVersion`` as a precondition. A 409 re-reads and retries; so does a 422
+when the node changed since it was read (a failed ``test``), while a 422 on an unchanged
+node is the API refusing the content and fails the attempt with its message.
+
+Each drain, re-drain and resume also creates a core/v1 Event about the node (``kubectl
+describe node`` shows it); an Event that cannot be created is logged, never fails the drain.
 
 Credentials: a kubeconfig file (``drain.kubernetes.kubeconfig``: token, token file or client
 certificate; no exec plugins), else the in-cluster service account.
@@ -20,11 +25,14 @@ from __future__ import annotations
 import base64
 import contextlib
 import json
+import logging
 import os
+import re
 import shutil
 import ssl
 import tempfile
 import urllib.parse
+import uuid
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
@@ -32,14 +40,31 @@ from typing import Any
 import httpx
 import yaml
 
-from gpuwatchd.actions.drivers import DrainError, DrainResult
+from gpuwatchd.actions.drivers import DrainError, DrainResult, Gate
 from gpuwatchd.config.actions import KubernetesDrainConfig
+
+log = logging.getLogger(__name__)
 
 ANNOTATION = "gpuwatchd.io/drain"
 JSON_PATCH = "application/json-patch+json"
 MERGE_PATCH = "application/strategic-merge-patch+json"
 SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 CONFLICT_RETRIES = 4
+TAINT_VALUE_MAX = 63
+# A label value, which a taint value must be: empty, or alphanumeric at both ends.
+_TAINT_VALUE_RE = re.compile(r"([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?")
+
+
+def taint_value(reason: str) -> str:
+    """The reason as a taint value the API accepts (at most 63 characters, alphanumeric at
+    both ends: truncating must not leave a ``-`` or ``.`` at the end)."""
+    text = "".join(
+        c if c.isalnum() and c.isascii() else c if c in "-_." else "-"
+        for c in reason.split(":", 1)[-1].strip()
+    )
+    value = text.strip("-_.")[:TAINT_VALUE_MAX].rstrip("-_.")
+    assert _TAINT_VALUE_RE.fullmatch(value), value
+    return value
 
 
 def _pointer(key: str) -> str:
@@ -212,6 +237,9 @@ class KubeClient:
     def patch(self, path: str, body: Any, content_type: str) -> tuple[int, dict[str, Any]]:
         return self._call("PATCH", path, body, content_type)
 
+    def post(self, path: str, body: Any) -> tuple[int, dict[str, Any]]:
+        return self._call("POST", path, body, "application/json")
+
     def close(self) -> None:
         self._client.close()
         if self._cleanup:
@@ -231,14 +259,64 @@ class KubernetesDriver:
         self._now = clock_now
 
     def _taint(self, reason: str) -> dict[str, str]:
-        value = "".join(
-            c if c.isalnum() or c in "-_." else "-" for c in reason.split(":", 1)[-1].strip()
-        )
         return {
             "key": self.cfg.taint_key,
-            "value": value.strip("-_.")[:63],
+            "value": taint_value(reason),
             "effect": self.cfg.taint_effect,
         }
+
+    def _changed_since(self, rv: str) -> bool:
+        """After a 422: did the node change since we read it (a failed ``test``)?"""
+        current = self.client.get_node(self.node)
+        return str((current.get("metadata") or {}).get("resourceVersion", "")) != rv
+
+    def _refused(self, status: int, data: dict[str, Any], what: str) -> DrainError:
+        return DrainError(f"{what} node {self.node}: HTTP {status} {data.get('message', '')}")
+
+    def event(self, node: dict[str, Any], reason: str, message: str, warning: bool) -> None:
+        """A core/v1 Event about the node; a failure is logged, never raised."""
+        if not self.cfg.events:
+            return
+        meta = node.get("metadata") or {}
+        now = _k8s_time(self._now())
+        ns = self.cfg.event_namespace
+        body = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {
+                "name": f"{self.node}.gpuwatchd.{uuid.uuid4().hex[:12]}",
+                "namespace": ns,
+            },
+            "involvedObject": {
+                "apiVersion": "v1",
+                "kind": "Node",
+                "name": self.node,
+                "uid": str(meta.get("uid") or self.node),
+            },
+            "reason": reason,
+            "message": message[:1024],
+            "type": "Warning" if warning else "Normal",
+            "source": {"component": "gpuwatchd", "host": self.node},
+            "reportingComponent": "gpuwatchd",
+            "reportingInstance": self.node,
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+        }
+        path = f"/api/v1/namespaces/{urllib.parse.quote(ns, safe='')}/events"
+        try:
+            status, data = self.client.post(path, body)
+        except DrainError as exc:
+            log.warning("kubernetes event %s for %s not created: %s", reason, self.node, exc)
+            return
+        if status not in (200, 201):
+            log.warning(
+                "kubernetes event %s for %s not created: HTTP %d %s",
+                reason,
+                self.node,
+                status,
+                data.get("message", ""),
+            )
 
     def _condition(self, rv: str, fault: bool, message: str) -> None:
         if not self.cfg.condition:
@@ -273,7 +351,25 @@ class KubernetesDriver:
             f"PATCH node {self.node} status: still conflicting after {CONFLICT_RETRIES} tries"
         )
 
-    def drain(self, incident: Mapping[str, Any], reason: str, dry_run: bool) -> DrainResult:
+    def hold(self, reason: str, *, gate: Gate | None = None) -> DrainResult | None:
+        node = self.client.get_node(self.node)
+        if (node.get("spec") or {}).get("unschedulable"):
+            return None
+        # Someone uncordoned the node while the fault is still active: cordon it again.
+        result = self.drain({}, reason, False, gate=gate, reasserting=True)
+        if result.result != "drained":
+            return result
+        return DrainResult("reasserted", result.detail + " again (uncordoned while faulty)")
+
+    def drain(
+        self,
+        incident: Mapping[str, Any],
+        reason: str,
+        dry_run: bool,
+        *,
+        gate: Gate | None = None,
+        reasserting: bool = False,
+    ) -> DrainResult:
         for _ in range(CONFLICT_RETRIES):
             node = self.client.get_node(self.node)
             meta = node.get("metadata") or {}
@@ -288,6 +384,9 @@ class KubernetesDriver:
                         rv, True, reason + " (node was already cordoned by someone else)"
                     )
                 return DrainResult("kept_admin", "node was cordoned by someone else; left as is")
+            refusal = gate() if gate is not None else None
+            if refusal:
+                return DrainResult("over_budget", refusal)
             if dry_run:
                 return DrainResult(
                     "dry_run", f"would cordon {self.node} and taint {self.cfg.taint_key}"
@@ -323,12 +422,20 @@ class KubernetesDriver:
                 else:
                     ops.append({"op": "add", "path": "/spec/taints", "value": [taint]})
             status, data = self.client.patch(self.client.node_path(self.node), ops, JSON_PATCH)
-            if status in (409, 422):
+            if status == 409 or (status == 422 and self._changed_since(rv)):
                 continue
             if status != 200:
-                raise DrainError(f"PATCH node {self.node}: HTTP {status} {data.get('message', '')}")
+                raise self._refused(status, data, "PATCH")
             new_rv = str((data.get("metadata") or {}).get("resourceVersion", rv))
             self._condition(new_rv, True, reason)
+            self.event(
+                data or node,
+                "GpuwatchdReasserted" if reasserting else "GpuwatchdDrained",
+                f"{reason}: cordoned"
+                + (f" and tainted {self.cfg.taint_key}" if add_taint else "")
+                + (" again (it was uncordoned while the fault is active)" if reasserting else ""),
+                True,
+            )
             return DrainResult(
                 "drained",
                 f"cordoned {self.node}" + (f", tainted {self.cfg.taint_key}" if add_taint else ""),
@@ -371,12 +478,18 @@ class KubernetesDriver:
                         break
             ops.append({"op": "remove", "path": "/metadata/annotations/" + _pointer(ANNOTATION)})
             status, data = self.client.patch(self.client.node_path(self.node), ops, JSON_PATCH)
-            if status in (409, 422):
+            if status == 409 or (status == 422 and self._changed_since(rv)):
                 continue
             if status != 200:
-                raise DrainError(f"PATCH node {self.node}: HTTP {status} {data.get('message', '')}")
+                raise self._refused(status, data, "PATCH")
             new_rv = str((data.get("metadata") or {}).get("resourceVersion", rv))
             self._condition(new_rv, False, "gpuwatchd: GPU faults resolved; node uncordoned")
+            self.event(
+                data or node,
+                "GpuwatchdResumed",
+                f"gpuwatchd: GPU faults resolved; uncordoned ({info.get('reason', 'no reason')})",
+                False,
+            )
             return DrainResult("resumed", f"uncordoned {self.node}")
         raise DrainError(f"node {self.node} kept changing; gave up after {CONFLICT_RETRIES} tries")
 
