@@ -314,7 +314,9 @@ class SlurmDriver:
                 "kept_admin", f"node is {node.state} for another reason ({why}); left as is"
             )
         if REASON_PREFIX in node.reason:
-            return DrainResult("already", f"node is {node.state}; gpuwatchd's note is there already")
+            return DrainResult(
+                "already", f"node is {node.state}; gpuwatchd's note is there already"
+            )
         if dry_run:
             return DrainResult(
                 "kept_admin",
