@@ -430,9 +430,9 @@ class DrainController:
             xids[mine] += 1
         seen = ", ".join(f"XID {x} on {n}" for x, n in sorted(xids.items(), key=lambda p: -p[1]))
         summary = (
-            f"fleet drain budget reached: {verdict.count} of {verdict.limit} nodes "
-            f"({verdict.nodes} known) are drained by gpuwatchd; not draining {self.node} for "
-            f"{inc['reason']}" + (f" (among them: {seen})" if seen else "")
+            f"fleet drain budget of {verdict.limit} nodes reached: {verdict.count} drained by "
+            f"gpuwatchd at the last count ({verdict.nodes} nodes known); not draining "
+            f"{self.node} for {inc['reason']}" + (f" (XIDs: {seen})" if seen else "")
         )
         notes: dict[str, str] = {"xids": seen, "drained_nodes": str(verdict.count)}
         extra = [f"{self.node}|{mine}"] if mine else []
@@ -659,6 +659,7 @@ class DrainController:
             "max_drains": self.cfg.max_drains,
             "window_seconds": self.cfg.window,
             "last_error": self.last_error,
+            "fleet": self._fleet_summary(),
             "incidents": [
                 {
                     "key": i["key"],
@@ -674,6 +675,19 @@ class DrainController:
                 }
                 for i in incidents
             ],
+        }
+
+    def _fleet_summary(self) -> dict[str, Any] | None:
+        if self.fleet is None:
+            return None
+        last = self.fleet.last
+        return {
+            "max_nodes": self.cfg.fleet.max_nodes,
+            "max_percent": self.cfg.fleet.max_percent,
+            "held_back": self._held_back(),
+            "budget": last.limit if last else None,
+            "drained": last.count if last else None,
+            "nodes": last.nodes if last else None,
         }
 
     def write_health(self, now: float) -> None:
@@ -741,3 +755,19 @@ class DrainController:
             "Drains done (or, in dry-run, that would have been) within the current drain.window.",
             [],
         ).add([], float(s["drains_in_window"]))
+        fleet = s["fleet"]
+        if fleet is None:
+            return
+        fams.get(
+            "gpuwatchd_fleet_drain_held",
+            "gauge",
+            "Drain incidents of this node waiting because the fleet drain budget is spent.",
+            [],
+        ).add([], float(fleet["held_back"]))
+        for name, key, text in (
+            ("budget_nodes", "budget", "The fleet drain budget at the last count (nodes)."),
+            ("drained_nodes", "drained", "Nodes drained by gpuwatchd at the last count."),
+        ):
+            fam = fams.get(f"gpuwatchd_fleet_{name}", "gauge", text, [])
+            if fleet[key] is not None:
+                fam.add([], float(fleet[key]))
