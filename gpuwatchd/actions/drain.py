@@ -613,6 +613,11 @@ class DrainController:
             )
             Store.set_meta(conn, "dry_run_drained", "")
         self._record("resume", inc, result)
+        if self.fleet is not None and result.result == "resumed":
+            try:
+                self.fleet.released()
+            except DrainError as exc:  # the place expires by itself (docs/fleet.md)
+                log.warning("fleet budget: could not give back %s's place: %s", self.node, exc)
 
     def _next_due(self, now: float) -> float | None:
         times: list[float] = []

@@ -225,6 +225,14 @@ def _slurm_time(text: str) -> float | None:
 class SlurmFleetView:
     """The fleet as Slurm's controller sees it: one ``sinfo`` per census."""
 
+    exclusive = False
+
+    def reserve(self, node: str, limit: int, census: Census) -> tuple[bool, int]:
+        raise NotImplementedError("Slurm's budget is checked by re-counting")
+
+    def release(self, node: str) -> None:
+        pass  # the census sees the resume
+
     def __init__(self, sinfo: str, timeout: float, partition: str | None) -> None:
         self.sinfo = sinfo
         self.timeout = timeout

@@ -51,9 +51,23 @@ class Census:
 
 
 class FleetView(Protocol):
-    """The scheduler's view of the fleet: one query per ``census``."""
+    """The scheduler's view of the fleet: one query per ``census``.
+
+    An *exclusive* view keeps the budget itself in one object the scheduler updates
+    atomically (Kubernetes: a Lease written with its resourceVersion): ``reserve`` takes a
+    place before the drain, ``release`` gives it back after the resume, and no re-count is
+    needed. A view that is not exclusive (Slurm) relies on the re-count."""
+
+    exclusive: bool
 
     def census(self) -> Census: ...
+
+    def reserve(self, node: str, limit: int, census: Census) -> tuple[bool, int]:
+        """Take a place for ``node`` if fewer than ``limit`` are taken: (taken, places in
+        use)."""
+        ...
+
+    def release(self, node: str) -> None: ...
 
     def settled_at(self, drained_at: float) -> float:
         """Wall-clock time after which every drain ordered before ours is visible."""
@@ -144,11 +158,22 @@ class FleetBudget:
         census = self.view.census()
         drains = [d for d in counted(census.drains, self.cfg, self.wall()) if d.node != self.node]
         limit = limit_for(self.cfg, census.nodes)
+        if self.view.exclusive:
+            taken, used = self.view.reserve(self.node, limit, census)
+            self.last = Verdict(taken, used, limit, census.nodes, census)
+            return self.last
         self.last = Verdict(len(drains) < limit, len(drains), limit, census.nodes, census)
         return self.last
 
+    def released(self) -> None:
+        """gpuwatchd's drain of this node is undone: give its place back."""
+        self.view.release(self.node)
+
     def confirm(self, drained_at: float) -> Verdict:
-        """After our drain at ``drained_at`` (wall clock): may it stay? (One query.)"""
+        """After our drain at ``drained_at`` (wall clock): may it stay? (One query; none
+        for an exclusive view, whose place was taken before the drain.)"""
+        if self.view.exclusive and self.last is not None:
+            return self.last
         wait = self.view.settled_at(drained_at) - self.wall()
         if wait > 0:
             self.sleep(wait)

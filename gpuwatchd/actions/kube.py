@@ -31,6 +31,7 @@ import re
 import shutil
 import ssl
 import tempfile
+import time
 import urllib.parse
 import uuid
 from collections.abc import Mapping
@@ -41,7 +42,8 @@ import httpx
 import yaml
 
 from gpuwatchd.actions.drivers import DrainError, DrainResult, Gate
-from gpuwatchd.config.actions import KubernetesDrainConfig
+from gpuwatchd.actions.fleet import Census, FleetDrain
+from gpuwatchd.config.actions import FleetDrainConfig, KubernetesDrainConfig
 
 log = logging.getLogger(__name__)
 
@@ -240,10 +242,141 @@ class KubeClient:
     def post(self, path: str, body: Any) -> tuple[int, dict[str, Any]]:
         return self._call("POST", path, body, "application/json")
 
+    def get(self, path: str) -> tuple[int, dict[str, Any]]:
+        return self._call("GET", path)
+
+    def put(self, path: str, body: Any) -> tuple[int, dict[str, Any]]:
+        return self._call("PUT", path, body, "application/json")
+
     def close(self) -> None:
         self._client.close()
         if self._cleanup:
             shutil.rmtree(self._cleanup, ignore_errors=True)
+
+
+LEASE = "gpuwatchd-drain-budget"
+PLACES = "gpuwatchd.io/drained-nodes"
+PLACE_TTL = 300.0  # seconds a place taken for a drain that never showed up is kept
+LEASE_RETRIES = 16
+
+
+class KubeFleetView:
+    """The fleet as the API server sees it: one node list per census, and the budget's
+    places in a Lease (``coordination.k8s.io/v1``) written only with the resourceVersion
+    read, so two daemons can never both take the last place."""
+
+    exclusive = True
+
+    def __init__(
+        self, client: KubeClient, cfg: KubernetesDrainConfig, fleet: FleetDrainConfig, wall: Any
+    ) -> None:
+        self.client = client
+        self.cfg = cfg
+        self.fleet = fleet
+        self.wall = wall
+        ns = urllib.parse.quote(cfg.budget_namespace, safe="")
+        self.leases = f"/apis/coordination.k8s.io/v1/namespaces/{ns}/leases"
+
+    def census(self) -> Census:
+        path = "/api/v1/nodes"
+        if self.fleet.selector:
+            path += "?" + urllib.parse.urlencode({"labelSelector": self.fleet.selector})
+        status, data = self.client.get(path)
+        if status != 200:
+            raise DrainError(f"GET nodes: HTTP {status} {data.get('message', '')}".strip())
+        items = [i for i in data.get("items") or [] if isinstance(i, dict)]
+        drains = []
+        for item in items:
+            meta = item.get("metadata") or {}
+            note = (meta.get("annotations") or {}).get(ANNOTATION)
+            if note is None or not (item.get("spec") or {}).get("unschedulable"):
+                continue
+            try:
+                info = json.loads(note)
+            except ValueError:
+                info = {}
+            at = info.get("at") if isinstance(info, dict) else None
+            reason = info.get("reason", "") if isinstance(info, dict) else ""
+            drains.append(
+                FleetDrain(
+                    str(meta.get("name", "")),
+                    float(at) if isinstance(at, int | float) else None,
+                    str(reason),
+                )
+            )
+        return Census(len(items), tuple(sorted(drains, key=lambda d: d.node)))
+
+    def _read(self) -> tuple[str | None, dict[str, float]]:
+        status, data = self.client.get(f"{self.leases}/{LEASE}")
+        if status == 404:
+            return None, {}
+        if status != 200:
+            raise DrainError(f"GET lease {LEASE}: HTTP {status} {data.get('message', '')}")
+        meta = data.get("metadata") or {}
+        try:
+            raw = json.loads((meta.get("annotations") or {}).get(PLACES, "{}"))
+        except ValueError:
+            raw = {}
+        places = {
+            str(k): float(v)
+            for k, v in (raw if isinstance(raw, dict) else {}).items()
+            if isinstance(v, int | float)
+        }
+        return str(meta.get("resourceVersion", "")), places
+
+    def _write(self, rv: str | None, places: dict[str, float]) -> bool:
+        """Write the places; False when someone else wrote first (read again)."""
+        body: dict[str, Any] = {
+            "apiVersion": "coordination.k8s.io/v1",
+            "kind": "Lease",
+            "metadata": {
+                "name": LEASE,
+                "namespace": self.cfg.budget_namespace,
+                "annotations": {PLACES: json.dumps(places, sort_keys=True)},
+            },
+            "spec": {},
+        }
+        if rv is None:
+            status, data = self.client.post(self.leases, body)
+        else:
+            body["metadata"]["resourceVersion"] = rv
+            status, data = self.client.put(f"{self.leases}/{LEASE}", body)
+        if status in (200, 201):
+            return True
+        if status == 409:
+            return False
+        raise DrainError(f"write lease {LEASE}: HTTP {status} {data.get('message', '')}")
+
+    def reserve(self, node: str, limit: int, census: Census) -> tuple[bool, int]:
+        drained = {d.node for d in census.drains}
+        for _ in range(LEASE_RETRIES):
+            rv, places = self._read()
+            now = float(self.wall())
+            # a place stays while its node is cordoned by gpuwatchd, or briefly before
+            kept = {n: t for n, t in places.items() if n in drained or t > now - PLACE_TTL}
+            if node in kept:
+                return True, len(kept)
+            if len(kept) >= limit:
+                if kept != places:
+                    self._write(rv, kept)  # tidy up; a lost race here changes nothing
+                return False, len(kept)
+            kept[node] = now
+            if self._write(rv, kept):
+                return True, len(kept)
+        raise DrainError(f"lease {LEASE} kept changing; gave up after {LEASE_RETRIES} tries")
+
+    def release(self, node: str) -> None:
+        for _ in range(LEASE_RETRIES):
+            rv, places = self._read()
+            if node not in places:
+                return
+            del places[node]
+            if self._write(rv, places):
+                return
+        raise DrainError(f"lease {LEASE} kept changing; gave up after {LEASE_RETRIES} tries")
+
+    def settled_at(self, drained_at: float) -> float:
+        return drained_at
 
 
 class KubernetesDriver:
@@ -257,6 +390,9 @@ class KubernetesDriver:
         self.node = node
         self.cfg = cfg
         self._now = clock_now
+
+    def fleet_view(self, fleet: FleetDrainConfig) -> KubeFleetView:
+        return KubeFleetView(self.client, self.cfg, fleet, time.time)
 
     def _taint(self, reason: str) -> dict[str, str]:
         return {
