@@ -550,3 +550,26 @@ def test_an_event_the_api_refuses_does_not_fail_the_drain(tmp_path: Path) -> Non
     finally:
         sink.close()
         api.stop()
+
+
+def test_an_uncordon_while_the_fault_is_active_is_undone(
+    tmp_path: Path, api: FakeApiServer
+) -> None:
+    clock = VirtualClock(1_767_225_600.0)
+    sink = ActionsSink(kube_config(tmp_path, api), clock, threaded=False)  # type: ignore[arg-type]
+    try:
+        sink.deliver([transition(at=clock.now(), drain=True)], clock.now())
+        sink.run_pending()
+        with api.lock:  # kubectl uncordon while GPU 3 is still lost
+            api.node["spec"]["unschedulable"] = False
+            api.bump()
+        clock.advance(31)  # drain.hold_interval
+        sink.run_pending()
+        assert api.node["spec"]["unschedulable"] is True
+        assert [t["key"] for t in api.node["spec"]["taints"]] == ["nvidia.com/gpu", TAINT_KEY]
+        assert [e["reason"] for e in api.events] == ["GpuwatchdDrained", "GpuwatchdReasserted"]
+        clock.advance(31)
+        sink.run_pending()  # cordoned: nothing more to do
+        assert len(api.events) == 2
+    finally:
+        sink.close()
