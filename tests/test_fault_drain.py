@@ -1,6 +1,7 @@
 """Drain safety under a burst, against a real single-node Slurm: waves of firing alerts on
 every GPU never drain the node more often than ``drain.max_drains`` per ``drain.window``,
-and a node an admin drained is never written to, whatever fires and resolves. Every
+and a node an admin drained keeps its state and their reason, whatever fires and resolves
+(gpuwatchd only adds its own reason next to theirs while the fault is active). Every
 ``scontrol`` call goes through a wrapper that records it."""
 
 from __future__ import annotations
@@ -112,7 +113,7 @@ def test_bursts_never_exceed_drains_per_window(slurm: Slurm, tmp_path: Path) -> 
         rx.stop()
 
 
-def test_an_admins_drain_is_never_touched_by_a_burst(slurm: Slurm, tmp_path: Path) -> None:  # noqa: F811
+def test_an_admins_drain_keeps_its_state_and_reason_through_a_burst(slurm: Slurm, tmp_path: Path) -> None:  # noqa: F811
     slurm.admin("State=DRAIN", "Reason=admin: replacing PSU 2")
     before = slurm.state()
     rx = HttpReceiver(free_port()).start()
