@@ -113,7 +113,10 @@ def test_bursts_never_exceed_drains_per_window(slurm: Slurm, tmp_path: Path) -> 
         rx.stop()
 
 
-def test_an_admins_drain_keeps_its_state_and_reason_through_a_burst(slurm: Slurm, tmp_path: Path) -> None:  # noqa: F811
+def test_an_admins_drain_keeps_its_state_and_reason_through_a_burst(
+    slurm: Slurm,  # noqa: F811 - the fixture
+    tmp_path: Path,
+) -> None:
     slurm.admin("State=DRAIN", "Reason=admin: replacing PSU 2")
     before = slurm.state()
     rx = HttpReceiver(free_port()).start()

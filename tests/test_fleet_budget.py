@@ -165,3 +165,32 @@ def test_fifty_nodes_one_xid_storm_drains_only_the_budget(cluster: Slurm, tmp_pa
         for sink in sinks.values():
             sink.close()
         rx.stop()
+
+
+def test_a_drain_left_above_the_budget_by_a_restart_is_released(
+    cluster: Slurm, tmp_path: Path
+) -> None:
+    """A daemon that drained and stopped before its re-count finds its own drain at the
+    next start ("already"), re-counts, and releases it when it is above the budget."""
+    for node, reason in cluster.reasons().items():
+        if reason.startswith(PREFIX):
+            cluster.admin("State=RESUME", node=node)
+    early = list(cluster.others[10:15])
+    for node in early:  # five drains the budget allows, stamped first
+        cluster.admin("State=DRAIN", "Reason=gpuwatchd: XID 79 GPU 3 00000000:3E:00.0", node=node)
+    time.sleep(1.1)
+    late = cluster.others[20]
+    cluster.admin("State=DRAIN", "Reason=gpuwatchd: XID 79 GPU 3 00000000:3E:00.0", node=late)
+    rx = HttpReceiver(free_port()).start()
+    sink = daemon(tmp_path, late, rx.url)
+    try:
+        sink.deliver([transition(at=CLOCK.now(), drain=True, node=late, xid=79)], CLOCK.now())
+        sink.run_pending()
+        assert ours(cluster) == sorted(early)
+        assert cluster.state(late)[1] == "none"
+        drain = sink.status()["drain"]
+        assert drain["state"] == "drain_pending" and drain["fleet"]["held_back"] == 1
+        assert len(budget_pages(rx, late)) == 1
+    finally:
+        sink.close()
+        rx.stop()

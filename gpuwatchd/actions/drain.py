@@ -345,7 +345,12 @@ class DrainController:
                 result = probe
             else:
                 result = self.driver.drain(inc, inc["reason"], self.cfg.dry_run, gate=self._gate())
-                if result.result == "drained" and self.fleet is not None:
+                # "already" on a node gpuwatchd has no record of draining: it drained, then
+                # stopped before its re-count (a crash, a restart); re-count now
+                recount = result.result == "drained" or (
+                    result.result == "already" and not owned["owned"]
+                )
+                if recount and self.fleet is not None:
                     result = self._confirm(inc, result)
         except DrainError as exc:
             self.last_error = str(exc)

@@ -352,8 +352,14 @@ class KubeFleetView:
         for _ in range(LEASE_RETRIES):
             rv, places = self._read()
             now = float(self.wall())
-            # a place stays while its node is cordoned by gpuwatchd, or briefly before
-            kept = {n: t for n, t in places.items() if n in drained or t > now - PLACE_TTL}
+            # a place stays while its node is cordoned by gpuwatchd (and, with a
+            # fleet.window, is younger than it), or briefly before the cordon shows
+            oldest = now - self.fleet.window if self.fleet.window is not None else -1.0
+            kept = {
+                n: t
+                for n, t in places.items()
+                if (n in drained and t >= oldest) or t > now - PLACE_TTL
+            }
             if node in kept:
                 return True, len(kept)
             if len(kept) >= limit:
