@@ -293,13 +293,13 @@ class DrainController:
             return None
         return self._meta("dry_run_drained") or None
 
-    def _gate(self) -> Gate | None:
+    def _gate(self, reason: str) -> Gate | None:
         fleet = self.fleet
         if fleet is None:
             return None
 
         def gate() -> str | None:
-            verdict = fleet.check()
+            verdict = fleet.check(reason)
             return None if verdict.allowed else f"fleet drain budget spent: {verdict.detail}"
 
         return gate
@@ -344,7 +344,9 @@ class DrainController:
                     return self._rate_limited(inc, now)
                 result = probe
             else:
-                result = self.driver.drain(inc, inc["reason"], self.cfg.dry_run, gate=self._gate())
+                result = self.driver.drain(
+                    inc, inc["reason"], self.cfg.dry_run, gate=self._gate(inc["reason"])
+                )
                 # "already" on a node gpuwatchd has no record of draining: it drained, then
                 # stopped before its re-count (a crash, a restart); re-count now
                 recount = result.result == "drained" or (
@@ -487,7 +489,7 @@ class DrainController:
         self._hold_next = now + self.cfg.hold_interval
         inc = held[0]
         try:
-            result = self.driver.hold(inc["reason"], gate=self._gate())
+            result = self.driver.hold(inc["reason"], gate=self._gate(inc["reason"]))
         except DrainError as exc:
             self.last_error = str(exc)
             self._record("hold", inc, "failed", str(exc))

@@ -227,7 +227,9 @@ class SlurmFleetView:
 
     exclusive = False
 
-    def reserve(self, node: str, limit: int, census: Census) -> tuple[bool, int]:
+    def reserve(
+        self, node: str, limit: int, census: Census, reason: str
+    ) -> tuple[bool, tuple[FleetDrain, ...]]:
         raise NotImplementedError("Slurm's budget is checked by re-counting")
 
     def release(self, node: str) -> None:

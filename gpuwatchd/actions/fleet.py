@@ -62,9 +62,11 @@ class FleetView(Protocol):
 
     def census(self) -> Census: ...
 
-    def reserve(self, node: str, limit: int, census: Census) -> tuple[bool, int]:
-        """Take a place for ``node`` if fewer than ``limit`` are taken: (taken, places in
-        use)."""
+    def reserve(
+        self, node: str, limit: int, census: Census, reason: str
+    ) -> tuple[bool, tuple[FleetDrain, ...]]:
+        """Take a place for ``node`` (draining for ``reason``) if fewer than ``limit`` are
+        taken: (taken, the places in use, as drains)."""
         ...
 
     def release(self, node: str) -> None: ...
@@ -153,14 +155,19 @@ class FleetBudget:
         self.sleep = sleep
         self.last: Verdict | None = None
 
-    def check(self) -> Verdict:
-        """May this node be drained now? (One scheduler query.)"""
+    def check(self, reason: str = "") -> Verdict:
+        """May this node be drained now (for ``reason``)? (One scheduler query.)"""
         census = self.view.census()
         drains = [d for d in counted(census.drains, self.cfg, self.wall()) if d.node != self.node]
         limit = limit_for(self.cfg, census.nodes)
         if self.view.exclusive:
-            taken, used = self.view.reserve(self.node, limit, census)
-            self.last = Verdict(taken, used, limit, census.nodes, census)
+            taken, places = self.view.reserve(self.node, limit, census, reason)
+            # the places include drains whose cordon does not show yet
+            seen = {d.node for d in census.drains}
+            both = Census(
+                census.nodes, census.drains + tuple(p for p in places if p.node not in seen)
+            )
+            self.last = Verdict(taken, len(places), limit, census.nodes, both)
             return self.last
         self.last = Verdict(len(drains) < limit, len(drains), limit, census.nodes, census)
         return self.last

@@ -306,7 +306,7 @@ class KubeFleetView:
             )
         return Census(len(items), tuple(sorted(drains, key=lambda d: d.node)))
 
-    def _read(self) -> tuple[str | None, dict[str, float]]:
+    def _read(self) -> tuple[str | None, dict[str, dict[str, Any]]]:
         status, data = self.client.get(f"{self.leases}/{LEASE}")
         if status == 404:
             return None, {}
@@ -317,14 +317,14 @@ class KubeFleetView:
             raw = json.loads((meta.get("annotations") or {}).get(PLACES, "{}"))
         except ValueError:
             raw = {}
-        places = {
-            str(k): float(v)
-            for k, v in (raw if isinstance(raw, dict) else {}).items()
-            if isinstance(v, int | float)
-        }
+        places: dict[str, dict[str, Any]] = {}
+        for k, v in (raw if isinstance(raw, dict) else {}).items():
+            at = v.get("at") if isinstance(v, dict) else None
+            if isinstance(at, int | float):
+                places[str(k)] = {"at": float(at), "reason": str(v.get("reason", ""))[:200]}
         return str(meta.get("resourceVersion", "")), places
 
-    def _write(self, rv: str | None, places: dict[str, float]) -> bool:
+    def _write(self, rv: str | None, places: dict[str, dict[str, Any]]) -> bool:
         """Write the places; False when someone else wrote first (read again)."""
         body: dict[str, Any] = {
             "apiVersion": "coordination.k8s.io/v1",
@@ -347,8 +347,14 @@ class KubeFleetView:
             return False
         raise DrainError(f"write lease {LEASE}: HTTP {status} {data.get('message', '')}")
 
-    def reserve(self, node: str, limit: int, census: Census) -> tuple[bool, int]:
+    def reserve(
+        self, node: str, limit: int, census: Census, reason: str
+    ) -> tuple[bool, tuple[FleetDrain, ...]]:
         drained = {d.node for d in census.drains}
+
+        def listed(places: dict[str, dict[str, Any]]) -> tuple[FleetDrain, ...]:
+            return tuple(FleetDrain(n, p["at"], p["reason"]) for n, p in sorted(places.items()))
+
         for _ in range(LEASE_RETRIES):
             rv, places = self._read()
             now = float(self.wall())
@@ -356,19 +362,19 @@ class KubeFleetView:
             # fleet.window, is younger than it), or briefly before the cordon shows
             oldest = now - self.fleet.window if self.fleet.window is not None else -1.0
             kept = {
-                n: t
-                for n, t in places.items()
-                if (n in drained and t >= oldest) or t > now - PLACE_TTL
+                n: p
+                for n, p in places.items()
+                if (n in drained and p["at"] >= oldest) or p["at"] > now - PLACE_TTL
             }
             if node in kept:
-                return True, len(kept)
+                return True, listed(kept)
             if len(kept) >= limit:
                 if kept != places:
                     self._write(rv, kept)  # tidy up; a lost race here changes nothing
-                return False, len(kept)
-            kept[node] = now
+                return False, listed(kept)
+            kept[node] = {"at": now, "reason": reason}
             if self._write(rv, kept):
-                return True, len(kept)
+                return True, listed(kept)
         raise DrainError(f"lease {LEASE} kept changing; gave up after {LEASE_RETRIES} tries")
 
     def release(self, node: str) -> None:
