@@ -27,6 +27,7 @@ import contextlib
 import json
 import logging
 import os
+import random
 import re
 import shutil
 import ssl
@@ -257,7 +258,7 @@ class KubeClient:
 LEASE = "gpuwatchd-drain-budget"
 PLACES = "gpuwatchd.io/drained-nodes"
 PLACE_TTL = 300.0  # seconds a place taken for a drain that never showed up is kept
-LEASE_RETRIES = 16
+LEASE_RETRIES = 32  # each stale write means another daemon's went through
 
 
 class KubeFleetView:
@@ -375,6 +376,7 @@ class KubeFleetView:
             kept[node] = {"at": now, "reason": reason}
             if self._write(rv, kept):
                 return True, listed(kept)
+            time.sleep(random.uniform(0.0, 0.02))  # many daemons at once: spread them
         raise DrainError(f"lease {LEASE} kept changing; gave up after {LEASE_RETRIES} tries")
 
     def release(self, node: str) -> None:
