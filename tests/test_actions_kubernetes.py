@@ -17,10 +17,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from actions_support import make_config, transition
+from actions_support import make_config, sink_for, transition
 from conftest import free_port
 
-from gpuwatchd.actions import ActionsSink
 from gpuwatchd.actions.kube import ANNOTATION
 from gpuwatchd.core.alerts import AlertState
 from gpuwatchd.core.clock import VirtualClock
@@ -320,7 +319,7 @@ def test_drain_cordons_taints_annotates_and_sets_condition(
     tmp_path: Path, api: FakeApiServer
 ) -> None:
     clock = VirtualClock(1_767_225_600.0)
-    sink = ActionsSink(kube_config(tmp_path, api), clock, threaded=False)  # type: ignore[arg-type]
+    sink = sink_for(kube_config(tmp_path, api), clock)  # type: ignore[arg-type]
     try:
         sink.deliver([transition(at=clock.now(), drain=True)], clock.now())
         sink.run_pending()
@@ -399,7 +398,7 @@ def test_drain_cordons_taints_annotates_and_sets_condition(
 def test_someone_elses_cordon_is_never_touched(tmp_path: Path) -> None:
     api = FakeApiServer(node_object(unschedulable=True)).start()
     clock = VirtualClock(1_767_225_600.0)
-    sink = ActionsSink(kube_config(tmp_path, api), clock, threaded=False)  # type: ignore[arg-type]
+    sink = sink_for(kube_config(tmp_path, api), clock)  # type: ignore[arg-type]
     try:
         sink.deliver([transition(at=clock.now(), drain=True)], clock.now())
         sink.run_pending()
@@ -420,7 +419,7 @@ def test_conflicting_write_is_retried_from_a_fresh_read(tmp_path: Path) -> None:
     # another controller adds a label between our GET and our PATCH, once
     api.interfere.append([{"op": "add", "path": "/metadata/labels/team", "value": "ml"}])
     clock = VirtualClock(1_767_225_600.0)
-    sink = ActionsSink(kube_config(tmp_path, api), clock, threaded=False)  # type: ignore[arg-type]
+    sink = sink_for(kube_config(tmp_path, api), clock)  # type: ignore[arg-type]
     try:
         sink.deliver([transition(at=clock.now(), drain=True)], clock.now())
         sink.run_pending()
@@ -436,7 +435,7 @@ def test_conflicting_write_is_retried_from_a_fresh_read(tmp_path: Path) -> None:
 
 def test_manual_uncordon_is_respected_on_resume(tmp_path: Path, api: FakeApiServer) -> None:
     clock = VirtualClock(1_767_225_600.0)
-    sink = ActionsSink(kube_config(tmp_path, api), clock, threaded=False)  # type: ignore[arg-type]
+    sink = sink_for(kube_config(tmp_path, api), clock)  # type: ignore[arg-type]
     try:
         sink.deliver([transition(at=clock.now(), drain=True)], clock.now())
         sink.run_pending()
@@ -459,7 +458,7 @@ def test_token_file_is_read_on_every_request(tmp_path: Path, api: FakeApiServer)
     api.token = "old-token"
     clock = VirtualClock(1_767_225_600.0)
     cfg = kube_config(tmp_path, api, token_line=f"tokenFile: {token_file}")
-    sink = ActionsSink(cfg, clock, threaded=False)  # type: ignore[arg-type]
+    sink = sink_for(cfg, clock)  # type: ignore[arg-type]
     try:
         sink.deliver([transition(at=clock.now(), drain=True)], clock.now())
         sink.run_pending()
@@ -477,7 +476,7 @@ def test_unauthorized_is_retried_then_fails_with_a_page(tmp_path: Path, api: Fak
     api.token = "something-else"
     clock = VirtualClock(1_767_225_600.0)
     cfg = kube_config(tmp_path, api, extra="  attempts: 2\n")
-    sink = ActionsSink(cfg, clock, threaded=False)  # type: ignore[arg-type]
+    sink = sink_for(cfg, clock)  # type: ignore[arg-type]
     try:
         sink.deliver([transition(at=clock.now(), drain=True)], clock.now())
         sink.run_pending()
@@ -501,7 +500,7 @@ def test_taint_value_cut_to_63_characters_never_ends_in_a_dash(tmp_path: Path) -
     the old code: the node stays schedulable and the drain attempt fails."""
     api = FakeApiServer(node_object()).start()
     clock = VirtualClock(1_767_225_600.0)
-    sink = ActionsSink(kube_config(tmp_path, api), clock, threaded=False)  # type: ignore[arg-type]
+    sink = sink_for(kube_config(tmp_path, api), clock)  # type: ignore[arg-type]
     # "gpuwatchd: <rule> GPU 3 ..." with a rule name that puts a space at character 63
     rule = "gpu_" + "x" * 58
     try:
@@ -524,7 +523,7 @@ def test_a_422_on_an_unchanged_node_is_not_retried_as_a_conflict(tmp_path: Path)
     api = FakeApiServer(node_object()).start()
     api.node["spec"]["taints"].append({"key": "bad", "value": "ends-with-", "effect": "NoSchedule"})
     clock = VirtualClock(1_767_225_600.0)
-    sink = ActionsSink(kube_config(tmp_path, api), clock, threaded=False)  # type: ignore[arg-type]
+    sink = sink_for(kube_config(tmp_path, api), clock)  # type: ignore[arg-type]
     try:
         sink.deliver([transition(at=clock.now(), drain=True)], clock.now())
         sink.run_pending()
@@ -540,7 +539,7 @@ def test_an_event_the_api_refuses_does_not_fail_the_drain(tmp_path: Path) -> Non
     api = FakeApiServer(node_object()).start()
     clock = VirtualClock(1_767_225_600.0)
     cfg = kube_config(tmp_path, api, extra="    event_namespace: elsewhere\n")
-    sink = ActionsSink(cfg, clock, threaded=False)  # type: ignore[arg-type]
+    sink = sink_for(cfg, clock)  # type: ignore[arg-type]
     try:
         sink.deliver([transition(at=clock.now(), drain=True)], clock.now())
         sink.run_pending()
@@ -556,7 +555,7 @@ def test_an_uncordon_while_the_fault_is_active_is_undone(
     tmp_path: Path, api: FakeApiServer
 ) -> None:
     clock = VirtualClock(1_767_225_600.0)
-    sink = ActionsSink(kube_config(tmp_path, api), clock, threaded=False)  # type: ignore[arg-type]
+    sink = sink_for(kube_config(tmp_path, api), clock)  # type: ignore[arg-type]
     try:
         sink.deliver([transition(at=clock.now(), drain=True)], clock.now())
         sink.run_pending()

@@ -9,11 +9,10 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from actions_support import make_config, transition
+from actions_support import make_config, sink_for, transition
 from slurm_support import Slurm, slurm  # noqa: F401 - the fixture
 from test_actions_slurm import actions
 
-from gpuwatchd.actions import ActionsSink
 from gpuwatchd.core.alerts import AlertState
 from gpuwatchd.core.clock import VirtualClock
 
@@ -62,7 +61,7 @@ def test_nhc_drain_then_gpu_fault_then_nhc_resume_keeps_the_node_out(
     tmp_path: Path,
 ) -> None:
     clock = VirtualClock(time.time())
-    sink = ActionsSink(config(tmp_path, slurm.node), clock, threaded=False)  # type: ignore[arg-type]
+    sink = sink_for(config(tmp_path, slurm.node), clock)  # type: ignore[arg-type]
     try:
         assert nhc_offline(slurm, "check_fs_mount: /scratch not mounted")
         # GPU 3 falls off the bus while NHC holds the node: gpuwatchd adds its reason
@@ -103,7 +102,7 @@ def test_a_resume_by_hand_while_the_fault_is_active_is_undone(
     tmp_path: Path,
 ) -> None:
     clock = VirtualClock(time.time())
-    sink = ActionsSink(config(tmp_path, slurm.node), clock, threaded=False)  # type: ignore[arg-type]
+    sink = sink_for(config(tmp_path, slurm.node), clock)  # type: ignore[arg-type]
     try:
         sink.deliver([transition(at=clock.now(), drain=True)], clock.now())
         sink.run_pending()

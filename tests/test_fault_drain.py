@@ -11,7 +11,7 @@ import stat
 import time
 from pathlib import Path
 
-from actions_support import HttpReceiver, make_config, transition
+from actions_support import HttpReceiver, make_config, sink_for, transition
 from conftest import free_port, need_binary
 from fault_support import report
 from slurm_support import Slurm, slurm  # noqa: F401 - the fixture
@@ -84,7 +84,7 @@ def test_bursts_never_exceed_drains_per_window(slurm: Slurm, tmp_path: Path) -> 
     rx = HttpReceiver(free_port()).start()
     config, log = setup(tmp_path, slurm.node, rx.url)
     clock = VirtualClock(time.time())
-    sink = ActionsSink(config, clock, threaded=False)  # type: ignore[arg-type]
+    sink = sink_for(config, clock)  # type: ignore[arg-type]
     try:
         for i in range(6):  # six waves of 8 GPUs within 20 minutes: 48 drain requests
             wave(sink, clock, seq=2 * i + 1)
@@ -122,7 +122,7 @@ def test_an_admins_drain_keeps_its_state_and_reason_through_a_burst(
     rx = HttpReceiver(free_port()).start()
     config, log = setup(tmp_path, slurm.node, rx.url)
     clock = VirtualClock(time.time())
-    sink = ActionsSink(config, clock, threaded=False)  # type: ignore[arg-type]
+    sink = sink_for(config, clock)  # type: ignore[arg-type]
     try:
         for i in range(3):
             wave(sink, clock, seq=2 * i + 1)

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from actions_support import HttpReceiver, make_config, transition
+from actions_support import HttpReceiver, make_config, sink_for, transition
 from conftest import free_port
 from slurm_support import Slurm, start_slurm
 
@@ -58,7 +58,7 @@ drain:
 """,
         name="drain.yaml",
     )
-    return ActionsSink(cfg, CLOCK, threaded=False)
+    return sink_for(cfg, CLOCK)
 
 
 CLOCK = VirtualClock(time.time())  # moved to the wall clock when a test starts

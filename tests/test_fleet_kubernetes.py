@@ -17,13 +17,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from actions_support import BackloggedServer, HttpReceiver, make_config, transition
+from actions_support import BackloggedServer, HttpReceiver, make_config, sink_for, transition
 from conftest import free_port
 from test_actions_kubernetes import TOKEN, ContractError, apply_json_patch, check_event
 
 from gpuwatchd.actions import ActionsSink
 from gpuwatchd.actions.fleet import BUDGET_RULE
 from gpuwatchd.actions.kube import ANNOTATION, LEASE, PLACES
+from gpuwatchd.config.loader import load_config
 from gpuwatchd.core.alerts import AlertState
 from gpuwatchd.core.clock import VirtualClock
 
@@ -206,7 +207,7 @@ drain:
 """,
         name="drain.yaml",
     )
-    return ActionsSink(cfg, CLOCK, threaded=False)
+    return sink_for(cfg, CLOCK)
 
 
 def at_once(sinks: list[ActionsSink]) -> None:
@@ -291,4 +292,39 @@ def test_fifty_daemons_take_exactly_the_budget_through_the_lease(
     finally:
         for sink in sinks.values():
             sink.close()
+        rx.stop()
+
+
+def test_a_reload_that_sets_a_budget_applies_it(api: tuple[Cluster, int], tmp_path: Path) -> None:
+    """SIGHUP's reload swaps the drain settings and driver: the budget follows them."""
+    from gpuwatchd.actions.reload import prepare_reload
+
+    cluster, port = api
+    CLOCK.advance(max(0.0, time.time() - CLOCK.now()))
+    rx = HttpReceiver(free_port()).start()
+    with cluster.lock:  # five nodes already cordoned by gpuwatchd
+        for i in range(5):
+            node = cluster.nodes[f"gpu-{i:02d}"]
+            node["spec"]["unschedulable"] = True
+            node["metadata"]["annotations"][ANNOTATION] = json.dumps(
+                {"reason": "gpuwatchd: XID 79 GPU 0", "cordoned": True, "taint": False}
+            )
+    sink = daemon(tmp_path, "gpu-10", port, rx.url)
+    try:
+        text = (tmp_path / "gpu-10" / "drain.yaml").read_text()
+        assert "max_percent: 10" in text
+        unlimited = tmp_path / "gpu-10" / "unlimited.yaml"
+        unlimited.write_text(text.replace("  fleet:\n    max_percent: 10\n", "  fleet:\n"))
+        before = load_config(str(unlimited), must_exist=True, environ={})
+        assert not before.drain.fleet.enabled
+        prepare_reload(sink, before)()
+        assert sink.drain is not None and sink.drain.fleet is None
+        limited = load_config(str(tmp_path / "gpu-10" / "drain.yaml"), must_exist=True, environ={})
+        prepare_reload(sink, limited)()  # back to 10 %: five of 51 are used already
+        sink.deliver([transition(at=CLOCK.now(), drain=True, node="gpu-10", xid=79)], CLOCK.now())
+        sink.run_pending()
+        assert cluster.nodes["gpu-10"]["spec"].get("unschedulable") is not True
+        assert sink.status()["drain"]["fleet"]["held_back"] == 1
+    finally:
+        sink.close()
         rx.stop()

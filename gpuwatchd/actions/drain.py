@@ -112,13 +112,9 @@ class DrainController:
             **{("resume", r): 0 for r in RESUME_RESULTS},
             **{("hold", r): 0 for r in HOLD_RESULTS},
         }
-        self.fleet = fleet
-        if fleet is None and cfg.fleet.enabled:
-            make: Callable[[Any], FleetView] | None = getattr(driver, "fleet_view", None)
-            if make is not None:
-                self.fleet = FleetBudget(cfg.fleet, make(cfg.fleet), node)
-            else:
-                log.error("drain.fleet: the %s drain mode cannot count the fleet", driver.mode)
+        self._given_fleet = fleet
+        self._fleet: FleetBudget | None = None
+        self._fleet_for: tuple[Driver, Any, str] | None = None
         self._hold_next = 0.0
         self.rate_limited = 0
         self._count_lock = threading.Lock()  # counters move on the drain and the submit thread
@@ -127,6 +123,27 @@ class DrainController:
         self.last_error: str | None = None
         with store.tx() as conn:
             conn.execute("INSERT OR IGNORE INTO node_drain(id) VALUES(1)")
+
+    @property
+    def fleet(self) -> FleetBudget | None:
+        """The fleet budget for the current settings and driver (a reload may change
+        both: it is built again then)."""
+        if self._given_fleet is not None:
+            return self._given_fleet
+        key = (self.driver, self.cfg.fleet, self.node)
+        old = self._fleet_for
+        if old is None or old[0] is not key[0] or old[1:] != key[1:]:
+            self._fleet_for = key
+            self._fleet = None
+            if self.cfg.fleet.enabled:
+                make: Callable[[Any], FleetView] | None = getattr(self.driver, "fleet_view", None)
+                if make is not None:
+                    self._fleet = FleetBudget(self.cfg.fleet, make(self.cfg.fleet), self.node)
+                else:
+                    log.error(
+                        "drain.fleet: the %s drain mode cannot count the fleet", self.driver.mode
+                    )
+        return self._fleet
 
     # -- called inside the outbox transaction ------------------------------------------
     def grace_for(self, rec: dict[str, Any]) -> float:

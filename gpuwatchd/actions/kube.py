@@ -367,6 +367,11 @@ class KubeFleetView:
                 for n, p in places.items()
                 if (n in drained and p["at"] >= oldest) or p["at"] > now - PLACE_TTL
             }
+            # cordons the Lease does not know (made before the budget was set): they count
+            for d in census.drains:
+                since = d.since if d.since is not None else now
+                if d.node not in kept and since >= oldest:
+                    kept[d.node] = {"at": since, "reason": d.reason}
             if node in kept:
                 return True, listed(kept)
             if len(kept) >= limit:
