@@ -13,6 +13,7 @@ from actions_support import make_config, sink_for, transition
 from slurm_support import Slurm, slurm  # noqa: F401 - the fixture
 from test_actions_slurm import actions
 
+from gpuwatchd.actions.silences import add_silence, path_in
 from gpuwatchd.core.alerts import AlertState
 from gpuwatchd.core.clock import VirtualClock
 
@@ -129,5 +130,37 @@ def test_a_resume_by_hand_while_the_fault_is_active_is_undone(
         sink.run_pending()
         assert slurm.state()[:2] == ("drained", "admin: swapping GPU 3")
         assert actions(sink)['action="resume",result="unnoted"'] == 1
+    finally:
+        sink.close()
+
+
+def test_a_silence_lets_an_operator_keep_the_node_in_service(
+    slurm: Slurm,  # noqa: F811 - the fixture
+    tmp_path: Path,
+) -> None:
+    clock = VirtualClock(time.time())
+    cfg = config(tmp_path, slurm.node)
+    sink = sink_for(cfg, clock)  # type: ignore[arg-type]
+    try:
+        sink.deliver([transition(at=clock.now(), drain=True)], clock.now())
+        sink.run_pending()
+        assert slurm.state()[:2] == ("drained", REASON)
+        # the operator silences GPU 3 and resumes the node to run diagnostics on it
+        add_silence(
+            path_in(cfg.state_dir),  # type: ignore[attr-defined]
+            node="node17",
+            gpu="00000000:3E:00.0",
+            rule=None,
+            duration=3600,
+            reason="diagnostics on GPU 3",
+            author="ops",
+            now=clock.now(),
+        )
+        slurm.admin("State=RESUME")
+        slurm.wait_state("idle")
+        clock.advance(31)
+        sink.run_pending()
+        assert slurm.state()[0] == "idle"  # not held while silenced
+        assert actions(sink)['action="hold",result="reasserted"'] == 0
     finally:
         sink.close()

@@ -97,6 +97,7 @@ class DrainController:
         on_record: Callable[[dict[str, Any]], None] | None = None,
         run_notify: bool = True,
         fleet: FleetBudget | None = None,
+        silenced_by: Callable[[dict[str, Any], float], str | None] | None = None,
     ) -> None:
         self.cfg = cfg
         self.node = node
@@ -112,6 +113,7 @@ class DrainController:
             **{("resume", r): 0 for r in RESUME_RESULTS},
             **{("hold", r): 0 for r in HOLD_RESULTS},
         }
+        self.silenced_by = silenced_by  # a silence lets an operator keep the node in service
         self._given_fleet = fleet
         self._fleet: FleetBudget | None = None
         self._fleet_for: tuple[Driver, Any, str] | None = None
@@ -501,6 +503,8 @@ class DrainController:
         if not self.driver.reads_state or self.cfg.dry_run or now < self._hold_next:
             return
         held = self._held()
+        if self.silenced_by is not None:
+            held = [i for i in held if self.silenced_by(i["record"], now) is None]
         if not held:
             return
         self._hold_next = now + self.cfg.hold_interval
