@@ -116,6 +116,7 @@ class ActionsSink:
                 rng=self.rng,
                 on_record=on_drain,
                 run_notify=run_notify,
+                silenced_by=self._silenced_by,
             )
         self.deliveries: dict[TargetKey, TargetDelivery] = {}
         for rcv in self.receivers.values():
