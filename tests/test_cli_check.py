@@ -146,13 +146,14 @@ def secured_daemon(tmp_path: Path) -> Iterator[tuple[Daemon, Path, Path]]:
             status, _, body = https_get(d.url + "/metrics", pki, ("checker", PASSWORD))
         except OSError:
             return False
-        return (
-            status == 200
-            and b'gpuwatchd_alerts{rule="GpuLost",severity="page",state="firing"} 1' in body
+        # GpuLost fires on the GPU's event, the recovery action at the next evaluation
+        return status == 200 and all(
+            f'gpuwatchd_alerts{{rule="{rule}",severity="page",state="firing"}} 1'.encode() in body
+            for rule in ("GpuLost", "GpuRecoveryActionRequired")
         )
 
     try:
-        wait_until(up, 30, "TLS daemon with GpuLost firing")
+        wait_until(up, 30, "TLS daemon with both page alerts firing")
         yield d, d.cfg, password
     finally:
         d.stop()
