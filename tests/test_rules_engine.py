@@ -8,6 +8,8 @@ from rulekit import Node, pci_of, rules
 
 from gpuwatchd.core.alerts import AlertSeverity, AlertState
 from gpuwatchd.core.records import GpuStatus
+from gpuwatchd.rules.conditions.base import Evaluator, Result
+from gpuwatchd.rules.snapshot import Snapshot
 
 TEMP = """
 rules:
@@ -629,12 +631,13 @@ def test_replace_rules_keeps_states_and_resolves_removed_rules() -> None:
 
 def test_a_failing_rule_is_counted_and_the_others_still_run() -> None:
     n = Node(TEMP + ECC.replace("rules:\n", ""))
-    original = n.engine._conditions
 
-    def broken(self: object, rule: object, now: float) -> object:
-        raise RuntimeError("bug")
+    class Broken(Evaluator):
+        def evaluate(self, snap: Snapshot, now: float, active: bool, fresh: bool) -> Result:
+            raise RuntimeError("bug")
 
-    n.engine._conditions = {**original, "threshold": broken}  # type: ignore[misc]
+    loaded = n.engine._loaded["Hot"]
+    loaded.evaluator = Broken(loaded.rule)
     n.poll()
     n.add(0, ecc_corrected_volatile=1)
     n.run(290)
