@@ -16,6 +16,7 @@ from gpuwatchd.rules.conditions import (
     gpu_count,
     gpu_status,
     increase,
+    memory_trend,
     pcie_downtrained,
     peer_outlier,
     rate,
@@ -40,6 +41,7 @@ KINDS: tuple[ConditionKind, ...] = (
     gpu_count.KIND,
     pcie_downtrained.KIND,
     stuck_workload.KIND,
+    memory_trend.KIND,
 )
 
 BY_KEY: Mapping[str, ConditionKind] = MappingProxyType({k.key: k for k in KINDS})
