@@ -25,7 +25,7 @@ from gpuwatchd.core.errors import BackendUnavailable, ConfigError
 log = logging.getLogger("gpuwatchd")
 
 # Modules that add subcommands: each has ``add_parser(subparsers)`` and sets ``func``.
-COMMAND_MODULES: tuple[str, ...] = ("xid", "drainhelper", "silence", "rules")
+COMMAND_MODULES: tuple[str, ...] = ("xid", "drainhelper", "silence", "rules", "backtest")
 
 
 def _load(args: argparse.Namespace) -> Config:
