@@ -645,3 +645,14 @@ def test_a_failing_rule_is_counted_and_the_others_still_run() -> None:
     text = n.metrics()
     assert 'gpuwatchd_rule_evaluation_failures_total{rule="Hot"} 30.0' in text
     assert 'gpuwatchd_rule_evaluation_failures_total{rule="EccRising"} 0.0' in text
+
+
+def test_an_xid_seen_later_than_its_window_still_pages() -> None:
+    # simulate polls every 30 minutes: the XID 48 line is evaluated 30 minutes after its
+    # own time, longer than the 10-minute count window (it used to be lost).
+    n = Node("rules:\n- name: Dbe\n  severity: page\n  condition:\n    xid: {codes: [48]}\n", 2)
+    n.poll()
+    n.xid(1, 48)
+    n.clock.advance(1800)
+    n.poll()
+    assert n.firing() == {("Dbe", "1")}

@@ -110,8 +110,10 @@ class _Evaluator(Evaluator):
             latest.setdefault(key, ev)
         if not latest:
             return hits, set()
-        start = now - c.window
         for key, ev in latest.items():
+            # The window ends at the newest event, not at ``now``: an XID that reaches the
+            # engine later than its own time (a slow poll, a late log line) still counts.
+            start = min(now, ev.timestamp) - c.window
             count = 0
             for x in log.events:
                 e = x.event
