@@ -110,7 +110,7 @@ def test_simulate_is_deterministic() -> None:
 
 def test_demo_runs_the_story_quickly() -> None:
     result = subprocess.run(
-        [*GPUWATCHD, "demo", "--seconds", "15", "--listen", "127.0.0.1:0"],
+        [*GPUWATCHD, "demo", "--seconds", "4", "--listen", "127.0.0.1:0"],
         capture_output=True,
         text=True,
         cwd=ROOT,

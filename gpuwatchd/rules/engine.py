@@ -178,7 +178,10 @@ class Engine:
                 self.stats.xids_ignored += 1
                 return
             with self._lock:
-                self._snap.xids.add(record)
+                if record.enriches:
+                    self._snap.xids.enrich(record)
+                else:
+                    self._snap.xids.add(record)
 
     # -- evaluate -----------------------------------------------------------------------
     def evaluate(self, now: float, view: NodeView) -> list[AlertTransition]:

@@ -82,6 +82,17 @@ class XidLog:
         self.seq += 1
         self.events.append(SeqXid(self.seq, event))
 
+    def enrich(self, event: XidEvent) -> None:
+        """The partner report of an XID already counted: its details replace the first
+        report's in place (same incident, no new count)."""
+        events = self.events
+        pci = (event.pci_bus_id or "").upper()
+        for i in range(len(events) - 1, -1, -1):
+            held = events[i].event
+            if held.xid == event.xid and (held.pci_bus_id or "").upper() == pci:
+                events[i] = SeqXid(events[i].seq, event)
+                return
+
     def newest_first(self, after: int) -> Iterator[XidEvent]:
         """The events numbered above ``after``, newest first."""
         for x in reversed(self.events):
