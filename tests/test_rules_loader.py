@@ -22,6 +22,7 @@ from gpuwatchd.rules.safeyaml import MAX_NODES
 
 ROOT = Path(__file__).resolve().parent.parent
 SHIPPED = sorted(glob.glob(str(ROOT / "rules" / "*.yaml")))
+PROFILES = sorted(glob.glob(str(ROOT / "rules" / "profiles" / "*.yaml")))
 SCHEMA = ROOT / "rules" / "schema.json"
 
 
@@ -371,7 +372,7 @@ def test_shipped_rules_are_the_package_defaults() -> None:
     assert os.path.realpath(default_rule_files()[0]) == os.path.realpath(SHIPPED[0])
 
 
-@pytest.mark.parametrize("path", SHIPPED, ids=os.path.basename)
+@pytest.mark.parametrize("path", SHIPPED + PROFILES, ids=os.path.basename)
 def test_shipped_rule_file_loads_and_is_canonical(path: str) -> None:
     text = Path(path).read_text()
     rules = parse_rules(text, path)
@@ -382,7 +383,7 @@ def test_shipped_rule_file_loads_and_is_canonical(path: str) -> None:
         assert {"summary", "action"} <= set(rule.annotations), rule.name
 
 
-@pytest.mark.parametrize("path", SHIPPED, ids=os.path.basename)
+@pytest.mark.parametrize("path", SHIPPED + PROFILES, ids=os.path.basename)
 def test_shipped_rule_file_validates_against_the_schema(path: str) -> None:
     jsonschema = pytest.importorskip("jsonschema")
     schema = json.loads(SCHEMA.read_text())

@@ -25,6 +25,7 @@ from gpuwatchd.rules.conditions import (
     throttle,
     trend,
     xid,
+    xid_recurrence,
 )
 from gpuwatchd.rules.conditions.base import ConditionKind
 
@@ -42,6 +43,7 @@ KINDS: tuple[ConditionKind, ...] = (
     pcie_downtrained.KIND,
     stuck_workload.KIND,
     memory_trend.KIND,
+    xid_recurrence.KIND,
 )
 
 BY_KEY: Mapping[str, ConditionKind] = MappingProxyType({k.key: k for k in KINDS})
