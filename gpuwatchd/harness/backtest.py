@@ -65,6 +65,16 @@ class Trace:
             self.add(t, 1)
             t += rng.expovariate(per_day / DAY)
 
+    def xid_line(self, t: float, code: int, pid: int) -> None:
+        if 0 <= t < DAYS * DAY:
+            self.events.append(
+                (
+                    t,
+                    f'kernel_log: "NVRM: Xid (PCI:0000:{{bus}}:00): {code}, pid={pid}, '
+                    f'name=python3, XID {code} reported"',
+                )
+            )
+
     def dbe(self, t: float, gpu_placeholder: str = "{bus}") -> None:
         self.dbe_at = t
         self.events.append(
@@ -91,6 +101,7 @@ class Family:
     precursor: bool
     weight: float = 0.0  # share of a fleet's GPU-days with this history (benign only)
     corroborated: bool = False
+    xid: bool = False  # scored on every page (the XID rules), not only the memory rules
 
 
 # -- precursors ------------------------------------------------------------------------------
@@ -228,6 +239,38 @@ def _sram(rng: random.Random) -> Trace:
     return tr
 
 
+def _xid92_steps(rng: random.Random) -> Trace:
+    """The seeds' quiet killer: XID 92 once a week, then daily, then every few hours."""
+    tr = Trace()
+    t = rng.uniform(0, 3) * DAY
+    daily_at = t + rng.uniform(14, 18) * DAY
+    hourly_at = daily_at + rng.uniform(4, 7) * DAY
+    end = hourly_at + rng.uniform(1, 2) * DAY
+    for start, stop, per_day in (
+        (t, daily_at, 1 / 7),
+        (daily_at, hourly_at, 1.0),
+        (hourly_at, end, 8.0),
+    ):
+        x = start + rng.expovariate(per_day / DAY)
+        while x < stop:
+            tr.xid_line(x, 92, rng.randrange(1000, 60000))
+            x += rng.expovariate(per_day / DAY)
+    tr.dbe(end)
+    return tr
+
+
+def _xid_one_job(rng: random.Random) -> Trace:
+    """One job printing the same XID (13 or 92) hundreds of times, once or twice a month."""
+    tr = Trace()
+    for _ in range(rng.choice((1, 2))):
+        t = rng.uniform(1, 28) * DAY
+        code = rng.choice((13, 92))
+        pid = rng.randrange(1000, 60000)
+        for k in range(rng.randrange(50, 400)):
+            tr.xid_line(t + 20 * k, code, pid)
+    return tr
+
+
 FAMILIES: tuple[Family, ...] = (
     Family(
         "leak-weekly-daily-hourly",
@@ -283,6 +326,20 @@ FAMILIES: tuple[Family, ...] = (
         _sram,
         False,
         weight=0.001,
+    ),
+    Family(
+        "xid92-weekly-daily-hourly",
+        "XID 92 weekly, then daily, then 8 a day",
+        _xid92_steps,
+        True,
+        xid=True,
+    ),
+    Family(
+        "xid-one-job",
+        "one job printing one XID (13 or 92) hundreds of times",
+        _xid_one_job,
+        False,
+        xid=True,
     ),
 )
 HEALTHY_WEIGHT = 0.95  # no corrected error at all: no memory page is possible
@@ -378,6 +435,18 @@ class _Pages:
             self.fired.append((float(record["timestamp"]) - SIM_EPOCH, int(record["gpu"])))
 
 
+def page_rules(config: Config) -> set[str]:
+    """Every page-severity rule except those on the uncorrectable error itself (XID 48 and
+    the counters it moves), for the XID families."""
+    from gpuwatchd.rules.loader import rules_from_config
+
+    return {
+        r.name
+        for r in rules_from_config(config).rules
+        if r.severity is AlertSeverity.PAGE and r.name != "GpuXidFatal"
+    }
+
+
 def memory_page_rules(config: Config) -> set[str]:
     from gpuwatchd.rules.loader import rules_from_config
 
@@ -390,7 +459,7 @@ def memory_page_rules(config: Config) -> set[str]:
 
 def run_family(family: Family, seed: int, files: int, config: Config | None = None) -> Score:
     config = config or default_config({})
-    pages = memory_page_rules(config)
+    pages = page_rules(config) if family.xid else memory_page_rules(config)
     score = Score(family)
     for text, traces in generate(family, seed, files):
         pager = _Pages(pages)
@@ -420,7 +489,11 @@ def run_family(family: Family, seed: int, files: int, config: Config | None = No
 def fleet_false_per_1000(scores: Iterable[Score]) -> float:
     """Benign false pages per 1000 GPU-days, weighted by each history's share of a fleet
     (healthy GPUs, the rest of the weight, page never)."""
-    return sum(s.family.weight * s.false_per_1000 for s in scores if not s.family.precursor)
+    return sum(
+        s.family.weight * s.false_per_1000
+        for s in scores
+        if not s.family.precursor and not s.family.xid
+    )
 
 
 def family_named(name: str) -> Family:
