@@ -145,6 +145,8 @@ class Daemon:
         if self.config.backend.kind == "nvml":  # the PCI bus cross-checks NVML's GPU count
             self.pci = PciWatcher(self.node.set_pci_gpus, on_status=self.node.source_status)
             self.pci.start()
+        if self.node.actions is not None and self.node.wiring.threaded:
+            self.node.actions.start()  # sender, scheduler and drain threads
         self.xids.start(self.heartbeats)
         # Rules run even without GPUs: a node whose NVML is gone must still page.
         self._eval_thread = threading.Thread(
@@ -247,7 +249,7 @@ class Daemon:
         if self.poller is not None:
             self.poller.stop()
         if self.node.events is not None:
-            self.node.events.stop()
+            self.node.events.stop(wait=False)  # joined once the backend is closed
         if self.http is not None:
             self.http.stop()
         self.xids.stop()
@@ -258,6 +260,8 @@ class Daemon:
         for hook in self.on_stop:
             hook()
         self.node.close()
+        if self.node.events is not None:
+            self.node.events.stop()
 
     # -- health and status -----------------------------------------------------------
     def health(self) -> tuple[bool, str]:
