@@ -189,3 +189,44 @@ def test_bad_parameters_are_located() -> None:
     assert "r.yaml:5:28: rule 'R'.condition.memory_trend.signal" in text
     assert "memory_trend.window: at least 10m" in text
     assert "memory_trend.alpha: a small chance" in text
+
+
+# -- peers ----------------------------------------------------------------------------------
+PEERS = """
+rules:
+- name: MoreThanItsShare
+  severity: ticket
+  condition:
+    peer_share: {window: 1d, alpha: 0.001, min_episodes: 3}
+  annotations: {summary: '{episodes} of {node_episodes} episodes'}
+"""
+
+
+def test_a_gpu_with_most_of_the_nodes_episodes_stands_out_and_a_burst_does_not() -> None:
+    n = _node_with(PEERS, gpus=8)
+    n.poll()
+    _errors(n, 3, 2 * HOUR, 1 * DAY)  # 11 episodes on GPU 3, none elsewhere
+    assert n.firing() == {("MoreThanItsShare", "3")}
+    tr = next(tr for _, tr in n.transitions if tr.rule == "MoreThanItsShare")
+    assert tr.annotations["summary"].endswith("episodes") and " of " in tr.annotations["summary"]
+    burst = _node_with(PEERS, gpus=8)
+    burst.poll()
+    for _ in range(12):  # a million errors on GPU 5 in two hours: one episode
+        burst.add(5, ecc_corrected_volatile_dev=100000)
+        burst.step(600)
+    burst.run(HOUR, step=600)
+    assert not burst.transitions
+    spread = _node_with(PEERS, gpus=4)
+    spread.poll()
+    for _ in range(6):  # every GPU alike: nobody stands out
+        for gpu in range(4):
+            spread.add(gpu, ecc_corrected_volatile_dev=1)
+        spread.step(2 * HOUR)
+    assert not spread.transitions
+
+
+def _node_with(text: str, gpus: int) -> Node:
+    n = Node(text, gpus=gpus)
+    for f in n.fields:
+        f["ecc_corrected_volatile_dev"] = 0.0
+    return n

@@ -19,6 +19,7 @@ from gpuwatchd.rules.conditions import (
     memory_trend,
     pcie_downtrained,
     peer_outlier,
+    peer_share,
     rate,
     stuck_workload,
     threshold,
@@ -44,6 +45,7 @@ KINDS: tuple[ConditionKind, ...] = (
     stuck_workload.KIND,
     memory_trend.KIND,
     xid_recurrence.KIND,
+    peer_share.KIND,
 )
 
 BY_KEY: Mapping[str, ConditionKind] = MappingProxyType({k.key: k for k in KINDS})
