@@ -93,7 +93,14 @@ class Daemon:
         self.reload_hooks: list[ReloadHook] = []
         if isinstance(self.node.rules, RulesStage):  # SIGHUP: validated, then swapped in
             self.reload_hooks.append(self.node.rules.reload_hook)
+        if self.node.wiring.record is None:  # receivers, routing, drain (or a refusal)
+            self.reload_hooks.append(self._reload_actions)
         self.config_loader: Callable[[], Config] | None = None  # set by `run` (CLI overrides)
+
+    def _reload_actions(self, new: Config) -> Callable[[], None]:
+        from gpuwatchd.actions.reload import prepare_reload
+
+        return prepare_reload(self.node.actions, new, environ=self.node.wiring.environ)
 
     @property
     def infos(self) -> list[GpuInfo]:
