@@ -21,6 +21,13 @@ from gpuwatchd.core.clock import Clock
 T0 = 1_767_225_600.0  # 2026-01-01T00:00:00Z
 
 
+class BackloggedServer(ThreadingHTTPServer):
+    """A listen backlog for many senders at once (the default, 5, resets connections when
+    50 daemons page in the same moment)."""
+
+    request_queue_size = 128
+
+
 @dataclass
 class Received:
     method: str
@@ -105,7 +112,7 @@ class HttpReceiver:
             do_PATCH = _handle
 
         ThreadingHTTPServer.allow_reuse_address = True
-        self.server = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
+        self.server = BackloggedServer(("127.0.0.1", self.port), Handler)
         self.server.daemon_threads = True
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self.thread.start()

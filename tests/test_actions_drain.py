@@ -349,3 +349,98 @@ def test_drain_survives_a_restart_mid_grace(tmp_path: Path) -> None:
         assert sink.status()["drain"]["state"] == "drained"
     finally:
         sink.close()
+
+
+def cascade(sink: ActionsSink, clock: VirtualClock) -> None:
+    """One failing board: XID 79 on GPU 3, then GPU 3 lost, then the same on GPU 4."""
+    for gpu in (3, 4):
+        for rule, xid in (("gpu_xid_fatal", 79), ("gpu_lost", None)):
+            sink.deliver(
+                [transition(rule, at=clock.now(), drain=True, gpu=gpu, xid=xid)], clock.now()
+            )
+            sink.run_pending()
+            clock.advance(5)
+
+
+def test_dry_run_counts_like_the_real_run(tmp_path: Path) -> None:
+    """Issue 14.6: in dry-run one cascade reported two "would drain", two rate-limited
+    incidents and a false "drain limit reached" page while the real run drained once.
+    (Fails on the old code: dry-run gave dry_run, dry_run, rate_limited, rate_limited.)"""
+    script, log = hook(tmp_path)
+    rx = HttpReceiver(free_port()).start()
+    results: dict[bool, list[str]] = {}
+    try:
+        for dry in (False, True):
+            work = tmp_path / ("dry" if dry else "real")
+            work.mkdir()
+            cfg = exec_config(
+                work,
+                script,
+                f"  max_drains: 2\n  window: 1h\n  dry_run: {str(dry).lower()}\n",
+                receivers=ops_receiver(rx),
+            )
+            clock = VirtualClock(1_767_225_600.0)
+            sink = sink_for(cfg, clock)
+            try:
+                cascade(sink, clock)
+                results[dry] = [i["state"] for i in sink.status()["drain"]["incidents"]]
+                assert "gpuwatchd_drain_rate_limited_total 0.0" in metrics(sink)
+                assert "gpuwatchd_drains_in_window 1.0" in metrics(sink)
+            finally:
+                sink.close()
+        assert results[False] == ["drained", "already", "already", "already"]
+        assert results[True] == ["dry_run", "already", "already", "already"]
+        assert [c["GPUWATCHD_ACTION"] for c in calls(log)] == ["drain"]  # the real run only
+        pages = [a["labels"]["alertname"] for r in rx.requests for a in r.json()["alerts"]]
+        assert "GpuwatchdDrainLimitReached" not in pages, pages
+    finally:
+        rx.stop()
+
+
+def test_dry_run_resume_follows_its_would_be_drain(tmp_path: Path) -> None:
+    script, log = hook(tmp_path)
+    clock = VirtualClock(1_767_225_600.0)
+    cfg = exec_config(tmp_path, script, "  dry_run: true\n  resume: true\n  resume_hold: 0s\n")
+    sink = sink_for(cfg, clock)
+    try:
+        sink.deliver([transition(at=clock.now(), drain=True)], clock.now())
+        sink.run_pending()
+        sink.deliver([transition(state=AlertState.RESOLVED, seq=2, at=clock.now())], clock.now())
+        sink.run_pending()
+        text = metrics(sink)
+        assert 'gpuwatchd_drain_actions_total{action="drain",result="dry_run"} 1.0' in text
+        assert 'gpuwatchd_drain_actions_total{action="resume",result="dry_run"} 1.0' in text
+        # after the would-be resume a new fault would drain again
+        clock.advance(60)
+        sink.deliver([transition(at=clock.now(), drain=True, seq=3)], clock.now())
+        sink.run_pending()
+        assert 'gpuwatchd_drain_actions_total{action="drain",result="dry_run"} 2.0' in metrics(sink)
+        assert calls(log) == []
+    finally:
+        sink.close()
+
+
+def test_notify_command_runs_once_per_drain(tmp_path: Path) -> None:
+    """Issue 14.6: ``notify_command`` ran twice for one cascade (XID 79 then GPU lost, both
+    with a grace). Fails on the old code: two notify calls."""
+    script, log = hook(tmp_path)
+    notify, notify_log = hook(tmp_path, "notify.sh")
+    clock = VirtualClock(1_767_225_600.0)
+    cfg = exec_config(tmp_path, script, f'  grace: 2m\n  notify_command: ["{notify}"]\n')
+    sink = sink_for(cfg, clock)
+    try:
+        sink.deliver([transition(at=clock.now(), drain=True)], clock.now())
+        sink.run_pending()
+        clock.advance(10)
+        sink.deliver([transition("gpu_lost", at=clock.now(), drain=True, xid=None)], clock.now())
+        sink.run_pending()
+        assert len(calls(notify_log)) == 1
+        clock.advance(120)
+        sink.run_pending()
+        assert [c["GPUWATCHD_ACTION"] for c in calls(log)] == ["drain"]
+        # the node is drained: a later fault with a grace announces no drain
+        sink.deliver([transition(at=clock.now(), drain=True, gpu=5)], clock.now())
+        sink.run_pending()
+        assert len(calls(notify_log)) == 1
+    finally:
+        sink.close()

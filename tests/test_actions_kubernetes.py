@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 import threading
 import time
 from collections.abc import Iterator
@@ -32,6 +33,26 @@ class ContractError(Exception):
     def __init__(self, code: int, reason: str, message: str) -> None:
         super().__init__(message)
         self.code, self.reason = code, reason
+
+
+# A taint value is a label value: at most 63 characters, alphanumeric at both ends.
+LABEL_VALUE = re.compile(r"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?")
+
+
+def check_event(event: Any, node: dict[str, Any]) -> None:
+    """What the API server checks of a core/v1 Event about a Node (validation.go)."""
+    if not isinstance(event, dict) or event.get("kind") != "Event":
+        raise ContractError(400, "BadRequest", "not an Event")
+    meta = event.get("metadata") or {}
+    if meta.get("namespace") != "default" or not meta.get("name"):
+        raise ContractError(422, "Invalid", "metadata.namespace/name")
+    obj = event.get("involvedObject") or {}
+    if obj.get("kind") != "Node" or obj.get("name") != node["metadata"]["name"]:
+        raise ContractError(422, "Invalid", f"involvedObject {obj}")
+    if event.get("type") not in ("Normal", "Warning") or not event.get("reason"):
+        raise ContractError(422, "Invalid", "type/reason")
+    if len(event.get("message", "")) > 1024 or not event.get("reportingComponent"):
+        raise ContractError(422, "Invalid", "message/reportingComponent")
 
 
 def _unescape(token: str) -> str:
@@ -83,6 +104,7 @@ class FakeApiServer:
     )  # JSON patches another writer applies
     lock: threading.Lock = field(default_factory=threading.Lock)
     token: str = TOKEN
+    events: list[dict[str, Any]] = field(default_factory=list)
 
     def bump(self) -> None:
         meta = self.node["metadata"]
@@ -113,6 +135,11 @@ class FakeApiServer:
                             422, "Invalid", "test of resourceVersion missing or failed"
                         )
                     new = apply_json_patch(self.node, data)
+                    for taint in new["spec"].get("taints") or []:
+                        if not LABEL_VALUE.fullmatch(str(taint.get("value", ""))):
+                            raise ContractError(
+                                422, "Invalid", f"spec.taints.value: Invalid value: {taint}"
+                            )
                     if "status" in data[0]["path"] or any(
                         op["path"].startswith("/status") for op in data
                     ):
@@ -144,6 +171,10 @@ class FakeApiServer:
                     self.node["status"]["conditions"] = list(conds.values())
                     self.bump()
                     return 200, self.node
+                if method == "POST" and path == "/api/v1/namespaces/default/events":
+                    check_event(data, self.node)
+                    self.events.append(data)
+                    return 201, data
                 raise ContractError(404, "NotFound", path)
             except ContractError as exc:
                 return exc.code, {
@@ -292,7 +323,10 @@ def test_drain_cordons_taints_annotates_and_sets_condition(
     try:
         sink.deliver([transition(at=clock.now(), drain=True)], clock.now())
         sink.run_pending()
-        assert [c[0] for c in api.calls] == ["GET", "PATCH", "PATCH"]
+        assert [c[0] for c in api.calls] == ["GET", "PATCH", "PATCH", "POST"]
+        (event,) = api.events
+        assert event["reason"] == "GpuwatchdDrained" and event["type"] == "Warning"
+        assert event["message"].startswith("gpuwatchd: XID 79 GPU 3 00000000:3E:00.0: cordoned")
         _, path, ctype, ops = api.calls[1]
         assert path == f"/api/v1/nodes/{NODE}" and ctype == "application/json-patch+json"
         record = json.loads(ops[2]["value"])
@@ -348,7 +382,11 @@ def test_drain_cordons_taints_annotates_and_sets_condition(
         assert node["metadata"]["annotations"]["node.alpha.kubernetes.io/ttl"] == "0"
         gpu = next(c for c in node["status"]["conditions"] if c["type"] == "GpuUnhealthy")
         assert gpu["status"] == "False" and gpu["reason"] == "GpuwatchdHealthy"
-        _, _, ctype, ops = api.writes()[2]
+        assert [(e["reason"], e["type"]) for e in api.events] == [
+            ("GpuwatchdDrained", "Warning"),
+            ("GpuwatchdResumed", "Normal"),
+        ]
+        _, _, ctype, ops = api.writes()[3]
         assert ctype == "application/json-patch+json"
         assert ops[0]["op"] == "test" and ops[0]["path"] == "/metadata/resourceVersion"
         assert {"op": "test", "path": "/spec/taints/1/key", "value": TAINT_KEY} in ops
@@ -406,7 +444,7 @@ def test_manual_uncordon_is_respected_on_resume(tmp_path: Path, api: FakeApiServ
             api.bump()
         sink.deliver([transition(state=AlertState.RESOLVED, seq=2, at=clock.now())], clock.now())
         sink.run_pending()
-        ops = api.writes()[-2][3]
+        ops = api.writes()[-3][3]
         assert not any(op["path"] == "/spec/unschedulable" for op in ops)
         assert ANNOTATION not in api.node["metadata"]["annotations"]
         assert [t["key"] for t in api.node["spec"]["taints"]] == ["nvidia.com/gpu"]
@@ -452,5 +490,85 @@ def test_unauthorized_is_retried_then_fails_with_a_page(tmp_path: Path, api: Fak
         firing = sink.status()["deliveries"]["firing"]
         assert [a["rule"] for a in firing] == ["gpu_xid_fatal", "GpuwatchdDrainFailed"]
         assert time.time() > 0
+    finally:
+        sink.close()
+
+
+def test_taint_value_cut_to_63_characters_never_ends_in_a_dash(tmp_path: Path) -> None:
+    """Issue 15.14: a reason whose taint value, cut to 63 characters, ended in ``-`` or
+    ``.`` was refused by the API (422), retried as a conflict and never cordoned. Fails on
+    the old code: the node stays schedulable and the drain attempt fails."""
+    api = FakeApiServer(node_object()).start()
+    clock = VirtualClock(1_767_225_600.0)
+    sink = sink_for(kube_config(tmp_path, api), clock)  # type: ignore[arg-type]
+    # "gpuwatchd: <rule> GPU 3 ..." with a rule name that puts a space at character 63
+    rule = "gpu_" + "x" * 58
+    try:
+        fire = transition(rule, at=clock.now(), drain=True, xid=None)
+        sink.deliver([fire], clock.now())
+        sink.run_pending()
+        assert api.node["spec"]["unschedulable"] is True
+        (taint,) = [t for t in api.node["spec"]["taints"] if t["key"] == TAINT_KEY]
+        assert taint["value"] == rule  # not rule + "-"
+        assert len(taint["value"]) <= 63 and taint["value"][-1].isalnum()
+        assert sink.status()["drain"]["state"] == "drained"
+    finally:
+        sink.close()
+        api.stop()
+
+
+def test_a_422_on_an_unchanged_node_is_not_retried_as_a_conflict(tmp_path: Path) -> None:
+    """A 422 that is not a failed resourceVersion test fails the attempt with the API's
+    message at once (one PATCH), instead of four conflict retries."""
+    api = FakeApiServer(node_object()).start()
+    api.node["spec"]["taints"].append({"key": "bad", "value": "ends-with-", "effect": "NoSchedule"})
+    clock = VirtualClock(1_767_225_600.0)
+    sink = sink_for(kube_config(tmp_path, api), clock)  # type: ignore[arg-type]
+    try:
+        sink.deliver([transition(at=clock.now(), drain=True)], clock.now())
+        sink.run_pending()
+        patches = [c for c in api.calls if c[0] == "PATCH"]
+        assert len(patches) == 1
+        assert "spec.taints.value: Invalid value" in sink.status()["drain"]["last_error"]
+    finally:
+        sink.close()
+        api.stop()
+
+
+def test_an_event_the_api_refuses_does_not_fail_the_drain(tmp_path: Path) -> None:
+    api = FakeApiServer(node_object()).start()
+    clock = VirtualClock(1_767_225_600.0)
+    cfg = kube_config(tmp_path, api, extra="    event_namespace: elsewhere\n")
+    sink = sink_for(cfg, clock)  # type: ignore[arg-type]
+    try:
+        sink.deliver([transition(at=clock.now(), drain=True)], clock.now())
+        sink.run_pending()
+        assert api.events == []  # 404 for that namespace: logged, not fatal
+        assert api.node["spec"]["unschedulable"] is True
+        assert sink.status()["drain"]["state"] == "drained"
+    finally:
+        sink.close()
+        api.stop()
+
+
+def test_an_uncordon_while_the_fault_is_active_is_undone(
+    tmp_path: Path, api: FakeApiServer
+) -> None:
+    clock = VirtualClock(1_767_225_600.0)
+    sink = sink_for(kube_config(tmp_path, api), clock)  # type: ignore[arg-type]
+    try:
+        sink.deliver([transition(at=clock.now(), drain=True)], clock.now())
+        sink.run_pending()
+        with api.lock:  # kubectl uncordon while GPU 3 is still lost
+            api.node["spec"]["unschedulable"] = False
+            api.bump()
+        clock.advance(31)  # drain.hold_interval
+        sink.run_pending()
+        assert api.node["spec"]["unschedulable"] is True
+        assert [t["key"] for t in api.node["spec"]["taints"]] == ["nvidia.com/gpu", TAINT_KEY]
+        assert [e["reason"] for e in api.events] == ["GpuwatchdDrained", "GpuwatchdReasserted"]
+        clock.advance(31)
+        sink.run_pending()  # cordoned: nothing more to do
+        assert len(api.events) == 2
     finally:
         sink.close()

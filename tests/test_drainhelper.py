@@ -257,11 +257,12 @@ def test_slurm_mode_against_a_real_slurm(
     resumed = request(path, {"GPUWATCHD_ACTION": "resume", "GPUWATCHD_NODE": slurm.node})
     assert resumed.returncode == 0 and resumed.stdout.startswith("resumed:"), resumed
     slurm.wait_state("idle")
-    # an admin's drain is neither overwritten nor resumed
+    # an admin's drain is neither overwritten nor resumed: gpuwatchd's reason goes next to
+    # theirs, and a resume takes only that note off
     slurm.admin("State=DRAIN", "Reason=admin: bad fan")
     kept = request(path, drain)
-    assert kept.returncode == 0 and kept.stdout.startswith("kept_admin:"), kept
-    assert slurm.state()[1] == "admin: bad fan"
+    assert kept.returncode == 0 and kept.stdout.startswith("noted:"), kept
+    assert slurm.state()[:2] == ("drained", f"admin: bad fan; {REASON}")
     left = request(path, {"GPUWATCHD_ACTION": "resume", "GPUWATCHD_NODE": slurm.node})
-    assert left.returncode == 0 and left.stdout.startswith("not_ours:"), left
-    assert slurm.state()[1] == "admin: bad fan"
+    assert left.returncode == 0 and left.stdout.startswith("unnoted:"), left
+    assert slurm.state()[:2] == ("drained", "admin: bad fan")

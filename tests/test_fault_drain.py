@@ -1,10 +1,12 @@
 """Drain safety under a burst, against a real single-node Slurm: waves of firing alerts on
 every GPU never drain the node more often than ``drain.max_drains`` per ``drain.window``,
-and a node an admin drained is never written to, whatever fires and resolves. Every
+and a node an admin drained keeps its state and their reason, whatever fires and resolves
+(gpuwatchd only adds its own reason next to theirs while the fault is active). Every
 ``scontrol`` call goes through a wrapper that records it."""
 
 from __future__ import annotations
 
+import re
 import stat
 import time
 from pathlib import Path
@@ -12,7 +14,8 @@ from pathlib import Path
 from actions_support import HttpReceiver, make_config, sink_for, transition
 from conftest import free_port, need_binary
 from fault_support import report
-from test_actions_slurm import Slurm, actions, slurm  # noqa: F401 - the fixture
+from slurm_support import Slurm, slurm  # noqa: F401 - the fixture
+from test_actions_slurm import actions
 
 from gpuwatchd.actions import ActionsSink
 from gpuwatchd.core.alerts import AlertState
@@ -110,7 +113,10 @@ def test_bursts_never_exceed_drains_per_window(slurm: Slurm, tmp_path: Path) -> 
         rx.stop()
 
 
-def test_an_admins_drain_is_never_touched_by_a_burst(slurm: Slurm, tmp_path: Path) -> None:  # noqa: F811
+def test_an_admins_drain_keeps_its_state_and_reason_through_a_burst(
+    slurm: Slurm,  # noqa: F811 - the fixture
+    tmp_path: Path,
+) -> None:
     slurm.admin("State=DRAIN", "Reason=admin: replacing PSU 2")
     before = slurm.state()
     rx = HttpReceiver(free_port()).start()
@@ -120,11 +126,20 @@ def test_an_admins_drain_is_never_touched_by_a_burst(slurm: Slurm, tmp_path: Pat
     try:
         for i in range(3):
             wave(sink, clock, seq=2 * i + 1)
-        assert writes(log) == [], writes(log)  # not one write to the node
-        assert slurm.state() == before  # state, reason and its timestamp
-        assert actions(sink)['action="drain",result="kept_admin"'] >= 1
-        assert actions(sink)['action="resume",result="resumed"'] == 0
-        report("drain_admin", waves=3, scontrol_writes=0)
+        # the admin's drain stays: no state change, never resumed; gpuwatchd only added
+        # its reason next to theirs while the fault was active and took it off after
+        updates = writes(log)
+        assert updates and not [w for w in updates if "State=" in w], updates
+        notes = [w.split("Reason=", 1)[1] for w in updates]
+        assert len(notes) == 6 and notes[1::2] == ["admin: replacing PSU 2"] * 3, notes
+        note = re.compile(r"admin: replacing PSU 2; gpuwatchd: XID 79 GPU \d 0000.*")
+        assert all(note.fullmatch(n) for n in notes[::2]), notes
+        assert slurm.state()[:2] == before[:2]  # state and reason as the admin left them
+        got = actions(sink)
+        assert got['action="drain",result="noted"'] == 3
+        assert got['action="resume",result="unnoted"'] == 3
+        assert got['action="resume",result="resumed"'] == 0
+        report("drain_admin", waves=3, state_writes=0, note_writes=len(updates))
     finally:
         sink.close()
         rx.stop()

@@ -43,12 +43,22 @@ def test_rbac() -> None:
         for group in rule["apiGroups"]
         for resource in rule["resources"]
     }
-    assert rights[("", "nodes")] == {"get", "patch"}
+    assert rights[("", "nodes")] == {"get", "list", "patch"}
     assert rights[("", "nodes/status")] == {"patch"}
     assert "create" in rights[("", "events")]
     # nothing beyond what a drain needs: no secrets, no pods, no wildcards
     assert all("*" not in verbs for verbs in rights.values())
     assert {resource for _, resource in rights} == {"nodes", "nodes/status", "events"}
+    # the fleet budget's Lease: only in gpuwatchd's namespace, only that one to change
+    lease = items["Role"]
+    assert lease["metadata"]["namespace"] == "gpuwatchd"
+    rules = {tuple(r["verbs"]): r.get("resourceNames") for r in lease["rules"]}
+    assert rules == {("create",): None, ("get", "update"): ["gpuwatchd-drain-budget"]}
+    assert all(r["apiGroups"] == ["coordination.k8s.io"] for r in lease["rules"])
+    assert items["RoleBinding"]["roleRef"]["name"] == lease["metadata"]["name"]
+    assert items["RoleBinding"]["subjects"] == [
+        {"kind": "ServiceAccount", "name": "gpuwatchd", "namespace": "gpuwatchd"}
+    ]
     binding = items["ClusterRoleBinding"]
     assert binding["roleRef"] == {
         "apiGroup": "rbac.authorization.k8s.io",

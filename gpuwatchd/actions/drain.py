@@ -5,14 +5,20 @@ its key is that transition's idempotency key, so the same transition handed over
 (a restart, a replay) is one incident. Incidents are rows in the outbox database, written
 in the same transaction as the transition, so a restart neither forgets nor repeats one.
 
-    pending --(grace over)--> drained | already | kept_admin | dry_run
-       |                         \\--> rate_limited (page) | failed after N tries (page)
+    pending --(grace over)--> drained | already | kept_admin | noted | dry_run
+       |  ^                      \\--> rate_limited (page) | failed after N tries (page)
+       |  \\-- over_budget: the fleet budget is spent (page once per window); asks again
        \\--(alert resolved first)--> cancelled
 
 While an incident is pending the node shows ``drain_pending`` in status, metrics and the
-health file (``drain.state_file``), and ``drain.notify_command`` runs once. Resume (only
-with ``drain.resume``) waits until no drain incident is unresolved and ``resume_hold`` has
-passed since the last one resolved, and then only undoes a drain gpuwatchd owns.
+health file (``drain.state_file``), and ``drain.notify_command`` runs once per drain (not
+once per alert of a cascade). While an incident is active the node is held out of service
+(``hold``, every ``drain.hold_interval``): if another owner resumes it, gpuwatchd drains it
+again; if another owner drained it, gpuwatchd's reason is added next to theirs. Resume
+(only with ``drain.resume``) waits until no drain incident is unresolved and
+``resume_hold`` has passed since the last one resolved, and then only undoes a drain (or a
+note) gpuwatchd owns. Dry-run counts exactly like the real run: after a "would drain", the
+node counts as drained by gpuwatchd until a "would resume".
 """
 
 from __future__ import annotations
@@ -26,7 +32,22 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from gpuwatchd.actions.drivers import DrainError, DrainResult, Driver, incident_env, run_argv
+from gpuwatchd.actions.drivers import (
+    DrainError,
+    DrainResult,
+    Driver,
+    Gate,
+    incident_env,
+    run_argv,
+)
+from gpuwatchd.actions.fleet import (
+    BUDGET_RULE,
+    FleetBudget,
+    FleetView,
+    correlated,
+    xid_counts,
+    xid_of_reason,
+)
 from gpuwatchd.actions.model import dumps, short_reason
 from gpuwatchd.actions.store import Store, loads
 from gpuwatchd.config.actions import DrainConfig
@@ -40,8 +61,22 @@ log = logging.getLogger(__name__)
 PENDING = "pending"
 # Incident states in which gpuwatchd holds (or may hold) the node drained.
 DRAINED_STATES = ("drained", "already")
-RESULTS = ("drained", "already", "kept_admin", "dry_run", "failed", "rate_limited", "cancelled")
-RESUME_RESULTS = ("resumed", "not_ours", "not_drained", "dry_run", "failed")
+RESULTS = (
+    "drained",
+    "already",
+    "kept_admin",
+    "noted",
+    "dry_run",
+    "failed",
+    "rate_limited",
+    "over_budget",
+    "cancelled",
+)
+RESUME_RESULTS = ("resumed", "unnoted", "not_ours", "not_drained", "dry_run", "failed")
+HOLD_RESULTS = ("reasserted", "noted", "over_budget", "failed")
+# Incident states in which the node must stay out of service while the fault is active.
+HELD_STATES = ("drained", "already", "kept_admin", "noted")
+OVER_BUDGET = "over_budget"
 LIMIT_RULE = "GpuwatchdDrainLimitReached"
 FAILED_RULE = "GpuwatchdDrainFailed"
 RETRY_BASE = 5.0
@@ -61,6 +96,8 @@ class DrainController:
         rng: random.Random | None = None,
         on_record: Callable[[dict[str, Any]], None] | None = None,
         run_notify: bool = True,
+        fleet: FleetBudget | None = None,
+        silenced_by: Callable[[dict[str, Any], float], str | None] | None = None,
     ) -> None:
         self.cfg = cfg
         self.node = node
@@ -74,7 +111,13 @@ class DrainController:
         self.actions: dict[tuple[str, str], int] = {
             **{("drain", r): 0 for r in RESULTS},
             **{("resume", r): 0 for r in RESUME_RESULTS},
+            **{("hold", r): 0 for r in HOLD_RESULTS},
         }
+        self.silenced_by = silenced_by  # a silence lets an operator keep the node in service
+        self._given_fleet = fleet
+        self._fleet: FleetBudget | None = None
+        self._fleet_for: tuple[Driver, Any, str] | None = None
+        self._hold_next = 0.0
         self.rate_limited = 0
         self._count_lock = threading.Lock()  # counters move on the drain and the submit thread
         self._health_written: str | None = None
@@ -82,6 +125,27 @@ class DrainController:
         self.last_error: str | None = None
         with store.tx() as conn:
             conn.execute("INSERT OR IGNORE INTO node_drain(id) VALUES(1)")
+
+    @property
+    def fleet(self) -> FleetBudget | None:
+        """The fleet budget for the current settings and driver (a reload may change
+        both: it is built again then)."""
+        if self._given_fleet is not None:
+            return self._given_fleet
+        key = (self.driver, self.cfg.fleet, self.node)
+        old = self._fleet_for
+        if old is None or old[0] is not key[0] or old[1:] != key[1:]:
+            self._fleet_for = key
+            self._fleet = None
+            if self.cfg.fleet.enabled:
+                make: Callable[[Any], FleetView] | None = getattr(self.driver, "fleet_view", None)
+                if make is not None:
+                    self._fleet = FleetBudget(self.cfg.fleet, make(self.cfg.fleet), self.node)
+                else:
+                    log.error(
+                        "drain.fleet: the %s drain mode cannot count the fleet", self.driver.mode
+                    )
+        return self._fleet
 
     # -- called inside the outbox transaction ------------------------------------------
     def grace_for(self, rec: dict[str, Any]) -> float:
@@ -192,6 +256,8 @@ class DrainController:
         ):
             pages.extend(self._drain(inc, now))
         pages.extend(self._limit_alert(now))
+        pages.extend(self._budget_resolved(now))
+        self._hold(now)
         for inc in self._incidents("state='failed' AND resolved IS NOT NULL AND notified < 2"):
             with self.store.tx() as conn:
                 conn.execute("UPDATE incidents SET notified=2 WHERE key=?", (inc["key"],))
@@ -206,9 +272,19 @@ class DrainController:
 
     def _notify(self, inc: dict[str, Any]) -> None:
         with self.store.tx() as conn:
+            # One notice per drain: not when another alert of the cascade gave it already,
+            # nor when gpuwatchd holds the node drained (there is no drain to wait for).
+            others = conn.execute(
+                "SELECT COUNT(*) FROM incidents WHERE state=? AND notified=1 AND key<>?",
+                (PENDING, inc["key"]),
+            ).fetchone()[0]
+            owned = conn.execute("SELECT owned FROM node_drain WHERE id=1").fetchone()[0]
             conn.execute("UPDATE incidents SET notified=1 WHERE key=?", (inc["key"],))
         argv = self.cfg.notify_command
         if not argv:
+            return
+        if others or owned or self._dry_run_drained():
+            log.info("drain pending for %s: the node's drain is announced already", inc["reason"])
             return
         if self.cfg.dry_run or not self.run_notify:
             log.warning("drain pending for %s: would run %s (dry run)", inc["reason"], argv[0])
@@ -226,8 +302,47 @@ class DrainController:
         except DrainError as exc:
             log.error("drain notify command: %s", exc)
 
+    def _meta(self, name: str) -> str | None:
+        row = self.store.query("SELECT value FROM meta WHERE key=?", (name,))
+        return str(row[0][0]) if row and row[0][0] is not None else None
+
+    def _dry_run_drained(self) -> str | None:
+        """In dry-run: the reason of the drain gpuwatchd would hold now (None: none)."""
+        if not self.cfg.dry_run:
+            return None
+        return self._meta("dry_run_drained") or None
+
+    def _gate(self, reason: str) -> Gate | None:
+        fleet = self.fleet
+        if fleet is None:
+            return None
+
+        def gate() -> str | None:
+            verdict = fleet.check(reason)
+            return None if verdict.allowed else f"fleet drain budget spent: {verdict.detail}"
+
+        return gate
+
+    def _confirm(self, inc: dict[str, Any], result: DrainResult) -> DrainResult:
+        """After a drain: re-count; above the budget, release it at once (docs/fleet.md)."""
+        assert self.fleet is not None
+        verdict = self.fleet.confirm(self.fleet.wall())
+        if verdict.allowed:
+            return result
+        try:
+            released = self.driver.resume(inc, False)
+        except DrainError as exc:
+            log.error("fleet budget: could not release the drain of %s: %s", self.node, exc)
+            return DrainResult(result.result, result.detail + "; over the budget, release failed")
+        return DrainResult(
+            OVER_BUDGET,
+            f"fleet drain budget spent: released after the re-count ({released.result}): "
+            f"{verdict.detail}",
+        )
+
     def _drain(self, inc: dict[str, Any], now: float) -> list[AlertTransition]:
         owned = self.store.query("SELECT owned, reason FROM node_drain WHERE id=1")[0]
+        would = self._dry_run_drained()
         try:
             if owned["owned"] and not self.driver.reads_state:
                 # The node is drained by gpuwatchd already (a cascade: XID 79, then GPU
@@ -235,6 +350,9 @@ class DrainController:
                 result = DrainResult(
                     "already", f"node already drained by gpuwatchd ({owned['reason']})"
                 )
+            elif would is not None:
+                # Dry-run counts like the real run: the cascade's first alert "drained" it.
+                result = DrainResult("already", f"node would be drained by gpuwatchd ({would})")
             elif self._window_count(now) >= self.cfg.max_drains:
                 # Over the limit nothing may change; a driver that can read the node may
                 # still find there is nothing to do (drained already, or by an admin).
@@ -245,7 +363,16 @@ class DrainController:
                     return self._rate_limited(inc, now)
                 result = probe
             else:
-                result = self.driver.drain(inc, inc["reason"], self.cfg.dry_run)
+                result = self.driver.drain(
+                    inc, inc["reason"], self.cfg.dry_run, gate=self._gate(inc["reason"])
+                )
+                # "already" on a node gpuwatchd has no record of draining: it drained, then
+                # stopped before its re-count (a crash, a restart); re-count now
+                recount = result.result == "drained" or (
+                    result.result == "already" and not owned["owned"]
+                )
+                if recount and self.fleet is not None:
+                    result = self._confirm(inc, result)
         except DrainError as exc:
             self.last_error = str(exc)
             attempts = inc["attempts"] + 1
@@ -273,6 +400,9 @@ class DrainController:
                 )
             log.warning("drain %s: attempt %d failed: %s", self.node, attempts, exc)
             return []
+        if result.result == OVER_BUDGET:
+            return self._over_budget(inc, now, result)
+        self._hold_next = now + self.cfg.hold_interval
         with self.store.tx() as conn:
             conn.execute(
                 "UPDATE incidents SET state=?, result=?, attempts=0, next_attempt=0, drained_at=?, "
@@ -286,8 +416,116 @@ class DrainController:
                     "resume_attempts=0, next_attempt=0, last_result=? WHERE id=1",
                     (inc["reason"], now, result.result),
                 )
+            if self.cfg.dry_run and result.result == "dry_run":
+                Store.set_meta(conn, "dry_run_drained", inc["reason"])
         self._record("drain", inc, result)
         return []
+
+    # -- the fleet budget -------------------------------------------------------------
+    def _over_budget(
+        self, inc: dict[str, Any], now: float, result: DrainResult
+    ) -> list[AlertTransition]:
+        """Not drained: the incident stays pending and asks again after ``recheck``."""
+        first = not str(inc["result"] or "").startswith(OVER_BUDGET)
+        with self.store.tx() as conn:
+            conn.execute(
+                "UPDATE incidents SET result=?, attempts=0, next_attempt=? WHERE key=?",
+                (f"{OVER_BUDGET}: {result.detail}", now + self.cfg.fleet.recheck, inc["key"]),
+            )
+        if first:
+            self._record("drain", inc, result)
+        else:
+            log.info("drain %s: still over the fleet budget: %s", self.node, result.detail)
+        return self._budget_page(inc, now)
+
+    def _budget_page(self, inc: dict[str, Any], now: float) -> list[AlertTransition]:
+        fleet = self.fleet
+        if fleet is None or fleet.last is None:
+            return []
+        if self._meta("fleet_alert") == "firing":
+            return []
+        last = self._meta("fleet_page_at")
+        every = self.cfg.fleet.window or self.cfg.window
+        if last and now - float(last) < every:
+            return []
+        verdict = fleet.last
+        drains = verdict.census.drains
+        xids = xid_counts(drains)
+        mine = xid_of_reason(inc["reason"])
+        if mine:
+            xids[mine] += 1
+        seen = ", ".join(f"XID {x} on {n}" for x, n in sorted(xids.items(), key=lambda p: -p[1]))
+        summary = (
+            f"fleet drain budget of {verdict.limit} nodes reached: {verdict.count} drained by "
+            f"gpuwatchd at the last count ({verdict.nodes} nodes known); not draining "
+            f"{self.node} for {inc['reason']}" + (f" (XIDs: {seen})" if seen else "")
+        )
+        notes: dict[str, str] = {"xids": seen, "drained_nodes": str(verdict.count)}
+        extra = [f"{self.node}|{mine}"] if mine else []
+        common = correlated(drains, self.cfg.fleet, fleet.wall(), extra)
+        if common:
+            xid, nodes = common[0]
+            window = f"{self.cfg.fleet.correlate / 60:g}m"
+            cause = (
+                f"XID {xid} on {nodes} nodes within {window}: likely a software or driver event "
+                f"(a driver or firmware roll-out, a shared job), not {nodes} hardware faults"
+            )
+            notes["likely_cause"] = cause
+            summary += ". " + cause
+        with self.store.tx() as conn:
+            Store.set_meta(conn, "fleet_alert", "firing")
+            Store.set_meta(conn, "fleet_page_at", repr(now))
+        return [self._synthetic(BUDGET_RULE, AlertState.FIRING, None, now, summary, notes)]
+
+    def _held_back(self) -> int:
+        row = self.store.query(
+            "SELECT COUNT(*) FROM incidents WHERE state=? AND result LIKE ?",
+            (PENDING, OVER_BUDGET + "%"),
+        )
+        return int(row[0][0])
+
+    def _budget_resolved(self, now: float) -> list[AlertTransition]:
+        if self._meta("fleet_alert") != "firing" or self._held_back():
+            return []
+        with self.store.tx() as conn:
+            Store.set_meta(conn, "fleet_alert", "")
+        summary = f"no drain of {self.node} waits for the fleet drain budget any more"
+        return [self._synthetic(BUDGET_RULE, AlertState.RESOLVED, None, now, summary)]
+
+    # -- holding the node out of service ---------------------------------------------
+    def _held(self) -> list[dict[str, Any]]:
+        marks = ",".join("?" * len(HELD_STATES))
+        return self._incidents(f"state IN ({marks}) AND resolved IS NULL", HELD_STATES)
+
+    def _hold(self, now: float) -> None:
+        """While a drain incident is active, keep the node out of service whoever else
+        drained or resumed it (slurm, kubernetes; not in dry-run)."""
+        if not self.driver.reads_state or self.cfg.dry_run or now < self._hold_next:
+            return
+        held = self._held()
+        if self.silenced_by is not None:
+            held = [i for i in held if self.silenced_by(i["record"], now) is None]
+        if not held:
+            return
+        self._hold_next = now + self.cfg.hold_interval
+        inc = held[0]
+        try:
+            result = self.driver.hold(inc["reason"], gate=self._gate(inc["reason"]))
+        except DrainError as exc:
+            self.last_error = str(exc)
+            self._record("hold", inc, "failed", str(exc))
+            return
+        if result is None:
+            return
+        if result.owns:
+            with self.store.tx() as conn:
+                conn.execute(
+                    "UPDATE node_drain SET owned=1, reason=COALESCE(reason, ?), "
+                    "drained_at=COALESCE(drained_at, ?), resume_attempts=0, next_attempt=0, "
+                    "last_result=? WHERE id=1",
+                    (inc["reason"], now, result.result),
+                )
+        self._record("hold", inc, result)
 
     def _rate_limited(self, inc: dict[str, Any], now: float) -> list[AlertTransition]:
         self.rate_limited += 1
@@ -305,7 +543,13 @@ class DrainController:
         return self._fire_limit(inc, now)
 
     def _synthetic(
-        self, rule: str, state: AlertState, inc: dict[str, Any] | None, now: float, summary: str
+        self,
+        rule: str,
+        state: AlertState,
+        inc: dict[str, Any] | None,
+        now: float,
+        summary: str,
+        notes: dict[str, str] | None = None,
     ) -> AlertTransition:
         labels = {"node": self.node}
         if inc is not None:
@@ -325,7 +569,7 @@ class DrainController:
             state=state,
             severity=AlertSeverity.PAGE,
             labels=labels,
-            annotations={"summary": summary, "description": summary},
+            annotations={"summary": summary, "description": summary, **(notes or {})},
             active_since=now,
             timestamp=now,
             sequence=seq,
@@ -360,7 +604,7 @@ class DrainController:
         """Undo gpuwatchd's drain once no drain incident is unresolved and the hold is over."""
         row = dict(self.store.query("SELECT * FROM node_drain WHERE id=1")[0])
         if (
-            not row["owned"]
+            not (row["owned"] or self._dry_run_drained())
             or row["next_attempt"] > now
             or row["resume_attempts"] >= self.cfg.attempts
         ):
@@ -369,7 +613,7 @@ class DrainController:
         last = self.store.query("SELECT MAX(resolved) FROM incidents")[0][0]
         if open_ or last is None or now < last + self.cfg.resume_hold:
             return
-        drained = self._incidents("state IN ('drained', 'already')")
+        drained = self._incidents("state IN ('drained', 'already', 'noted', 'dry_run')")
         inc = drained[-1] if drained else None
         try:
             result = self.driver.resume(inc, self.cfg.dry_run)
@@ -392,10 +636,16 @@ class DrainController:
             )
             conn.execute(
                 "UPDATE incidents SET state='resumed', closed=COALESCE(closed, ?) "
-                "WHERE state IN ('drained', 'already') AND resolved IS NOT NULL",
+                "WHERE state IN ('drained', 'already', 'noted') AND resolved IS NOT NULL",
                 (now,),
             )
+            Store.set_meta(conn, "dry_run_drained", "")
         self._record("resume", inc, result)
+        if self.fleet is not None and result.result == "resumed":
+            try:
+                self.fleet.released()
+            except DrainError as exc:  # the place expires by itself (docs/fleet.md)
+                log.warning("fleet budget: could not give back %s's place: %s", self.node, exc)
 
     def _next_due(self, now: float) -> float | None:
         times: list[float] = []
@@ -408,6 +658,8 @@ class DrainController:
             last = self.store.query("SELECT MAX(resolved) FROM incidents")[0][0]
             if last is not None:
                 times.append(max(float(last) + self.cfg.resume_hold, now + 1.0))
+        if self.driver.reads_state and not self.cfg.dry_run and self._held():
+            times.append(max(self._hold_next, now + 1.0))
         if self.store.query("SELECT value FROM meta WHERE key='limit_alert'") and self.cfg.window:
             oldest = self.store.query(
                 "SELECT MIN(drained_at) FROM incidents WHERE drained_at > ?",
@@ -440,6 +692,7 @@ class DrainController:
             "max_drains": self.cfg.max_drains,
             "window_seconds": self.cfg.window,
             "last_error": self.last_error,
+            "fleet": self._fleet_summary(),
             "incidents": [
                 {
                     "key": i["key"],
@@ -455,6 +708,19 @@ class DrainController:
                 }
                 for i in incidents
             ],
+        }
+
+    def _fleet_summary(self) -> dict[str, Any] | None:
+        if self.fleet is None:
+            return None
+        last = self.fleet.last
+        return {
+            "max_nodes": self.cfg.fleet.max_nodes,
+            "max_percent": self.cfg.fleet.max_percent,
+            "held_back": self._held_back(),
+            "budget": last.limit if last else None,
+            "drained": last.count if last else None,
+            "nodes": last.nodes if last else None,
         }
 
     def write_health(self, now: float) -> None:
@@ -522,3 +788,19 @@ class DrainController:
             "Drains done (or, in dry-run, that would have been) within the current drain.window.",
             [],
         ).add([], float(s["drains_in_window"]))
+        fleet = s["fleet"]
+        if fleet is None:
+            return
+        fams.get(
+            "gpuwatchd_fleet_drain_held",
+            "gauge",
+            "Drain incidents of this node waiting because the fleet drain budget is spent.",
+            [],
+        ).add([], float(fleet["held_back"]))
+        for name, key, text in (
+            ("budget_nodes", "budget", "The fleet drain budget at the last count (nodes)."),
+            ("drained_nodes", "drained", "Nodes drained by gpuwatchd at the last count."),
+        ):
+            fam = fams.get(f"gpuwatchd_fleet_{name}", "gauge", text, [])
+            if fleet[key] is not None:
+                fam.add([], float(fleet[key]))

@@ -6,23 +6,36 @@ argv lists, never through a shell, with a timeout that kills the whole process g
 
 ``exec``   runs a site command with a documented environment.
 ``slurm``  ``scontrol update NodeName=N State=DRAIN Reason="gpuwatchd: ..."`` after reading the
-           node with ``sinfo``; an admin's drain or down is never overwritten; resume only
-           clears a drain whose reason carries the ``gpuwatchd:`` prefix.
+           node with ``sinfo``; another owner's drain or down is never overwritten: following
+           NHC, gpuwatchd appends its reason to a drain's (``NHC: ...; gpuwatchd: ...``) and
+           drains again if the other owner resumes while the incident is active (``hold``);
+           resume only clears a drain whose reason carries the ``gpuwatchd:`` prefix, or
+           takes gpuwatchd's note off another owner's reason.
+
+``gate`` (slurm and kubernetes) is asked right before the write: a refusal text (the fleet
+budget is spent) means no drain, ``over_budget``.
 ``kubernetes`` lives in ``kube.py``.
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import signal
 import subprocess
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, Protocol
 
+from gpuwatchd.actions.fleet import Census, FleetDrain
 from gpuwatchd.actions.model import REASON_PREFIX, xid_of
+from gpuwatchd.config.actions import FleetDrainConfig
 from gpuwatchd.core.errors import GpuwatchdError
+
+# Asked right before a drain is written: None to go ahead, or why not (fleet budget spent).
+Gate = Callable[[], str | None]
 
 
 class DrainError(GpuwatchdError):
@@ -31,7 +44,9 @@ class DrainError(GpuwatchdError):
 
 @dataclass(frozen=True)
 class DrainResult:
-    result: str  # drained | already | kept_admin | dry_run | resumed | not_ours | not_drained
+    # drained | already | kept_admin | noted | over_budget | dry_run | reasserted
+    # | resumed | unnoted | not_ours | not_drained
+    result: str
     detail: str = ""
 
     @property
@@ -41,8 +56,8 @@ class DrainResult:
 
     @property
     def owns(self) -> bool:
-        """Whether gpuwatchd now owns the node's drain (and may resume it)."""
-        return self.result in ("drained", "already")
+        """Whether gpuwatchd now has a claim on the node's drain (and may undo it)."""
+        return self.result in ("drained", "already", "noted", "reasserted")
 
 
 class Driver(Protocol):
@@ -51,7 +66,13 @@ class Driver(Protocol):
     # False: it cannot (exec), so gpuwatchd's own record of its drain decides.
     reads_state: bool
 
-    def drain(self, incident: Mapping[str, Any], reason: str, dry_run: bool) -> DrainResult: ...
+    def drain(
+        self, incident: Mapping[str, Any], reason: str, dry_run: bool, *, gate: Gate | None = None
+    ) -> DrainResult: ...
+
+    def hold(self, reason: str, *, gate: Gate | None = None) -> DrainResult | None:
+        """While a drain incident is active: keep the node out of service (None: it is)."""
+        ...
 
     def resume(self, incident: Mapping[str, Any] | None, dry_run: bool) -> DrainResult: ...
 
@@ -136,7 +157,9 @@ class ExecDriver:
                 f"{self.command[0]} exited with status {res.returncode}: {_tail(res.stderr)}"
             )
 
-    def drain(self, incident: Mapping[str, Any], reason: str, dry_run: bool) -> DrainResult:
+    def drain(
+        self, incident: Mapping[str, Any], reason: str, dry_run: bool, *, gate: Gate | None = None
+    ) -> DrainResult:
         if dry_run:
             return DrainResult(
                 "dry_run", f"would run {self.command[0]} with GPUWATCHD_ACTION=drain"
@@ -152,6 +175,9 @@ class ExecDriver:
             )
         self._run("resume", incident, reason)
         return DrainResult("resumed", f"{self.command[0]} exited 0")
+
+    def hold(self, reason: str, *, gate: Gate | None = None) -> DrainResult | None:
+        return None  # a site command cannot tell whether someone resumed the node
 
     def close(self) -> None:
         pass
@@ -173,6 +199,80 @@ class SlurmNode:
     @property
     def ours(self) -> bool:
         return self.reason.startswith(REASON_PREFIX)
+
+    @property
+    def down(self) -> bool:
+        return any(w in self.state for w in ("down", "fail"))
+
+    def without_our_note(self) -> str | None:
+        """Another owner's reason with gpuwatchd's note taken off (None: no note there)."""
+        at = self.reason.find(NOTE_SEPARATOR + REASON_PREFIX)
+        return self.reason[:at] if at > 0 else None
+
+
+NOTE_SEPARATOR = "; "
+REASON_MAX = 250
+SETTLE_MARGIN = 0.5  # seconds: clock skew between the node and slurmctld Slurm tolerates
+
+
+def _slurm_time(text: str) -> float | None:
+    try:
+        return datetime.strptime(text.strip(), "%Y-%m-%dT%H:%M:%S").timestamp()
+    except ValueError:
+        return None
+
+
+class SlurmFleetView:
+    """The fleet as Slurm's controller sees it: one ``sinfo`` per census."""
+
+    exclusive = False
+
+    def reserve(
+        self, node: str, limit: int, census: Census, reason: str
+    ) -> tuple[bool, tuple[FleetDrain, ...]]:
+        raise NotImplementedError("Slurm's budget is checked by re-counting")
+
+    def release(self, node: str) -> None:
+        pass  # the census sees the resume
+
+    def __init__(self, sinfo: str, timeout: float, partition: str | None) -> None:
+        self.sinfo = sinfo
+        self.timeout = timeout
+        self.partition = partition
+
+    def census(self) -> Census:
+        argv = [self.sinfo, "--noheader", "--Node", "--format", "%N|%T|%H|%E"]
+        if self.partition:
+            argv[1:1] = ["--partition", self.partition]
+        res = run_argv(argv, timeout=self.timeout)
+        if res.returncode != 0:
+            raise DrainError(f"sinfo failed (status {res.returncode}): {_tail(res.stderr)}")
+        nodes: dict[str, SlurmNode] = {}
+        since: dict[str, float | None] = {}
+        for line in res.stdout.splitlines():
+            name, sep, rest = line.partition("|")
+            state, _, rest = rest.partition("|")
+            stamp, _, reason = rest.partition("|")
+            if not sep or not name.strip():
+                continue
+            reason = reason.strip()
+            node = SlurmNode(
+                state.strip().lower().rstrip("*~#!%$@^-+"),
+                "" if reason.lower() == "none" else reason,
+            )
+            nodes[name.strip()] = node
+            since[name.strip()] = _slurm_time(stamp)
+        drains = tuple(
+            FleetDrain(name, since[name], n.reason)
+            for name, n in sorted(nodes.items())
+            if n.offline and n.ours
+        )
+        return Census(len(nodes), drains)
+
+    def settled_at(self, drained_at: float) -> float:
+        # slurmctld stamps a reason in whole seconds when it applies the update: every drain
+        # stamped in our second or before is applied once that second is over.
+        return math.floor(drained_at) + 1.0 + SETTLE_MARGIN
 
 
 class SlurmDriver:
@@ -211,15 +311,61 @@ class SlurmDriver:
                 f"scontrol update failed (status {res.returncode}): {_tail(res.stderr)}"
             )
 
-    def drain(self, incident: Mapping[str, Any], reason: str, dry_run: bool) -> DrainResult:
+    def fleet_view(self, cfg: FleetDrainConfig) -> SlurmFleetView:
+        return SlurmFleetView(self.sinfo, self.timeout, cfg.partition)
+
+    def _note(self, node: SlurmNode, reason: str, dry_run: bool) -> DrainResult:
+        """The node is out of service for another owner: keep their reason, add ours (NHC's
+        convention: never clobber another note; a down node and one with no note are left
+        alone)."""
+        why = node.reason or "no reason given"
+        if node.down or not node.reason:
+            return DrainResult(
+                "kept_admin", f"node is {node.state} for another reason ({why}); left as is"
+            )
+        if REASON_PREFIX in node.reason:
+            return DrainResult(
+                "already", f"node is {node.state}; gpuwatchd's note is there already"
+            )
+        if dry_run:
+            return DrainResult(
+                "kept_admin",
+                f"node is {node.state} for another reason ({why}); would add gpuwatchd's reason",
+            )
+        text = (node.reason + NOTE_SEPARATOR + reason)[:REASON_MAX]
+        self._update(f"Reason={text}")
+        return DrainResult(
+            "noted", f"node is {node.state} for another reason ({why}); gpuwatchd's reason added"
+        )
+
+    def hold(self, reason: str, *, gate: Gate | None = None) -> DrainResult | None:
+        node = self.read()
+        if node.offline:
+            if node.ours or REASON_PREFIX in node.reason:
+                return None
+            res = self._note(node, reason, False)
+            return res if res.result == "noted" else None
+        # Someone put the node back in service while the fault is still active.
+        refusal = gate() if gate is not None else None
+        if refusal:
+            return DrainResult("over_budget", refusal)
+        self._update("State=DRAIN", f"Reason={reason}")
+        return DrainResult(
+            "reasserted",
+            f"node was put back in service ({node.state}) while the fault is active; drained again",
+        )
+
+    def drain(
+        self, incident: Mapping[str, Any], reason: str, dry_run: bool, *, gate: Gate | None = None
+    ) -> DrainResult:
         node = self.read()
         if node.offline and node.ours:
             return DrainResult("already", f"node is {node.state} by gpuwatchd: {node.reason}")
         if node.offline:
-            why = node.reason or "no reason given"
-            return DrainResult(
-                "kept_admin", f"node is {node.state} for another reason ({why}); left as is"
-            )
+            return self._note(node, reason, dry_run)
+        refusal = gate() if gate is not None else None
+        if refusal:
+            return DrainResult("over_budget", refusal)
         if dry_run:
             return DrainResult(
                 "dry_run",
@@ -239,9 +385,18 @@ class SlurmDriver:
         if not node.offline:
             return DrainResult("not_drained", f"node is {node.state}; nothing to resume")
         if not node.ours:
+            theirs = node.without_our_note()
+            if theirs is None:
+                return DrainResult(
+                    "not_ours",
+                    f"node is {node.state} for another reason ({node.reason or 'none'}); "
+                    "left as is",
+                )
+            if dry_run:
+                return DrainResult("dry_run", f"would take gpuwatchd's note off {node.reason!r}")
+            self._update(f"Reason={theirs}")
             return DrainResult(
-                "not_ours",
-                f"node is {node.state} for another reason ({node.reason or 'none'}); left as is",
+                "unnoted", f"gpuwatchd's note taken off; node stays {node.state} ({theirs})"
             )
         if dry_run:
             return DrainResult(
@@ -262,8 +417,13 @@ class RecordDriver:
     def __init__(self, mode: str) -> None:
         self.mode = mode
 
-    def drain(self, incident: Mapping[str, Any], reason: str, dry_run: bool) -> DrainResult:
+    def drain(
+        self, incident: Mapping[str, Any], reason: str, dry_run: bool, *, gate: Gate | None = None
+    ) -> DrainResult:
         return DrainResult("dry_run", f"recorded ({self.mode}): drain, reason {reason!r}")
+
+    def hold(self, reason: str, *, gate: Gate | None = None) -> DrainResult | None:
+        return None
 
     def resume(self, incident: Mapping[str, Any] | None, dry_run: bool) -> DrainResult:
         return DrainResult("dry_run", f"recorded ({self.mode}): resume")

@@ -9,7 +9,12 @@ written if the node changed since we read it - and sets ``spec.unschedulable``, 
 taint and records ownership in the annotation ``gpuwatchd.io/drain``. A node cordoned by
 someone else is left alone (no taint, no annotation; never uncordoned later). The condition
 goes to ``/api/v1/nodes/N/status`` as a strategic merge patch carrying
-``metadata.resourceVersion`` as a precondition. A 409 or 422 re-reads and retries.
+``metadata.resourceVersion`` as a precondition. A 409 re-reads and retries; so does a 422
+when the node changed since it was read (a failed ``test``), while a 422 on an unchanged
+node is the API refusing the content and fails the attempt with its message.
+
+Each drain, re-drain and resume also creates a core/v1 Event about the node (``kubectl
+describe node`` shows it); an Event that cannot be created is logged, never fails the drain.
 
 Credentials: a kubeconfig file (``drain.kubernetes.kubeconfig``: token, token file or client
 certificate; no exec plugins), else the in-cluster service account.
@@ -20,11 +25,16 @@ from __future__ import annotations
 import base64
 import contextlib
 import json
+import logging
 import os
+import random
+import re
 import shutil
 import ssl
 import tempfile
+import time
 import urllib.parse
+import uuid
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
@@ -32,14 +42,32 @@ from typing import Any
 import httpx
 import yaml
 
-from gpuwatchd.actions.drivers import DrainError, DrainResult
-from gpuwatchd.config.actions import KubernetesDrainConfig
+from gpuwatchd.actions.drivers import DrainError, DrainResult, Gate
+from gpuwatchd.actions.fleet import Census, FleetDrain
+from gpuwatchd.config.actions import FleetDrainConfig, KubernetesDrainConfig
+
+log = logging.getLogger(__name__)
 
 ANNOTATION = "gpuwatchd.io/drain"
 JSON_PATCH = "application/json-patch+json"
 MERGE_PATCH = "application/strategic-merge-patch+json"
 SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 CONFLICT_RETRIES = 4
+TAINT_VALUE_MAX = 63
+# A label value, which a taint value must be: empty, or alphanumeric at both ends.
+_TAINT_VALUE_RE = re.compile(r"([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?")
+
+
+def taint_value(reason: str) -> str:
+    """The reason as a taint value the API accepts (at most 63 characters, alphanumeric at
+    both ends: truncating must not leave a ``-`` or ``.`` at the end)."""
+    text = "".join(
+        c if c.isalnum() and c.isascii() else c if c in "-_." else "-"
+        for c in reason.split(":", 1)[-1].strip()
+    )
+    value = text.strip("-_.")[:TAINT_VALUE_MAX].rstrip("-_.")
+    assert _TAINT_VALUE_RE.fullmatch(value), value
+    return value
 
 
 def _pointer(key: str) -> str:
@@ -212,10 +240,162 @@ class KubeClient:
     def patch(self, path: str, body: Any, content_type: str) -> tuple[int, dict[str, Any]]:
         return self._call("PATCH", path, body, content_type)
 
+    def post(self, path: str, body: Any) -> tuple[int, dict[str, Any]]:
+        return self._call("POST", path, body, "application/json")
+
+    def get(self, path: str) -> tuple[int, dict[str, Any]]:
+        return self._call("GET", path)
+
+    def put(self, path: str, body: Any) -> tuple[int, dict[str, Any]]:
+        return self._call("PUT", path, body, "application/json")
+
     def close(self) -> None:
         self._client.close()
         if self._cleanup:
             shutil.rmtree(self._cleanup, ignore_errors=True)
+
+
+LEASE = "gpuwatchd-drain-budget"
+PLACES = "gpuwatchd.io/drained-nodes"
+PLACE_TTL = 300.0  # seconds a place taken for a drain that never showed up is kept
+LEASE_RETRIES = 32  # each stale write means another daemon's went through
+
+
+class KubeFleetView:
+    """The fleet as the API server sees it: one node list per census, and the budget's
+    places in a Lease (``coordination.k8s.io/v1``) written only with the resourceVersion
+    read, so two daemons can never both take the last place."""
+
+    exclusive = True
+
+    def __init__(
+        self, client: KubeClient, cfg: KubernetesDrainConfig, fleet: FleetDrainConfig, wall: Any
+    ) -> None:
+        self.client = client
+        self.cfg = cfg
+        self.fleet = fleet
+        self.wall = wall
+        ns = urllib.parse.quote(cfg.budget_namespace, safe="")
+        self.leases = f"/apis/coordination.k8s.io/v1/namespaces/{ns}/leases"
+
+    def census(self) -> Census:
+        path = "/api/v1/nodes"
+        if self.fleet.selector:
+            path += "?" + urllib.parse.urlencode({"labelSelector": self.fleet.selector})
+        status, data = self.client.get(path)
+        if status != 200:
+            raise DrainError(f"GET nodes: HTTP {status} {data.get('message', '')}".strip())
+        items = [i for i in data.get("items") or [] if isinstance(i, dict)]
+        drains = []
+        for item in items:
+            meta = item.get("metadata") or {}
+            note = (meta.get("annotations") or {}).get(ANNOTATION)
+            if note is None or not (item.get("spec") or {}).get("unschedulable"):
+                continue
+            try:
+                info = json.loads(note)
+            except ValueError:
+                info = {}
+            at = info.get("at") if isinstance(info, dict) else None
+            reason = info.get("reason", "") if isinstance(info, dict) else ""
+            drains.append(
+                FleetDrain(
+                    str(meta.get("name", "")),
+                    float(at) if isinstance(at, int | float) else None,
+                    str(reason),
+                )
+            )
+        return Census(len(items), tuple(sorted(drains, key=lambda d: d.node)))
+
+    def _read(self) -> tuple[str | None, dict[str, dict[str, Any]]]:
+        status, data = self.client.get(f"{self.leases}/{LEASE}")
+        if status == 404:
+            return None, {}
+        if status != 200:
+            raise DrainError(f"GET lease {LEASE}: HTTP {status} {data.get('message', '')}")
+        meta = data.get("metadata") or {}
+        try:
+            raw = json.loads((meta.get("annotations") or {}).get(PLACES, "{}"))
+        except ValueError:
+            raw = {}
+        places: dict[str, dict[str, Any]] = {}
+        for k, v in (raw if isinstance(raw, dict) else {}).items():
+            at = v.get("at") if isinstance(v, dict) else None
+            if isinstance(at, int | float):
+                places[str(k)] = {"at": float(at), "reason": str(v.get("reason", ""))[:200]}
+        return str(meta.get("resourceVersion", "")), places
+
+    def _write(self, rv: str | None, places: dict[str, dict[str, Any]]) -> bool:
+        """Write the places; False when someone else wrote first (read again)."""
+        body: dict[str, Any] = {
+            "apiVersion": "coordination.k8s.io/v1",
+            "kind": "Lease",
+            "metadata": {
+                "name": LEASE,
+                "namespace": self.cfg.budget_namespace,
+                "annotations": {PLACES: json.dumps(places, sort_keys=True)},
+            },
+            "spec": {},
+        }
+        if rv is None:
+            status, data = self.client.post(self.leases, body)
+        else:
+            body["metadata"]["resourceVersion"] = rv
+            status, data = self.client.put(f"{self.leases}/{LEASE}", body)
+        if status in (200, 201):
+            return True
+        if status == 409:
+            return False
+        raise DrainError(f"write lease {LEASE}: HTTP {status} {data.get('message', '')}")
+
+    def reserve(
+        self, node: str, limit: int, census: Census, reason: str
+    ) -> tuple[bool, tuple[FleetDrain, ...]]:
+        drained = {d.node for d in census.drains}
+
+        def listed(places: dict[str, dict[str, Any]]) -> tuple[FleetDrain, ...]:
+            return tuple(FleetDrain(n, p["at"], p["reason"]) for n, p in sorted(places.items()))
+
+        for _ in range(LEASE_RETRIES):
+            rv, places = self._read()
+            now = float(self.wall())
+            # a place stays while its node is cordoned by gpuwatchd (and, with a
+            # fleet.window, is younger than it), or briefly before the cordon shows
+            oldest = now - self.fleet.window if self.fleet.window is not None else -1.0
+            kept = {
+                n: p
+                for n, p in places.items()
+                if (n in drained and p["at"] >= oldest) or p["at"] > now - PLACE_TTL
+            }
+            # cordons the Lease does not know (made before the budget was set): they count
+            for d in census.drains:
+                since = d.since if d.since is not None else now
+                if d.node not in kept and since >= oldest:
+                    kept[d.node] = {"at": since, "reason": d.reason}
+            if node in kept:
+                return True, listed(kept)
+            if len(kept) >= limit:
+                if kept != places:
+                    self._write(rv, kept)  # tidy up; a lost race here changes nothing
+                return False, listed(kept)
+            kept[node] = {"at": now, "reason": reason}
+            if self._write(rv, kept):
+                return True, listed(kept)
+            time.sleep(random.uniform(0.0, 0.02))  # many daemons at once: spread them
+        raise DrainError(f"lease {LEASE} kept changing; gave up after {LEASE_RETRIES} tries")
+
+    def release(self, node: str) -> None:
+        for _ in range(LEASE_RETRIES):
+            rv, places = self._read()
+            if node not in places:
+                return
+            del places[node]
+            if self._write(rv, places):
+                return
+        raise DrainError(f"lease {LEASE} kept changing; gave up after {LEASE_RETRIES} tries")
+
+    def settled_at(self, drained_at: float) -> float:
+        return drained_at
 
 
 class KubernetesDriver:
@@ -230,15 +410,68 @@ class KubernetesDriver:
         self.cfg = cfg
         self._now = clock_now
 
+    def fleet_view(self, fleet: FleetDrainConfig) -> KubeFleetView:
+        return KubeFleetView(self.client, self.cfg, fleet, time.time)
+
     def _taint(self, reason: str) -> dict[str, str]:
-        value = "".join(
-            c if c.isalnum() or c in "-_." else "-" for c in reason.split(":", 1)[-1].strip()
-        )
         return {
             "key": self.cfg.taint_key,
-            "value": value.strip("-_.")[:63],
+            "value": taint_value(reason),
             "effect": self.cfg.taint_effect,
         }
+
+    def _changed_since(self, rv: str) -> bool:
+        """After a 422: did the node change since we read it (a failed ``test``)?"""
+        current = self.client.get_node(self.node)
+        return str((current.get("metadata") or {}).get("resourceVersion", "")) != rv
+
+    def _refused(self, status: int, data: dict[str, Any], what: str) -> DrainError:
+        return DrainError(f"{what} node {self.node}: HTTP {status} {data.get('message', '')}")
+
+    def event(self, node: dict[str, Any], reason: str, message: str, warning: bool) -> None:
+        """A core/v1 Event about the node; a failure is logged, never raised."""
+        if not self.cfg.events:
+            return
+        meta = node.get("metadata") or {}
+        now = _k8s_time(self._now())
+        ns = self.cfg.event_namespace
+        body = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {
+                "name": f"{self.node}.gpuwatchd.{uuid.uuid4().hex[:12]}",
+                "namespace": ns,
+            },
+            "involvedObject": {
+                "apiVersion": "v1",
+                "kind": "Node",
+                "name": self.node,
+                "uid": str(meta.get("uid") or self.node),
+            },
+            "reason": reason,
+            "message": message[:1024],
+            "type": "Warning" if warning else "Normal",
+            "source": {"component": "gpuwatchd", "host": self.node},
+            "reportingComponent": "gpuwatchd",
+            "reportingInstance": self.node,
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+        }
+        path = f"/api/v1/namespaces/{urllib.parse.quote(ns, safe='')}/events"
+        try:
+            status, data = self.client.post(path, body)
+        except DrainError as exc:
+            log.warning("kubernetes event %s for %s not created: %s", reason, self.node, exc)
+            return
+        if status not in (200, 201):
+            log.warning(
+                "kubernetes event %s for %s not created: HTTP %d %s",
+                reason,
+                self.node,
+                status,
+                data.get("message", ""),
+            )
 
     def _condition(self, rv: str, fault: bool, message: str) -> None:
         if not self.cfg.condition:
@@ -273,7 +506,25 @@ class KubernetesDriver:
             f"PATCH node {self.node} status: still conflicting after {CONFLICT_RETRIES} tries"
         )
 
-    def drain(self, incident: Mapping[str, Any], reason: str, dry_run: bool) -> DrainResult:
+    def hold(self, reason: str, *, gate: Gate | None = None) -> DrainResult | None:
+        node = self.client.get_node(self.node)
+        if (node.get("spec") or {}).get("unschedulable"):
+            return None
+        # Someone uncordoned the node while the fault is still active: cordon it again.
+        result = self.drain({}, reason, False, gate=gate, reasserting=True)
+        if result.result != "drained":
+            return result
+        return DrainResult("reasserted", result.detail + " again (uncordoned while faulty)")
+
+    def drain(
+        self,
+        incident: Mapping[str, Any],
+        reason: str,
+        dry_run: bool,
+        *,
+        gate: Gate | None = None,
+        reasserting: bool = False,
+    ) -> DrainResult:
         for _ in range(CONFLICT_RETRIES):
             node = self.client.get_node(self.node)
             meta = node.get("metadata") or {}
@@ -288,6 +539,9 @@ class KubernetesDriver:
                         rv, True, reason + " (node was already cordoned by someone else)"
                     )
                 return DrainResult("kept_admin", "node was cordoned by someone else; left as is")
+            refusal = gate() if gate is not None else None
+            if refusal:
+                return DrainResult("over_budget", refusal)
             if dry_run:
                 return DrainResult(
                     "dry_run", f"would cordon {self.node} and taint {self.cfg.taint_key}"
@@ -323,12 +577,20 @@ class KubernetesDriver:
                 else:
                     ops.append({"op": "add", "path": "/spec/taints", "value": [taint]})
             status, data = self.client.patch(self.client.node_path(self.node), ops, JSON_PATCH)
-            if status in (409, 422):
+            if status == 409 or (status == 422 and self._changed_since(rv)):
                 continue
             if status != 200:
-                raise DrainError(f"PATCH node {self.node}: HTTP {status} {data.get('message', '')}")
+                raise self._refused(status, data, "PATCH")
             new_rv = str((data.get("metadata") or {}).get("resourceVersion", rv))
             self._condition(new_rv, True, reason)
+            self.event(
+                data or node,
+                "GpuwatchdReasserted" if reasserting else "GpuwatchdDrained",
+                f"{reason}: cordoned"
+                + (f" and tainted {self.cfg.taint_key}" if add_taint else "")
+                + (" again (it was uncordoned while the fault is active)" if reasserting else ""),
+                True,
+            )
             return DrainResult(
                 "drained",
                 f"cordoned {self.node}" + (f", tainted {self.cfg.taint_key}" if add_taint else ""),
@@ -371,12 +633,18 @@ class KubernetesDriver:
                         break
             ops.append({"op": "remove", "path": "/metadata/annotations/" + _pointer(ANNOTATION)})
             status, data = self.client.patch(self.client.node_path(self.node), ops, JSON_PATCH)
-            if status in (409, 422):
+            if status == 409 or (status == 422 and self._changed_since(rv)):
                 continue
             if status != 200:
-                raise DrainError(f"PATCH node {self.node}: HTTP {status} {data.get('message', '')}")
+                raise self._refused(status, data, "PATCH")
             new_rv = str((data.get("metadata") or {}).get("resourceVersion", rv))
             self._condition(new_rv, False, "gpuwatchd: GPU faults resolved; node uncordoned")
+            self.event(
+                data or node,
+                "GpuwatchdResumed",
+                f"gpuwatchd: GPU faults resolved; uncordoned ({info.get('reason', 'no reason')})",
+                False,
+            )
             return DrainResult("resumed", f"uncordoned {self.node}")
         raise DrainError(f"node {self.node} kept changing; gave up after {CONFLICT_RETRIES} tries")
 

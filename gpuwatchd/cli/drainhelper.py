@@ -187,7 +187,17 @@ def _driver(cfg: HelperConfig) -> Any:
 
 
 # Driver outcomes that are policy, not failure: reported as done (exit 0) with the reason.
-_OK_RESULTS = {"drained", "already", "kept_admin", "dry_run", "resumed", "not_drained", "not_ours"}
+_OK_RESULTS = {
+    "drained",
+    "already",
+    "kept_admin",
+    "noted",
+    "dry_run",
+    "resumed",
+    "unnoted",
+    "not_drained",
+    "not_ours",
+}
 
 
 def perform(cfg: HelperConfig, req: Request, run: Runner = _run) -> tuple[bool, str]:

@@ -35,6 +35,8 @@ _TAINT_KEY_RE = re.compile(
     r"(?:[a-z0-9]([-a-z0-9]*[a-z0-9])?(?:\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
     r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
 )
+_NAMESPACE_RE = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+_SELECTOR_RE = re.compile(r"[A-Za-z0-9_./=!,() -]{1,1024}")
 _CONDITION_RE = re.compile(r"[A-Z][A-Za-z0-9]{0,62}")
 # Headers gpuwatchd sets itself; a configured header must not replace them.
 _RESERVED_HEADERS = {"content-type", "content-length", "host", "idempotency-key"}
@@ -157,6 +159,26 @@ class KubernetesDrainConfig:
     taint_effect: str = "NoSchedule"
     condition: bool = True
     condition_type: str = "GpuUnhealthy"
+    events: bool = True
+    event_namespace: str = "default"
+    budget_namespace: str = "gpuwatchd"
+
+
+@dataclass(frozen=True)
+class FleetDrainConfig:
+    """``drain.fleet``: a budget of nodes gpuwatchd may hold drained across the cluster."""
+
+    max_nodes: int | None = None
+    max_percent: float | None = None
+    partition: str | None = None  # Slurm: count only this partition's nodes
+    selector: str | None = None  # Kubernetes: count only nodes matching this label selector
+    window: float | None = None  # count only drains younger than this (None: every drain)
+    recheck: float = 60.0  # how often an incident held back by the budget asks again
+    correlate: float = 600.0  # the same XID on several nodes within this is named as such
+
+    @property
+    def enabled(self) -> bool:
+        return self.max_nodes is not None or self.max_percent is not None
 
 
 @dataclass(frozen=True)
@@ -174,6 +196,8 @@ class DrainConfig:
     resume_hold: float = 1800.0
     timeout: float = 30.0
     attempts: int = 5
+    hold_interval: float = 30.0
+    fleet: FleetDrainConfig = field(default_factory=FleetDrainConfig)
     exec: ExecDrainConfig = field(default_factory=ExecDrainConfig)
     slurm: SlurmDrainConfig = field(default_factory=SlurmDrainConfig)
     kubernetes: KubernetesDrainConfig = field(default_factory=KubernetesDrainConfig)
@@ -562,6 +586,11 @@ def _read_drain_sub(r: Reader, node: Node | None, cls: type, what: str) -> Any:
             if value is not None and (len(value) > 316 or not _TAINT_KEY_RE.fullmatch(value)):
                 r.error(value_node.loc, f"{where}: {value!r} is not a Kubernetes taint key")
                 value = None
+        elif key in ("event_namespace", "budget_namespace"):
+            value = r.string(value_node, where)
+            if value is not None and not _NAMESPACE_RE.fullmatch(value):
+                r.error(value_node.loc, f"{where}: {value!r} is not a Kubernetes namespace name")
+                value = None
         elif key == "condition_type":
             value = r.string(value_node, where)
             if value is not None and not _CONDITION_RE.fullmatch(value):
@@ -602,7 +631,7 @@ def read_drain(r: Reader, node: Node | None) -> DrainConfig:
                 value = None
         elif key in ("grace", "resume_hold"):
             value = _duration(r, value_node, where)
-        elif key in ("window", "timeout"):
+        elif key in ("window", "timeout", "hold_interval"):
             value = _duration(r, value_node, where, positive=True)
         elif key == "rule_grace":
             value = _rule_grace(r, value_node, where)
@@ -626,15 +655,58 @@ def read_drain(r: Reader, node: Node | None) -> DrainConfig:
             value = _read_drain_sub(r, value_node, SlurmDrainConfig, where)
         elif key == "kubernetes":
             value = _read_drain_sub(r, value_node, KubernetesDrainConfig, where)
+        elif key == "fleet":
+            value = _read_fleet(r, value_node, where)
         if value is not None:
             values[key] = value
     result = DrainConfig(**{**_plain(d), **values})
+    if result.fleet.enabled and result.mode == "exec" and "fleet" in keys:
+        r.error(
+            keys["fleet"].loc,
+            "drain.fleet: a fleet budget is counted in the scheduler; it needs drain.mode "
+            "slurm or kubernetes (an exec hook cannot read the cluster)",
+        )
     if result.mode == "exec" and not result.exec.command and "mode" in keys:
         r.error(
             keys["mode"].loc,
             "drain.mode: 'exec' needs drain.exec.command (a list: program and arguments)",
         )
     return result
+
+
+def _read_fleet(r: Reader, node: Node, what: str) -> FleetDrainConfig | None:
+    keys = _keys(r, node, list(FleetDrainConfig.__dataclass_fields__), what)
+    values: dict[str, Any] = {}
+    for key, value_node in keys.items():
+        where = f"{what}.{key}"
+        value: Any = None
+        if value_node.value is None and key in (
+            "max_nodes",
+            "max_percent",
+            "partition",
+            "selector",
+            "window",
+        ):
+            continue
+        if key == "max_nodes":
+            value = r.integer(value_node, where, minimum=1)
+        elif key == "max_percent":
+            value = r.number(value_node, where, minimum=0.01, maximum=100)
+        elif key == "partition":
+            value = r.string(value_node, where)
+            if value is not None and not re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", value):
+                r.error(value_node.loc, f"{where}: {value!r} is not a Slurm partition name")
+                value = None
+        elif key == "selector":
+            value = r.string(value_node, where)
+            if value is not None and not _SELECTOR_RE.fullmatch(value):
+                r.error(value_node.loc, f"{where}: {value!r} is not a Kubernetes label selector")
+                value = None
+        elif key in ("window", "recheck", "correlate"):
+            value = _duration(r, value_node, where, positive=True)
+        if value is not None:
+            values[key] = value
+    return FleetDrainConfig(**values)
 
 
 def _rule_grace(r: Reader, node: Node, what: str) -> dict[str, float] | None:

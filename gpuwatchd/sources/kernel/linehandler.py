@@ -102,8 +102,10 @@ class KernelLineHandler:
             self.counters.lines += 1
             if not trusted:
                 # An untrusted line is never parsed into an event. It is only counted when
-                # it claims to be an XID, so operators can see forgery attempts.
-                if "NVRM" in message and ("Xid" in message or "fallen off the bus" in message):
+                # it claims to be an XID, so operators can see forgery attempts. No "NVRM"
+                # required: journald files a user-facility /dev/kmsg record's "NVRM:" as
+                # its SYSLOG_IDENTIFIER, leaving "Xid (PCI:...): 79, ..." as the message.
+                if "Xid (" in message or "fallen off the bus" in message:
                     self.counters.forged += 1
                     self._warn_forged(message)
                 return None
@@ -114,6 +116,11 @@ class KernelLineHandler:
                     found = parsed
                     break
             if found is None:
+                if "NVRM: Xid (" in message:
+                    # The kernel wrote it, but not as the driver's report: another subsystem
+                    # echoing user-chosen text (tmpfs: Unknown parameter 'NVRM: Xid ...').
+                    self.counters.forged += 1
+                    self._warn_forged(message)
                 return None
             event = self.resolver.resolve(found.to_event(timestamp, self.source))
             self.counters.xids += 1

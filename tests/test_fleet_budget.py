@@ -1,0 +1,198 @@
+"""The fleet drain budget (issue 16) on a real Slurm controller with 51 nodes in its config
+(one real slurmd; the 50 others carry state and drain reasons all the same) and 50
+gpuwatchd drain controllers, one per node, each doing its own real sinfo/scontrol calls,
+all seeing XID 79 in the same second: exactly the budget of nodes stays drained, the rest
+page once and wait, an admin's drain is not touched, and resumes free the budget for a
+still-active incident."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from actions_support import HttpReceiver, make_config, sink_for, transition
+from conftest import free_port
+from slurm_support import Slurm, start_slurm
+
+from gpuwatchd.actions import ActionsSink
+from gpuwatchd.actions.fleet import BUDGET_RULE
+from gpuwatchd.core.alerts import AlertState
+from gpuwatchd.core.clock import VirtualClock
+
+NODES = 50
+BUDGET = 5
+PREFIX = "gpuwatchd:"
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Slurm]:
+    found, procs = start_slurm(tmp_path_factory.mktemp("slurm50"), extra=NODES)
+    try:
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setenv("SLURM_CONF", found.env["SLURM_CONF"])  # the daemons' sinfo/scontrol
+            yield found
+    finally:
+        for p in reversed(procs):
+            p.stop()
+
+
+def daemon(tmp_path: Path, node: str, url: str) -> ActionsSink:
+    work = tmp_path / node
+    work.mkdir()
+    cfg = make_config(
+        work,
+        f"""receivers:
+  - {{name: ops, type: webhook, url: "{url}/hook"}}
+routing: {{group_wait: 0s, group_by: [node, alertname]}}
+drain:
+  mode: slurm
+  node: {node}
+  resume: true
+  resume_hold: 0s
+  state_file: null
+  fleet: {{max_nodes: {BUDGET}, recheck: 1m, window: 1h}}
+""",
+        name="drain.yaml",
+    )
+    return sink_for(cfg, CLOCK)
+
+
+CLOCK = VirtualClock(time.time())  # moved to the wall clock when a test starts
+
+
+def ours(cluster: Slurm) -> list[str]:
+    return sorted(n for n, r in cluster.reasons().items() if r.startswith(PREFIX))
+
+
+def at_once(sinks: dict[str, ActionsSink], cluster: Slurm) -> tuple[int, float]:
+    """Every daemon acts at the same moment; returns the most drains seen meanwhile and
+    for how long (seconds) there were more than the budget."""
+    start = threading.Barrier(len(sinks) + 1)
+    errors: list[BaseException] = []
+
+    def run(sink: ActionsSink) -> None:
+        start.wait()
+        try:
+            sink.run_pending()
+        except BaseException as exc:  # surfaced below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(s,)) for s in sinks.values()]
+    for t in threads:
+        t.start()
+    start.wait()
+    most = 0
+    over: list[float] = []
+    while any(t.is_alive() for t in threads):
+        count = len(ours(cluster))
+        most = max(most, count)
+        if count > BUDGET:
+            over.append(time.monotonic())
+        time.sleep(0.05)
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    return max(most, len(ours(cluster))), (over[-1] - over[0] if over else 0.0)
+
+
+def budget_pages(rx: HttpReceiver, node: str) -> list[dict[str, Any]]:
+    """The fleet budget pages the receiver got from ``node``."""
+    return [
+        a
+        for r in rx.requests
+        for a in r.json()["alerts"]
+        if a["labels"]["alertname"] == BUDGET_RULE and a["labels"]["node"] == node
+    ]
+
+
+def test_fifty_nodes_one_xid_storm_drains_only_the_budget(cluster: Slurm, tmp_path: Path) -> None:
+    CLOCK.advance(max(0.0, time.time() - CLOCK.now()))
+    cluster.admin("State=DRAIN", "Reason=admin: rack 4 PDU work")  # not ours: never touched
+    admin_before = cluster.state()
+    rx = HttpReceiver(free_port()).start()
+    sinks = {node: daemon(tmp_path, node, rx.url) for node in cluster.others}
+    try:
+        fires = {n: transition(at=CLOCK.now(), drain=True, node=n, xid=79) for n in sinks}
+        for node, sink in sinks.items():
+            sink.deliver([fires[node]], CLOCK.now())
+        started = time.monotonic()
+        most, over = at_once(sinks, cluster)
+        took = time.monotonic() - started
+        drained = ours(cluster)
+        assert len(drained) == BUDGET, drained  # exactly the budget once settled
+        # the documented transient bound (docs/fleet.md): a drain above the budget lives
+        # only from its write to its re-count (the rest of that second + 0.5 s, plus the
+        # calls); on this loaded 2-vCPU machine a few seconds at most
+        assert over < 5.0, over
+        assert cluster.state()[:2] == admin_before[:2]
+        for node, sink in sinks.items():
+            pages = budget_pages(rx, node)
+            if node in drained:
+                assert sink.status()["drain"]["state"] == "drained" and pages == []
+            else:
+                (page,) = pages  # paged once, with the count and the XIDs involved
+                assert page["status"] == "firing"
+                summary = page["annotations"]["summary"]
+                assert f"fleet drain budget of {BUDGET} nodes reached" in summary, summary
+                assert "XID 79" in summary and "likely a software or driver event" in summary
+                assert sink.status()["drain"]["state"] == "drain_pending"
+        print(f"50 daemons: settled in {took:.1f}s; at most {most} drained, {over:.1f}s over")
+
+        # a minute later every waiting incident asks again: still no room, no new page
+        CLOCK.advance(61)
+        assert at_once(sinks, cluster) == (BUDGET, 0.0)
+        assert ours(cluster) == drained
+        assert all(len(budget_pages(rx, n)) == (0 if n in drained else 1) for n in sinks)
+
+        # two drained nodes recover and are resumed: the budget frees two places, which two
+        # still-active incidents take at their next recheck
+        for node in drained[:2]:
+            resolve = transition(
+                state=AlertState.RESOLVED, seq=2, at=CLOCK.now(), node=node, xid=79
+            )
+            sinks[node].deliver([resolve], CLOCK.now())
+            sinks[node].run_pending()
+        assert len(ours(cluster)) == BUDGET - 2
+        CLOCK.advance(61)
+        at_once(sinks, cluster)
+        after = ours(cluster)
+        assert len(after) == BUDGET and not set(after) & set(drained[:2]), after
+        assert cluster.state()[:2] == admin_before[:2]
+    finally:
+        for sink in sinks.values():
+            sink.close()
+        rx.stop()
+
+
+def test_a_drain_left_above_the_budget_by_a_restart_is_released(
+    cluster: Slurm, tmp_path: Path
+) -> None:
+    """A daemon that drained and stopped before its re-count finds its own drain at the
+    next start ("already"), re-counts, and releases it when it is above the budget."""
+    CLOCK.advance(max(0.0, time.time() - CLOCK.now()))
+    for node, reason in cluster.reasons().items():
+        if reason.startswith(PREFIX):
+            cluster.admin("State=RESUME", node=node)
+    early = list(cluster.others[10:15])
+    for node in early:  # five drains the budget allows, stamped first
+        cluster.admin("State=DRAIN", "Reason=gpuwatchd: XID 79 GPU 3 00000000:3E:00.0", node=node)
+    time.sleep(1.1)
+    late = cluster.others[20]
+    cluster.admin("State=DRAIN", "Reason=gpuwatchd: XID 79 GPU 3 00000000:3E:00.0", node=late)
+    rx = HttpReceiver(free_port()).start()
+    sink = daemon(tmp_path, late, rx.url)
+    try:
+        sink.deliver([transition(at=CLOCK.now(), drain=True, node=late, xid=79)], CLOCK.now())
+        sink.run_pending()
+        assert ours(cluster) == sorted(early)
+        assert cluster.state(late)[1] == "none"
+        drain = sink.status()["drain"]
+        assert drain["state"] == "drain_pending" and drain["fleet"]["held_back"] == 1
+        assert len(budget_pages(rx, late)) == 1
+    finally:
+        sink.close()
+        rx.stop()

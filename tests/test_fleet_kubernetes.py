@@ -1,0 +1,330 @@
+"""The fleet drain budget against a Kubernetes API contract server with 51 nodes: 50
+gpuwatchd drain controllers, one per node, all seeing XID 79 at the same moment. The
+server serialises writes like the API server (one resourceVersion counter, a write with a
+stale resourceVersion gets 409), so the budget's Lease admits exactly the budget: no
+overshoot at all. Resumes give places back; a still-active incident then drains."""
+
+from __future__ import annotations
+
+import copy
+import json
+import threading
+import time
+import urllib.parse
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler
+from pathlib import Path
+from typing import Any
+
+import pytest
+from actions_support import BackloggedServer, HttpReceiver, make_config, sink_for, transition
+from conftest import free_port
+from test_actions_kubernetes import TOKEN, ContractError, apply_json_patch, check_event
+
+from gpuwatchd.actions import ActionsSink
+from gpuwatchd.actions.fleet import BUDGET_RULE
+from gpuwatchd.actions.kube import ANNOTATION, LEASE, PLACES
+from gpuwatchd.config.loader import load_config
+from gpuwatchd.core.alerts import AlertState
+from gpuwatchd.core.clock import VirtualClock
+
+NODES = 50
+BUDGET = 5
+LEASES = "/apis/coordination.k8s.io/v1/namespaces/gpuwatchd/leases"
+
+
+class Cluster:
+    """Nodes, events and leases behind one lock, with one resourceVersion counter."""
+
+    def __init__(self, names: list[str]) -> None:
+        self.lock = threading.Lock()
+        self.rv = 100
+        self.nodes = {n: self._node(n) for n in names}
+        self.leases: dict[str, dict[str, Any]] = {}
+        self.events: list[dict[str, Any]] = []
+        self.cordoned_most = 0
+        self.lease_conflicts = 0
+
+    def _next(self) -> str:
+        self.rv += 1
+        return str(self.rv)
+
+    def _node(self, name: str) -> dict[str, Any]:
+        return {
+            "kind": "Node",
+            "apiVersion": "v1",
+            "metadata": {
+                "name": name,
+                "uid": f"uid-{name}",
+                "resourceVersion": self._next(),
+                "labels": {"nvidia.com/gpu.present": "true"},
+                "annotations": {},
+            },
+            "spec": {"taints": []},
+            "status": {"conditions": []},
+        }
+
+    def cordoned(self) -> list[str]:
+        return sorted(n for n, v in self.nodes.items() if v["spec"].get("unschedulable"))
+
+    def handle(self, method: str, path: str, ctype: str, data: Any) -> tuple[int, Any]:
+        url = urllib.parse.urlsplit(path)
+        parts = url.path.split("/")
+        with self.lock:
+            if method == "GET" and url.path == "/api/v1/nodes":
+                query = urllib.parse.parse_qs(url.query)
+                assert query == {"labelSelector": ["nvidia.com/gpu.present=true"]}, query
+                return 200, {"kind": "NodeList", "items": list(self.nodes.values())}
+            if url.path.startswith("/api/v1/nodes/"):
+                node = self.nodes.get(parts[4])
+                if node is None:
+                    raise ContractError(404, "NotFound", path)
+                if method == "GET" and len(parts) == 5:
+                    return 200, node
+                if method == "PATCH" and len(parts) == 5:
+                    assert ctype == "application/json-patch+json"
+                    new = apply_json_patch(node, data)  # the resourceVersion test included
+                    new["metadata"]["resourceVersion"] = self._next()
+                    self.nodes[parts[4]] = new
+                    self.cordoned_most = max(self.cordoned_most, len(self.cordoned()))
+                    return 200, new
+                if method == "PATCH" and parts[5:] == ["status"]:
+                    if data["metadata"]["resourceVersion"] != node["metadata"]["resourceVersion"]:
+                        raise ContractError(409, "Conflict", "the object has been modified")
+                    node["status"]["conditions"] = data["status"]["conditions"]
+                    node["metadata"]["resourceVersion"] = self._next()
+                    return 200, node
+            if method == "POST" and url.path == "/api/v1/namespaces/default/events":
+                obj = data["involvedObject"]["name"]
+                check_event(data, self.nodes[obj])
+                self.events.append(data)
+                return 201, data
+            if url.path == LEASES and method == "POST":
+                name = data["metadata"]["name"]
+                if name in self.leases:
+                    self.lease_conflicts += 1
+                    raise ContractError(409, "AlreadyExists", name)
+                lease = copy.deepcopy(data)
+                lease["metadata"]["resourceVersion"] = self._next()
+                self.leases[name] = lease
+                return 201, lease
+            if url.path.startswith(LEASES + "/"):
+                name = parts[-1]
+                lease = self.leases.get(name)
+                if lease is None:
+                    raise ContractError(404, "NotFound", name)
+                if method == "GET":
+                    return 200, lease
+                if method == "PUT":
+                    if (
+                        data["metadata"].get("resourceVersion")
+                        != lease["metadata"]["resourceVersion"]
+                    ):
+                        self.lease_conflicts += 1
+                        raise ContractError(409, "Conflict", "the object has been modified")
+                    new = copy.deepcopy(data)
+                    new["metadata"]["resourceVersion"] = self._next()
+                    self.leases[name] = new
+                    return 200, new
+        raise ContractError(404, "NotFound", path)
+
+
+@pytest.fixture
+def api() -> Iterator[tuple[Cluster, int]]:
+    cluster = Cluster([f"gpu-{i:02d}" for i in range(NODES + 1)])
+    port = free_port()
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+        def _do(self) -> None:
+            n = int(self.headers.get("Content-Length") or 0)
+            body = self.rfile.read(n) if n else b""
+            if self.headers.get("Authorization") != f"Bearer {TOKEN}":
+                code, out = 401, {"kind": "Status", "code": 401}
+            else:
+                try:
+                    code, out = cluster.handle(
+                        self.command,
+                        self.path,
+                        self.headers.get("Content-Type", ""),
+                        json.loads(body) if body else None,
+                    )
+                except ContractError as exc:
+                    code, out = exc.code, {"kind": "Status", "message": str(exc)}
+            raw = json.dumps(out).encode()
+            self.send_response(code)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(raw)))
+            self.end_headers()
+            self.wfile.write(raw)
+
+        do_GET = do_PATCH = do_POST = do_PUT = _do
+
+    server = BackloggedServer(("127.0.0.1", port), Handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield cluster, port
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+CLOCK = VirtualClock(time.time())  # moved to the wall clock when a test starts
+
+
+def daemon(tmp_path: Path, node: str, port: int, url: str) -> ActionsSink:
+    work = tmp_path / node
+    work.mkdir()
+    kc = work / "kubeconfig"
+    kc.write_text(
+        f"""apiVersion: v1
+kind: Config
+current-context: gw
+contexts: [{{name: gw, context: {{cluster: c1, user: gpuwatchd}}}}]
+clusters: [{{name: c1, cluster: {{server: "http://127.0.0.1:{port}"}}}}]
+users: [{{name: gpuwatchd, user: {{token: {TOKEN}}}}}]
+"""
+    )
+    cfg = make_config(
+        work,
+        f"""receivers:
+  - {{name: ops, type: webhook, url: "{url}/hook"}}
+routing: {{group_wait: 0s, group_by: [node, alertname]}}
+drain:
+  mode: kubernetes
+  node: {node}
+  resume: true
+  resume_hold: 0s
+  state_file: null
+  kubernetes: {{kubeconfig: {kc}}}
+  fleet:
+    max_percent: 10
+    selector: nvidia.com/gpu.present=true
+    recheck: 1m
+""",
+        name="drain.yaml",
+    )
+    return sink_for(cfg, CLOCK)
+
+
+def at_once(sinks: list[ActionsSink]) -> None:
+    start = threading.Barrier(len(sinks))
+    errors: list[BaseException] = []
+
+    def run(sink: ActionsSink) -> None:
+        start.wait()
+        try:
+            sink.run_pending()
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(s,)) for s in sinks]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+
+
+def test_fifty_daemons_take_exactly_the_budget_through_the_lease(
+    api: tuple[Cluster, int], tmp_path: Path
+) -> None:
+    cluster, port = api
+    CLOCK.advance(max(0.0, time.time() - CLOCK.now()))
+    rx = HttpReceiver(free_port()).start()
+    with cluster.lock:  # an admin's cordon, which is not gpuwatchd's and counts as such
+        cluster.nodes["gpu-50"]["spec"]["unschedulable"] = True
+    names = [f"gpu-{i:02d}" for i in range(NODES)]
+    sinks = {n: daemon(tmp_path, n, port, rx.url) for n in names}
+    try:
+        for n, sink in sinks.items():
+            sink.deliver([transition(at=CLOCK.now(), drain=True, node=n, xid=79)], CLOCK.now())
+        at_once(list(sinks.values()))
+        ours = [
+            n
+            for n in cluster.cordoned()
+            if ANNOTATION in cluster.nodes[n]["metadata"]["annotations"]
+        ]
+        # 10 % of 51 nodes is 5: exactly five, never one more, even for a moment
+        assert len(ours) == BUDGET, ours
+        assert cluster.cordoned_most == BUDGET + 1  # + the admin's cordon
+        assert cluster.nodes["gpu-50"]["metadata"]["annotations"] == {}
+        places = json.loads(cluster.leases[LEASE]["metadata"]["annotations"][PLACES])
+        assert sorted(places) == ours
+        print(f"lease writes refused as stale: {cluster.lease_conflicts}")
+        budget = [
+            a
+            for r in rx.requests
+            for a in r.json()["alerts"]
+            if a["labels"]["alertname"] == BUDGET_RULE
+        ]
+        assert sorted(a["labels"]["node"] for a in budget) == sorted(set(names) - set(ours))
+        missing = [
+            a["annotations"]["summary"]
+            for a in budget
+            if "likely a software or driver event" not in a["annotations"]["summary"]
+        ]
+        assert missing == []
+        drained_events = [e for e in cluster.events if e["reason"] == "GpuwatchdDrained"]
+        assert sorted(e["involvedObject"]["name"] for e in drained_events) == ours
+
+        # two recover and are uncordoned: their places go back, two waiting nodes drain
+        for n in ours[:2]:
+            sinks[n].deliver(
+                [transition(state=AlertState.RESOLVED, seq=2, at=CLOCK.now(), node=n, xid=79)],
+                CLOCK.now(),
+            )
+            sinks[n].run_pending()
+        assert len(json.loads(cluster.leases[LEASE]["metadata"]["annotations"][PLACES])) == 3
+        CLOCK.advance(61)
+        at_once(list(sinks.values()))
+        now_ours = [
+            n
+            for n in cluster.cordoned()
+            if ANNOTATION in cluster.nodes[n]["metadata"]["annotations"]
+        ]
+        assert len(now_ours) == BUDGET and not set(now_ours) & set(ours[:2]), now_ours
+        resumed = [e for e in cluster.events if e["reason"] == "GpuwatchdResumed"]
+        assert sorted(e["involvedObject"]["name"] for e in resumed) == ours[:2]
+    finally:
+        for sink in sinks.values():
+            sink.close()
+        rx.stop()
+
+
+def test_a_reload_that_sets_a_budget_applies_it(api: tuple[Cluster, int], tmp_path: Path) -> None:
+    """SIGHUP's reload swaps the drain settings and driver: the budget follows them."""
+    from gpuwatchd.actions.reload import prepare_reload
+
+    cluster, port = api
+    CLOCK.advance(max(0.0, time.time() - CLOCK.now()))
+    rx = HttpReceiver(free_port()).start()
+    with cluster.lock:  # five nodes already cordoned by gpuwatchd
+        for i in range(5):
+            node = cluster.nodes[f"gpu-{i:02d}"]
+            node["spec"]["unschedulable"] = True
+            node["metadata"]["annotations"][ANNOTATION] = json.dumps(
+                {"reason": "gpuwatchd: XID 79 GPU 0", "cordoned": True, "taint": False}
+            )
+    sink = daemon(tmp_path, "gpu-10", port, rx.url)
+    try:
+        text = (tmp_path / "gpu-10" / "drain.yaml").read_text()
+        assert "max_percent: 10" in text
+        unlimited = tmp_path / "gpu-10" / "unlimited.yaml"
+        unlimited.write_text(text.replace("  fleet:\n    max_percent: 10\n", "  fleet:\n"))
+        before = load_config(str(unlimited), must_exist=True, environ={})
+        assert not before.drain.fleet.enabled
+        prepare_reload(sink, before)()
+        assert sink.drain is not None and sink.drain.fleet is None
+        limited = load_config(str(tmp_path / "gpu-10" / "drain.yaml"), must_exist=True, environ={})
+        prepare_reload(sink, limited)()  # back to 10 %: five of 51 are used already
+        sink.deliver([transition(at=CLOCK.now(), drain=True, node="gpu-10", xid=79)], CLOCK.now())
+        sink.run_pending()
+        assert cluster.nodes["gpu-10"]["spec"].get("unschedulable") is not True
+        assert sink.status()["drain"]["fleet"]["held_back"] == 1
+    finally:
+        sink.close()
+        rx.stop()
