@@ -2,8 +2,9 @@
 
 Shared by the journald and /dev/kmsg sources and by ``xid scan``: the trust decision is
 made by the source (``_TRANSPORT=kernel`` and facility 0 for journald, facility 0 for
-kmsg) and passed in; this module parses, maps the PCI address to a GPU, and keeps the
-per-source counters exported as metrics.
+kmsg) and passed in; this module parses each trusted message as one kernel record (the
+driver's header at its first character, see ``gpuwatchd.xid.parser``), maps the PCI
+address to a GPU, and keeps the per-source counters exported as metrics.
 """
 
 from __future__ import annotations
@@ -58,6 +59,13 @@ class GpuResolver:
         return replace(event, gpu=info.index, uuid=info.uuid, pci_bus_id=info.pci_bus_id)
 
 
+_REPORT_MARKS = ("NVRM: Xid (", "SXid (", "fallen off the bus")
+
+
+def _claims_a_report(message: str) -> bool:
+    return any(mark in message for mark in _REPORT_MARKS)
+
+
 class KernelLineHandler:
     """Parses messages of one source; emits trusted XIDs; counts forged ones."""
 
@@ -87,7 +95,7 @@ class KernelLineHandler:
         self._forged_unlogged = 0
         self._forged_quiet_until = now + FORGED_LOG_EVERY
         log.warning(
-            "ignored a forged XID line from %s (not written by the kernel): %.200r%s",
+            "ignored a forged XID line from %s (not written by the NVIDIA driver): %.200r%s",
             self.source,
             message,
             f" (and {more} more since the last such warning; counted in "
@@ -103,17 +111,21 @@ class KernelLineHandler:
             if not trusted:
                 # An untrusted line is never parsed into an event. It is only counted when
                 # it claims to be an XID, so operators can see forgery attempts.
-                if "NVRM" in message and ("Xid" in message or "fallen off the bus" in message):
+                if _claims_a_report(message):
                     self.counters.forged += 1
                     self._warn_forged(message)
                 return None
-            found = None
-            for line in message.split("\n"):
-                parsed = self._stream.feed(line)
-                if parsed is not None:
-                    found = parsed
-                    break
+            # One record, read as the driver writes one: the header at its first
+            # character, nothing after its first line (gpuwatchd.xid.parser). Splitting
+            # the record on newlines would let a kernel message that echoes user text
+            # (tmpfs: Unknown parameter '...) smuggle in a line of its own.
+            found = self._stream.feed_record(message)
             if found is None:
+                if _claims_a_report(message):
+                    # The kernel wrote it, the driver did not: a message that echoes user
+                    # text (a mount option, a USB product string) with a report inside.
+                    self.counters.forged += 1
+                    self._warn_forged(message)
                 return None
             event = self.resolver.resolve(found.to_event(timestamp, self.source))
             self.counters.xids += 1
@@ -138,8 +150,9 @@ def kernel_log_families(handlers: Iterable[KernelLineHandler], fams: Families) -
     forged = fams.get(
         "gpuwatchd_kernel_log_forged_lines_total",
         "counter",
-        "XID-looking lines ignored because the kernel did not write them "
-        "(wrong journal transport or syslog facility).",
+        "XID-looking lines ignored because the NVIDIA driver did not write them "
+        "(wrong journal transport or syslog facility, or a kernel message that only "
+        "echoes the text).",
         ["source"],
     )
     unmapped = fams.get(
