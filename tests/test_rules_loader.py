@@ -414,3 +414,16 @@ def test_schema_rejects_what_the_loader_rejects() -> None:
     ):
         with pytest.raises(jsonschema.ValidationError):
             jsonschema.validate(yaml.safe_load(bad), schema)
+
+
+def test_octal_looking_xid_codes_are_refused() -> None:
+    """Issue 15 item 9, failed on main: ``codes: [013, 031]`` silently meant XIDs 11 and 25."""
+    text = one_rule("severity: page\ncondition:\n  xid:\n    codes: [013, 031]\n")
+    assert errors(text) == [
+        "r.yaml:6:15: number '013' has a leading zero, which YAML 1.1 reads as octal "
+        "(or as a string): write 13 for the number, or quote it for a string"
+    ]
+    big = one_rule("severity: page\ncondition:\n  xid:\n    codes: [1000000]\n")
+    assert "r.yaml:6:15: rule 'R'.condition.xid.codes: must be <= 999999, got 1000000" in (
+        errors(big)
+    )

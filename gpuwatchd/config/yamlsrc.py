@@ -62,7 +62,45 @@ class _Loader(yaml.SafeLoader):
     pass
 
 
+# YAML 1.1 (PyYAML) reads a plain ``013`` as octal 11 and ``1:30`` as 90 (base 60): numbers
+# nobody writing an XID code, a port or a count means. Such scalars are refused, with the
+# fix in the message; quoted, they stay strings.
+_LEADING_ZERO_RE = re.compile(r"[-+]?0[0-9_]+", re.ASCII)
+_SEXAGESIMAL_RE = re.compile(r"[-+]?[0-9][0-9_]*(?::[0-5]?[0-9])+(?:\.[0-9_]*)?", re.ASCII)
+_INT_TAG = "tag:yaml.org,2002:int"
+_FLOAT_TAG = "tag:yaml.org,2002:float"
+
+
+MAX_NUMBER_CHARS = 64
+"""Longest plain number accepted (Python refuses to convert ints of more than 4300 digits)."""
+
+
+def _check_number_spelling(path: str, node: yaml.ScalarNode) -> None:
+    if node.style is not None:
+        return
+    text = node.value
+    if node.tag in (_INT_TAG, _FLOAT_TAG) and len(text) > MAX_NUMBER_CHARS:
+        raise ConfigError.at(
+            _loc(path, node.start_mark),
+            f"number too long ({len(text)} characters; at most {MAX_NUMBER_CHARS})",
+        )
+    if _LEADING_ZERO_RE.fullmatch(text):
+        plain = ("-" if text.startswith("-") else "") + (text.lstrip("+-").lstrip("0_") or "0")
+        raise ConfigError.at(
+            _loc(path, node.start_mark),
+            f"number {text!r} has a leading zero, which YAML 1.1 reads as octal "
+            f"(or as a string): write {plain} for the number, or quote it for a string",
+        )
+    if node.tag in (_INT_TAG, _FLOAT_TAG) and _SEXAGESIMAL_RE.fullmatch(text):
+        raise ConfigError.at(
+            _loc(path, node.start_mark),
+            f"{text!r} is a base-60 number in YAML 1.1 "
+            f"({yaml.safe_load(text)!r}): quote it if a string is meant",
+        )
+
+
 def _construct_scalar(path: str, loader: yaml.SafeLoader, node: yaml.ScalarNode) -> Node:
+    _check_number_spelling(path, node)
     value = loader.construct_object(node, deep=True)
     return Node(value, _loc(path, node.start_mark), node.tag)
 
@@ -186,7 +224,12 @@ def load_file(path: str) -> Node | None:
     return parse(text, path)
 
 
-_DURATION_RE = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d|w)")
+MAX_NUMBER = 2**53
+"""Largest magnitude of a number setting that names no range of its own."""
+MAX_DURATION = 10 * 366 * 86400.0
+"""Longest duration accepted anywhere (ten years): longer waits overflow timers."""
+
+_DURATION_RE = re.compile(r"([0-9]{1,32}(?:\.[0-9]{1,32})?)(ms|s|m|h|d|w)", re.ASCII)
 _DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
 
 
@@ -315,6 +358,9 @@ class Reader:
         if maximum is not None and value > maximum:
             self.error(node.loc, f"{what}: must be <= {maximum:g}, got {value!r}")
             return None
+        if abs(value) > MAX_NUMBER:
+            self.error(node.loc, f"{what}: must be between -2^53 and 2^53, got {value!r}")
+            return None
         return float(value)
 
     def integer(
@@ -324,9 +370,17 @@ class Reader:
         return None if value is None else int(value)
 
     def duration(
-        self, node: Node, what: str, minimum: float = 0.0, allow_zero: bool = True
+        self,
+        node: Node,
+        what: str,
+        minimum: float = 0.0,
+        allow_zero: bool = True,
+        maximum: float = MAX_DURATION,
     ) -> float | None:
-        """A duration string (``30s``, ``5m``, ``1h30m``) or a plain number of seconds."""
+        """A duration string (``30s``, ``5m``, ``1h30m``) or a plain number of seconds.
+
+        At most ``maximum`` (ten years unless the setting says less): a longer one
+        overflows the timers that wait for it."""
         value = node.value
         seconds: float | None
         if isinstance(value, bool):
@@ -346,6 +400,13 @@ class Reader:
             return None
         if seconds < minimum or (not allow_zero and seconds == 0):
             self.error(node.loc, f"{what}: must be more than {minimum:g}s, got {value!r}")
+            return None
+        if math.isfinite(seconds) and seconds > maximum:
+            self.error(
+                node.loc,
+                f"{what}: must be at most {maximum:g}s"
+                f"{' (ten years)' if maximum == MAX_DURATION else ''}, got {value!r}",
+            )
             return None
         return seconds
 

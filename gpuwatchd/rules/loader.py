@@ -581,7 +581,7 @@ class RuleParser:
         codes: set[int] = set()
         if "codes" in keys:
             for item in self.r.sequence(keys["codes"], f"{what}.codes") or []:
-                code = self.r.integer(item, f"{what}.codes", minimum=0)
+                code = self.r.integer(item, f"{what}.codes", minimum=0, maximum=999_999)
                 if code is None:
                     continue
                 if code not in self.codes:
