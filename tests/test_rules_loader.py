@@ -427,3 +427,27 @@ def test_octal_looking_xid_codes_are_refused() -> None:
     assert "r.yaml:6:15: rule 'R'.condition.xid.codes: must be <= 999999, got 1000000" in (
         errors(big)
     )
+
+
+def test_format_spec_bombs_are_refused_at_load() -> None:
+    """Issue 15 item 6, failed on main: ``{gpu:>200000000}`` passed check-config, then every
+    evaluation of the rule failed with MemoryError and XID 79 was never paged."""
+    for spec, problem in (
+        (">200000000", "width 200000000 is more than 64"),
+        (".999999999f", "precision 999999999 is more than 12"),
+        (">\u0665\u0665\u0665\u0665", "only the fill character may be non-ASCII"),
+    ):
+        text = one_rule(OK_RULE + f"annotations: {{summary: 'x {{gpu:{spec}}}'}}\n")
+        (line,) = errors(text)
+        assert line.startswith("r.yaml:6:26: rule 'R'.annotations.summary: placeholder"), line
+        assert f"format spec refused: {problem}" in line, line
+    (rule,) = parse_rules(one_rule(OK_RULE + "annotations: {summary: '{gpu:*>64}'}\n"), "r.yaml")
+    assert rule.annotations["summary"].render({"gpu": 3}) == "*" * 63 + "3"
+
+
+def test_rendered_annotations_are_bounded() -> None:
+    from gpuwatchd.rules.templates import MAX_RENDERED, compile_template
+
+    template = compile_template("{process:>64}" * 200, ["process"])
+    assert not isinstance(template, str)
+    assert len(template.render({"process": "p"})) == MAX_RENDERED
