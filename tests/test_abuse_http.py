@@ -512,3 +512,80 @@ def test_random_requests_never_get_a_5xx(
         assert version not in ("HTTP/1.1", "HTTP/1.0"), raw[:300]
     # ... and the server still answers
     assert raw_request(live_daemon, b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")[0] in (200, 503)
+
+
+# -- password guessing from many addresses (issue 15 item 13) -------------------------------
+def _basic(user: str, password: str) -> str:
+    return "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
+
+
+def _status_from(source: str, port: int, auth: str) -> int:
+    with socket.socket() as s:
+        s.settimeout(10)
+        s.bind((source, 0))
+        s.connect(("127.0.0.1", port))
+        s.sendall(f"GET /metrics HTTP/1.1\r\nHost: x\r\nAuthorization: {auth}\r\n\r\n".encode())
+        head = s.recv(64)
+    return int(head.split()[1])
+
+
+def _cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def test_password_guessing_from_many_addresses_is_bounded_node_wide(tmp_path: Path) -> None:
+    """Failed on main: wrong passwords from 32 loopback addresses each passed the
+    per-address limit, and every one ran bcrypt (both cores at 195 %)."""
+    import threading
+
+    hashed = bcrypt.hashpw(PASSWORD.encode(), bcrypt.gensalt(rounds=10)).decode()
+    (tmp_path / "web.yml").write_text(f"basic_auth_users:\n  prometheus: {hashed}\n")
+    config = f"state_dir: {tmp_path / 'state'}\nsources: {{kernel_log: none}}\n"
+    config += "web: {config_file: web.yml, rate_limit: 5, rate_burst: 20}\n"
+    d = Daemon(tmp_path, config, STEADY)
+    d.start(wait=False)
+    good = _basic("prometheus", PASSWORD)
+    try:
+        wait_until(lambda: _try_status(d.port, good) == 200, 20, "daemon with basic auth")
+        assert d.proc is not None
+        codes: list[int] = []
+        scraper: list[int] = []
+        stop = time.monotonic() + 4.0
+        cpu0, t0 = _cpu_seconds(d.proc.pid), time.monotonic()
+
+        def guess(source: str) -> None:
+            n = 0
+            while time.monotonic() < stop:
+                n += 1
+                with contextlib.suppress(OSError):
+                    codes.append(_status_from(source, d.port, _basic("prometheus", f"{source}-{n}")))
+
+        def scrape() -> None:
+            while time.monotonic() < stop:
+                scraper.append(_status_from("127.0.0.1", d.port, good))
+                time.sleep(0.25)
+
+        threads = [threading.Thread(target=guess, args=(f"127.0.0.{i}",)) for i in range(2, 34)]
+        threads.append(threading.Thread(target=scrape))
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        cpu, elapsed = _cpu_seconds(d.proc.pid) - cpu0, time.monotonic() - t0
+        checked = codes.count(401)
+        # at most the burst and the per-second budget ran bcrypt; the rest got 429
+        assert 0 < checked <= 8 + 4 * elapsed + 2, (checked, elapsed)
+        assert codes.count(429) > checked
+        assert set(scraper) == {200}, scraper  # the real scraper's cached password is served
+        report("password_guessing", checks=checked, refused=codes.count(429),
+               cpu_share=round(cpu / elapsed, 2))  # fmt: skip
+    finally:
+        d.stop()
+
+
+def _try_status(port: int, auth: str) -> int:
+    try:
+        return _status_from("127.0.0.1", port, auth)
+    except OSError:
+        return 0

@@ -11,7 +11,9 @@ Guards, in the order a request meets them (``WebGuard`` holds the settings):
 - a rate limit per client address (429 with ``Retry-After``);
 - the request line and headers together at most ``web.max_request_bytes`` (431), a body
   larger than that 413 (no endpoint takes a body; a smaller one is read and ignored);
-- basic auth against bcrypt hashes when the web config has users (401);
+- basic auth against bcrypt hashes when the web config has users (401); bcrypt checks that
+  are not cached are bounded for the whole server, whatever the client address (429 past
+  the budget, see ``BasicAuth``);
 - only GET and HEAD (405).
 
 Every refusal is a 4xx and is counted in ``gpuwatchd_http_requests_refused_total``. The
@@ -37,7 +39,7 @@ from prometheus_client.openmetrics.exposition import (
 )
 from prometheus_client.openmetrics.exposition import generate_latest as openmetrics_latest
 
-from gpuwatchd.config.web import WebGuard
+from gpuwatchd.config.web import PasswordChecksBusy, WebGuard
 from gpuwatchd.core.families import CONTENT_TYPE, Families
 from gpuwatchd.exposition.metrics import MetricsRenderer, client_registry
 
@@ -215,7 +217,13 @@ class _Handler(BaseHTTPRequestHandler):
         size = len(line) + sum(len(k) + len(v) + 4 for k, v in self.headers.items())
         if size > guard.max_request_bytes:
             return self._refuse(431, "too_large")
-        ok, user = guard.auth.check(self.headers.get("Authorization"))
+        try:
+            ok, user = guard.auth.check(self.headers.get("Authorization"))
+        except PasswordChecksBusy as busy:
+            # the node-wide budget of bcrypt checks is spent (many clients guessing)
+            retry = {"Retry-After": str(max(1, round(busy.retry_after)))}
+            note = "HTTP: password checks over budget: refusing %s for now"
+            return self._refuse(429, "rate_limit", retry, "", note, client)
         if not ok:
             # name the user only when it is a configured one: never echo what was sent
             who = f"user {user!r}" if user in guard.auth.users else "unknown or no user"
