@@ -558,8 +558,9 @@ def test_password_guessing_from_many_addresses_is_bounded_node_wide(tmp_path: Pa
             n = 0
             while time.monotonic() < stop:
                 n += 1
+                wrong = _basic("prometheus", f"{source}-{n}")
                 with contextlib.suppress(OSError):
-                    codes.append(_status_from(source, d.port, _basic("prometheus", f"{source}-{n}")))
+                    codes.append(_status_from(source, d.port, wrong))
 
         def scrape() -> None:
             while time.monotonic() < stop:
