@@ -246,6 +246,10 @@ def test_plain_words_of_a_url_are_not_secrets() -> None:
         logsetup.register_secret(secret)
     line = "running /usr/lib/gpuwatchd/drain-hooks.sh for gpu-a17"
     assert logsetup.redact(line) == line
+    for secret in url_secrets("http://127.0.0.1:8080/hook"):  # no token in it at all
+        logsetup.register_secret(secret)
+    line = "drain: running /etc/gpuwatchd/drain/hook.sh"
+    assert logsetup.redact(line) == line
     assert "c2VjcmV0LXBhdGgtMTIz" not in logsetup.redact(f"posted to {url}")
     assert url_secrets("https://x.example/h?sig=abcd&page=2") == [
         "https://x.example/h?sig=abcd&page=2",

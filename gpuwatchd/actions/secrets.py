@@ -67,18 +67,18 @@ def looks_like_token(text: str) -> bool:
 
 
 def url_secrets(url: str) -> list[str]:
-    """The parts of a secret URL that must never show: itself, its path and query, the
-    path segments and query values that look like tokens, and every value of a query key
-    that names a credential (``token=``, ``key=``...). Plain words in a URL (``hooks``,
-    ``gpuwatchd``) are not secrets: redacting them would hide harmless text elsewhere."""
+    """The parts of a secret URL that must never show: itself; the path segments and query
+    values that look like tokens, and every value of a query key that names a credential
+    (``token=``, ``key=``...); and its path and query when they hold one of those. Plain
+    words in a URL (``/hook``, ``gpuwatchd``) are not secrets: redacting them would hide
+    harmless text elsewhere."""
     parts = urllib.parse.urlsplit(url)
-    out = [url]
-    tail = parts.path + ("?" + parts.query if parts.query else "")
-    if len(tail) > 1:
-        out.append(tail)
-    out.extend(seg for seg in parts.path.split("/") if looks_like_token(seg))
+    pieces = [seg for seg in parts.path.split("/") if looks_like_token(seg)]
     for key, value in urllib.parse.parse_qsl(parts.query):
         named = any(word in key.lower() for word in _SECRET_QUERY_KEYS)
         if len(value) >= 4 and (named or looks_like_token(value)):
-            out.append(value)
-    return out
+            pieces.append(value)
+    tail = parts.path + ("?" + parts.query if parts.query else "")
+    # the path and query only when they hold a secret: "/hook" alone would hide
+    # "/etc/gpuwatchd/drain/hook.sh" in every log line
+    return [url, tail, *pieces] if pieces else [url]
