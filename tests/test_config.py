@@ -426,3 +426,10 @@ def test_huge_numbers_and_durations_are_refused(tmp_path: Path) -> None:
     assert "web.max_request_bytes: must be" in line
     (line,) = errors(tmp_path, "web: {rate_limit: 1.0e+300}\n")
     assert "web.rate_limit: must be between -2^53 and 2^53" in line
+
+
+def test_nul_in_a_path_is_a_config_error(tmp_path: Path) -> None:
+    """Issue 15 item 15, failed on main: ``state_dir: "/var/lib/x\\0y"`` gave a traceback."""
+    assert errors(tmp_path, 'state_dir: "/var/lib/x\\0y"\n') == [
+        "cfg.yaml:1:12: a NUL character (\\0) is not allowed in a value"
+    ]

@@ -451,3 +451,46 @@ def test_rendered_annotations_are_bounded() -> None:
     template = compile_template("{process:>64}" * 200, ["process"])
     assert not isinstance(template, str)
     assert len(template.render({"process": "p"})) == MAX_RENDERED
+
+
+def test_a_linked_private_file_is_never_quoted(tmp_path: Path) -> None:
+    """Issue 15 item 15, failed on main: a rule file linked to /etc/shadow (here a copy
+    with its mode) had every line quoted in check-config's errors."""
+    shadow = tmp_path / "shadow"
+    shadow.write_text("root:$y$j9T$SECRETHASH:19000:0:99999:7:::\ndaemon:*:19000:0:99999:7:::\n")
+    shadow.chmod(0o640)
+    link = tmp_path / "rules.yaml"
+    link.symlink_to(shadow)
+    with pytest.raises(ConfigError) as info:
+        load_rule_set([str(link)], defaults=False)
+    lines = info.value.lines()
+    assert [line.split(": ", 1)[0] for line in lines] == [f"{link}:1:1", f"{link}:2:1"]
+    assert not any("SECRETHASH" in line or "daemon" in line for line in lines), lines
+    # the same file named directly, or readable by all, is the administrator's: quoted
+    for path, mode in ((shadow, 0o640), (link, 0o644)):
+        shadow.chmod(mode)
+        with pytest.raises(ConfigError) as info:
+            load_rule_set([str(path)], defaults=False)
+        assert "SECRETHASH" in "\n".join(info.value.lines())
+
+
+def test_a_fifo_rule_file_is_refused_without_blocking(tmp_path: Path) -> None:
+    """Issue 15 item 15, failed on main: check-config hung on a FIFO rule file."""
+    import threading
+
+    fifo = tmp_path / "rules.yaml"
+    os.mkfifo(fifo)
+    box: list[list[str]] = []
+
+    def load() -> None:
+        try:
+            load_rule_set([str(fifo)], defaults=False)
+        except ConfigError as exc:
+            box.append(exc.lines())
+
+    t = threading.Thread(target=load, daemon=True)
+    t.start()
+    t.join(10)
+    assert not t.is_alive(), "blocked on the FIFO"
+    assert box == [[f"{fifo}:1:1: cannot read file: refusing {fifo}: a file that is a FIFO "
+                    "(only regular files are read)"]]  # fmt: skip

@@ -110,7 +110,7 @@ def test_a_fifo_or_link_as_actions_db_is_not_opened(tmp_path: Path) -> None:
         db = str(state / "actions.db")
         store = within(10, functools.partial(Store, db))
         assert not store.durable
-        assert store.degraded is not None and "a state file that is" in store.degraded
+        assert store.degraded is not None and "a file that is" in store.degraded
         store.close()
     state = tmp_path / "wal"
     state.mkdir()

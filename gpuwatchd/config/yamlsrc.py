@@ -11,7 +11,9 @@ from __future__ import annotations
 import difflib
 import ipaddress
 import math
+import os
 import re
+import stat
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
@@ -19,6 +21,7 @@ from typing import Any, NoReturn
 import yaml
 
 from gpuwatchd.core.errors import ConfigError, Location
+from gpuwatchd.core.statefile import open_regular
 
 
 @dataclass
@@ -102,6 +105,10 @@ def _check_number_spelling(path: str, node: yaml.ScalarNode) -> None:
 def _construct_scalar(path: str, loader: yaml.SafeLoader, node: yaml.ScalarNode) -> Node:
     _check_number_spelling(path, node)
     value = loader.construct_object(node, deep=True)
+    if isinstance(value, str) and "\x00" in value:  # only a "\0" escape can make one
+        raise ConfigError.at(
+            _loc(path, node.start_mark), "a NUL character (\\0) is not allowed in a value"
+        )
     return Node(value, _loc(path, node.start_mark), node.tag)
 
 
@@ -208,20 +215,65 @@ def _too_large() -> str:
     return f"file too large (more than {MAX_BYTES // (1024 * 1024)} MiB)"
 
 
-def load_file(path: str) -> Node | None:
-    """Read and parse a YAML file (at most ``MAX_BYTES``; see ``parse`` for the limits)."""
+def read_file(path: str, limit: int = MAX_BYTES) -> bytes:
+    """The bytes of a config, rule or scenario file: a regular file (links are followed; a
+    FIFO or device is refused without blocking), at most ``limit`` bytes."""
     try:
-        with open(path, "rb") as fh:
-            data = fh.read(MAX_BYTES + 1)
+        fd = open_regular(path, follow_links=True)
     except OSError as exc:
         raise ConfigError.at(Location(path, 1, 1), f"cannot read file: {exc.strerror}") from None
-    if len(data) > MAX_BYTES:
+    try:
+        with os.fdopen(fd, "rb") as fh:
+            data = fh.read(limit + 1)
+    except OSError as exc:
+        raise ConfigError.at(Location(path, 1, 1), f"cannot read file: {exc.strerror}") from None
+    if len(data) > limit:
         raise ConfigError.at(Location(path, 1, 1), _too_large())
+    return data
+
+
+def is_private(path: str) -> bool:
+    """True if ``path`` is reached through a symbolic link and its target is not readable
+    by all (mode without o+r), or if that cannot be told.
+
+    Errors about such a file name its lines but never quote its text: a rule file linked
+    to /etc/shadow by whoever can write the rules directory must not have root's
+    ``check-config`` (or the journal) print the password hashes. A file named directly
+    (not through a link) is the administrator's own choice and is quoted as usual."""
+    try:
+        linked = os.path.realpath(path) != os.path.abspath(path)
+        return linked and not os.stat(path).st_mode & stat.S_IROTH
+    except (OSError, ValueError):
+        return True
+
+
+PRIVATE_TEXT = (
+    "not valid here (its text is not shown: the file is reached through a symbolic link "
+    "and is not readable by all)"
+)
+
+
+def hide_private_text(problems: list[tuple[Location, str]], path: str) -> None:
+    """Replace, in place, the messages of ``problems`` located in ``path`` by
+    ``PRIVATE_TEXT`` when ``path`` is private (see ``is_private``)."""
+    if not any(loc.path == path for loc, _ in problems) or not is_private(path):
+        return
+    hidden = [(loc, PRIVATE_TEXT if loc.path == path else msg) for loc, msg in problems]
+    problems[:] = list(dict.fromkeys(hidden))
+
+
+def load_file(path: str) -> Node | None:
+    """Read and parse a YAML file (at most ``MAX_BYTES``; see ``parse`` for the limits)."""
+    data = read_file(path)
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise ConfigError.at(Location(path, 1, 1), f"not UTF-8 text: {exc.reason}") from None
-    return parse(text, path)
+    try:
+        return parse(text, path)
+    except ConfigError as exc:
+        hide_private_text(exc.problems, path)
+        raise ConfigError(exc.problems) from None
 
 
 MAX_NUMBER = 2**53

@@ -48,17 +48,28 @@ def _kind(mode: int) -> str:
 def _refuse(path: str, what: str) -> UnsafeStateFile:
     return UnsafeStateFile(
         errno.EINVAL,
-        f"refusing {path}: a state file that is {what} (only regular files are used)",
+        f"refusing {path}: a file that is {what} (only regular files are read)",
         path,
     )
 
 
 def open_state_file(path: str, flags: int = os.O_RDONLY, mode: int = 0o644) -> int:
     """A file descriptor for the regular file ``path`` (never a link, FIFO or device)."""
+    return open_regular(path, flags, mode, follow_links=False)
+
+
+def open_regular(
+    path: str, flags: int = os.O_RDONLY, mode: int = 0o644, *, follow_links: bool
+) -> int:
+    """A file descriptor for ``path`` if it is a regular file; ``UnsafeStateFile`` if it
+    is a FIFO, device, directory or socket (or a symbolic link, unless ``follow_links``).
+    Opening never blocks, whatever ``path`` is. Config and rule files are opened with
+    ``follow_links=True`` (an administrator may link them); state files never are."""
+    extra = os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow_links else os.O_NOFOLLOW)
     try:
-        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, mode)
+        fd = os.open(path, flags | extra, mode)
     except OSError as exc:
-        if exc.errno == errno.ELOOP:
+        if exc.errno == errno.ELOOP and not follow_links:
             raise _refuse(path, "a symbolic link") from None
         raise
     try:
@@ -72,12 +83,12 @@ def open_state_file(path: str, flags: int = os.O_RDONLY, mode: int = 0o644) -> i
     return fd
 
 
-def read_state_file(path: str, limit: int) -> bytes:
+def read_state_file(path: str, limit: int, *, follow_links: bool = False) -> bytes:
     """The content of the regular file ``path``, at most ``limit`` bytes (else refused).
 
     ``FileNotFoundError`` passes through for callers that treat an absent file as empty.
     """
-    fd = open_state_file(path)
+    fd = open_regular(path, follow_links=follow_links)
     with os.fdopen(fd, "rb") as fh:
         data = fh.read(limit + 1)
     if len(data) > limit:

@@ -94,17 +94,13 @@ def parse_limited(text: str, path: str) -> Node | None:
 
 
 def load_limited(path: str) -> Node | None:
-    try:
-        with open(path, "rb") as fh:
-            data = fh.read(MAX_BYTES + 1)
-    except OSError as exc:
-        raise ConfigError.at(Location(path, 1, 1), f"cannot read file: {exc.strerror}") from None
-    if len(data) > MAX_BYTES:
-        raise ConfigError.at(
-            Location(path, 1, 1), f"file too large (more than {MAX_BYTES // 1024 // 1024} MiB)"
-        )
+    data = yamlsrc.read_file(path, MAX_BYTES)  # never blocks on a FIFO, never a device
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise ConfigError.at(Location(path, 1, 1), f"not UTF-8 text: {exc.reason}") from None
-    return parse_limited(text, path)
+    try:
+        return parse_limited(text, path)
+    except ConfigError as exc:
+        yamlsrc.hide_private_text(exc.problems, path)
+        raise ConfigError(exc.problems) from None
