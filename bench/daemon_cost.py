@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import os
 import platform
-import socket
 import subprocess
 import sys
 import tempfile
@@ -24,29 +23,10 @@ import time
 import urllib.request
 from pathlib import Path
 
+from benchlib import cpu_seconds, free_port, rss_mib
+
 ROOT = Path(__file__).resolve().parent.parent
 SCENARIO = ROOT / "scenarios" / "healthy-8xh100.yaml"
-TICK = os.sysconf("SC_CLK_TCK")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def cpu_seconds(pid: int) -> float:
-    with open(f"/proc/{pid}/stat", encoding="ascii") as fh:
-        fields = fh.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICK  # utime, stime
-
-
-def rss_mib(pid: int) -> float:
-    with open(f"/proc/{pid}/status", encoding="ascii") as fh:
-        for line in fh:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    return float("nan")
 
 
 def measure_daemon(seconds: float) -> None:

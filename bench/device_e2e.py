@@ -30,43 +30,13 @@ import time
 import urllib.request
 from typing import Any
 
+from benchlib import XID31_PROGRAM, pct, rss_mib
+
 from gpuwatchd.config.loader import ListenAddress, default_config
 from gpuwatchd.core.clock import SystemClock
 from gpuwatchd.core.records import XidEvent
 from gpuwatchd.service.daemon import Daemon
 from gpuwatchd.sources.gpu.nvml import NvmlBackend
-
-FAULT = r"""
-import os, time
-import cupy as cp
-x = cp.zeros(1, dtype=cp.int32)
-src = 'extern "C" __global__ void boom(int *p) { *(volatile int *)0x10 = *p; }'
-boom = cp.RawKernel(src, "boom")
-boom.compile()
-cp.cuda.runtime.deviceSynchronize()
-print(os.getpid(), time.time(), flush=True)
-boom((1,), (1,), (x,))
-try:
-    cp.cuda.runtime.deviceSynchronize()
-except Exception as exc:
-    print("fault:", type(exc).__name__, exc, flush=True)
-"""
-
-
-def pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    if not ordered:
-        return float("nan")
-    k = min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))
-    return ordered[k]
-
-
-def rss_mib() -> float:
-    with open("/proc/self/status", encoding="ascii") as fh:
-        for line in fh:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    return float("nan")
 
 
 def main() -> int:
@@ -114,7 +84,8 @@ def main() -> int:
 
     if daemon.xids.handler is not None:
         daemon.xids.handler.emit = on_kernel
-    daemon.xids.nvml_event = on_nvml  # type: ignore[method-assign]
+    if daemon.node.events is not None:
+        daemon.node.events.deliver = on_nvml
 
     cpu0 = resource.getrusage(resource.RUSAGE_SELF)
     t_start = time.monotonic()
@@ -138,7 +109,11 @@ def main() -> int:
     results: list[dict[str, Any]] = []
     for i in range(args.faults):
         child = subprocess.run(
-            [sys.executable, "-c", FAULT], capture_output=True, text=True, timeout=120, check=False
+            [sys.executable, "-c", XID31_PROGRAM],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
         )
         first = child.stdout.split("\n", 1)[0].split()
         if len(first) != 2:

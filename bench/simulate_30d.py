@@ -26,9 +26,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from gpuwatchd.config.loader import default_config
 from gpuwatchd.config.yamlsrc import parse_duration
-from gpuwatchd.harness.simulate import Simulation
-from gpuwatchd.rules import RulesStage
+from gpuwatchd.core.clock import VirtualClock
+from gpuwatchd.harness.simulate import SIM_EPOCH, Simulation
+from gpuwatchd.rules import RulesStage, rules_stage
 from gpuwatchd.scenario.model import format_duration, parse_scenario
+from gpuwatchd.service.assembly import Wiring
 
 ROOT = Path(__file__).resolve().parent.parent
 HEALTHY = ROOT / "scenarios" / "healthy-8xh100.yaml"
@@ -80,15 +82,29 @@ class Timed:
         self.stage.close()
 
 
+class NoRules:
+    """The baseline: the same pipeline with no rule engine in it."""
+
+    def observe(self, record: Any) -> None:
+        return None
+
+    def evaluate(self, now: float, view: Any) -> list[Any]:
+        return []
+
+    def families(self, view: Any, fams: Any) -> None:
+        return None
+
+    def close(self) -> None:
+        return None
+
+
 def run(text: str, rules: bool) -> tuple[float, Timed | None, int]:
     scenario = parse_scenario(text, "healthy-30d.yaml")
-    sim = Simulation(scenario, default_config({}), rules=rules)
-    timed = None
-    if rules:
-        stage = sim.pipeline.stages[0]
-        assert isinstance(stage, RulesStage)
-        timed = Timed(stage)
-        sim.pipeline.stages[0] = timed  # type: ignore[call-overload]
+    config = default_config({})
+    clock = VirtualClock(SIM_EPOCH)
+    timed = Timed(rules_stage(config, clock, durable=False)) if rules else None
+    stage = timed if timed is not None else NoRules()
+    sim = Simulation(scenario, config, clock=clock, wiring=Wiring(rules=stage))
     started = time.perf_counter()
     sim.run()
     wall = time.perf_counter() - started

@@ -23,7 +23,9 @@ HOOK = """#!/bin/sh
 # records each call's GPUWATCHD_* environment as one JSON line
 python3 - "$@" <<'EOF' >> {log}
 import json, os
-print(json.dumps({{k: v for k, v in sorted(os.environ.items()) if k.startswith("GPUWATCHD_")}}))
+env = {{k: v for k, v in sorted(os.environ.items()) if k.startswith("GPUWATCHD_")}}
+env.pop("GPUWATCHD_CONFIG_DIR", None)  # the test suite's, not the hook's
+print(json.dumps(env))
 EOF
 {tail}
 """

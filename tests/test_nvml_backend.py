@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 import sys
 import threading
+import time
 from typing import Any
 
 import pynvml
@@ -525,6 +526,20 @@ def test_xid_events_are_delivered_with_gpu_identity() -> None:
     assert backend.wait_xid_events(0.01) == []
     assert fake.calls["nvmlEventSetCreate"] == 1  # created lazily, once
     assert fake.calls["nvmlDeviceRegisterEvents"] == 2
+
+
+def test_fake_event_wait_blocks_like_nvml_until_an_xid_or_the_timeout() -> None:
+    """The shipped fake must not return at once from an empty wait: a daemon on it would
+    spin (1.5 M calls in 8 s before this was fixed)."""
+    backend, fake, _ = make(False, False)
+    backend.open()
+    start = time.monotonic()
+    assert backend.wait_xid_events(0.3) == []
+    assert time.monotonic() - start >= 0.25
+    threading.Timer(0.1, fake.inject_xid, (0, 79)).start()
+    start = time.monotonic()
+    events = backend.wait_xid_events(5.0)
+    assert [e.xid for e in events] == [79] and time.monotonic() - start < 2.0
 
 
 def test_xid_events_survive_a_gpu_without_event_support() -> None:

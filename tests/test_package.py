@@ -129,7 +129,7 @@ def test_build_lint_install_run_purge(
     listing = {line.split()[-1] for line in sh("dpkg-deb", "-c", str(DEB)).stdout.splitlines()}
     for path in (
         "./usr/bin/gpuwatchd",
-        "./usr/lib/gpuwatchd/gpuwatchd/cli.py",
+        "./usr/lib/gpuwatchd/gpuwatchd/cli/main.py",
         "./usr/lib/gpuwatchd/vendor/pynvml.py",
         "./lib/systemd/system/gpuwatchd.service",
         "./lib/systemd/system/gpuwatchd-drain.socket",

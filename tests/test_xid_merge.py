@@ -35,18 +35,18 @@ def merger(
     )
 
 
-def test_pair_becomes_one_event_with_both_provenances() -> None:
+def test_first_sight_is_the_incident_and_its_partner_enriches_it() -> None:
     out: list[XidEvent] = []
     m = merger(out)
     m.submit(nvml(100.0), 100.0)
-    assert out == []  # waits for the kernel line
+    assert [(e.source, e.enriches) for e in out] == [("nvml", False)]  # no waiting
     m.submit(kernel(100.4), 100.4)
-    assert len(out) == 1
-    e = out[0]
-    assert e.source == "kmsg+nvml" and e.timestamp == 100.0
+    assert len(out) == 2
+    e = out[1]
+    assert e.enriches and e.source == "kmsg+nvml" and e.timestamp == 100.0
     assert (e.pid, e.process, e.uuid, e.gpu) == (77, "python3", "GPU-x", 2)
     m.expire(200.0)
-    assert len(out) == 1 and m.merged == 1
+    assert len(out) == 2 and m.merged == 1 and m.mismatch == {"kernel": 0, "nvml": 0}
 
 
 def test_kernel_first_then_nvml_also_merges() -> None:
@@ -54,19 +54,22 @@ def test_kernel_first_then_nvml_also_merges() -> None:
     m = merger(out)
     m.submit(kernel(5.0), 5.0)
     m.submit(nvml(5.1), 5.1)
-    assert [e.source for e in out] == ["kmsg+nvml"]
+    assert [(e.source, e.enriches) for e in out] == [("kmsg", False), ("kmsg+nvml", True)]
 
 
-def test_missing_partner_is_emitted_after_window_and_counted() -> None:
+def test_missing_partner_is_counted_after_the_window_without_a_second_event() -> None:
     out: list[XidEvent] = []
     mismatches: list[tuple[int, str]] = []
     m = merger(out, mismatches=mismatches)
     m.submit(nvml(10.0), 10.0)
+    assert [e.source for e in out] == ["nvml"]
     m.expire(12.9)
-    assert out == []
+    assert mismatches == []
     m.expire(13.0)
     assert [e.source for e in out] == ["nvml"]
     assert mismatches == [(31, "kernel")] and m.mismatch == {"kernel": 1, "nvml": 0}
+    m.submit(kernel(14.0), 14.0)  # too late to be the partner: a new incident
+    assert [(e.source, e.enriches) for e in out] == [("nvml", False), ("kmsg", False)]
 
 
 def test_single_path_emits_immediately() -> None:
@@ -86,9 +89,9 @@ def test_different_gpus_or_codes_do_not_merge() -> None:
     m.submit(nvml(1.0, xid=31), 1.0)
     m.submit(kernel(1.1, xid=43), 1.1)
     m.submit(kernel(1.2, pci="00000000:18:00.0"), 1.2)
-    assert out == []
+    assert [e.enriches for e in out] == [False, False, False]
     m.expire(10.0)
-    assert sorted(e.source for e in out) == ["kmsg", "kmsg", "nvml"]
+    assert len(out) == 3 and m.mismatch == {"kernel": 1, "nvml": 2}
 
 
 def test_storm_pairs_first_in_first_out() -> None:
@@ -98,7 +101,8 @@ def test_storm_pairs_first_in_first_out() -> None:
         m.submit(nvml(float(i)), float(i))
     for i in range(5):
         m.submit(kernel(i + 0.5), i + 0.5)
-    assert [e.timestamp for e in out] == [0.0, 1.0, 2.0, 3.0, 4.0]
+    assert [e.timestamp for e in out if not e.enriches] == [0.0, 1.0, 2.0, 3.0, 4.0]
+    assert [e.timestamp for e in out if e.enriches] == [0.0, 1.0, 2.0, 3.0, 4.0]
     assert m.pending() == 0
 
 

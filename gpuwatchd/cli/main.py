@@ -7,8 +7,6 @@ import json
 import logging
 import os
 import sys
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Sequence
 
 from gpuwatchd import __version__
@@ -20,7 +18,7 @@ from gpuwatchd.config.loader import (
 )
 from gpuwatchd.config.paths import default_config_path
 from gpuwatchd.core.clock import SystemClock
-from gpuwatchd.core.errors import BackendUnavailable, ConfigError
+from gpuwatchd.core.errors import BackendUnavailable, ConfigError, GpuwatchdError
 
 log = logging.getLogger("gpuwatchd")
 
@@ -73,36 +71,35 @@ def cmd_run(args: argparse.Namespace) -> int:
             reexec_with_single_arena()
         _setup_logging(config.log_level, args.verbose)
         clock = SystemClock()
-        from gpuwatchd.rules import rules_stage
-
-        rules = rules_stage(config, clock, durable=True)  # bad rule files: exit 1
         backend = open_backend(str(config.backend), clock)
     except ConfigError as exc:
         return _config_errors(exc)
     except BackendUnavailable as exc:
         print(f"gpuwatchd run: {exc}", file=sys.stderr)
         return 1
+    from gpuwatchd.service.assembly import Wiring
     from gpuwatchd.service.logsetup import config_secrets, register_secret, set_level
+    from gpuwatchd.service.pipeline import Stage
     from gpuwatchd.service.sdnotify import Notifier
     from gpuwatchd.service.watchdog import SignalInbox, Supervisor, serve
 
     environ = dict(os.environ)
     notifier = Notifier.from_environ(unset=True)  # drain hooks must not inherit it
-    from gpuwatchd.actions import ActionsError, build_actions
+    extra_stages: tuple[Stage, ...] = ()
+    if environ.get("GPUWATCHD_TEST_FAULT"):
+        from gpuwatchd.testing.faults import stages_from_environ
 
-    try:  # before anything starts: a receiver secret that cannot be read is fatal
-        actions = build_actions(config, clock)
-    except ActionsError as exc:
+        extra_stages = tuple(stages_from_environ(environ))
+    try:  # bad rule files and unreadable receiver secrets are fatal before anything starts
+        daemon = Daemon(config, backend, clock, wiring=Wiring(extra_stages=extra_stages))
+    except ConfigError as exc:
+        return _config_errors(exc)
+    except GpuwatchdError as exc:  # actions cannot start: an unreadable secret, no outbox
         print(f"gpuwatchd run: {exc}", file=sys.stderr)
         return 1
-    from gpuwatchd.service.pipeline import Pipeline
-
-    daemon = Daemon(config, backend, clock, pipeline=Pipeline(stages=[rules]))
     daemon.config_loader = load
-    daemon.reload_hooks.append(rules.reload_hook)  # SIGHUP: rules validated, then swapped
-    if actions is not None:
-        daemon.pipeline.sinks.append(actions)
-        for secret in actions.secrets:  # every log line is scrubbed of them, not only ours
+    if daemon.node.actions is not None:
+        for secret in daemon.node.actions.secrets:  # every log line is scrubbed of them
             register_secret(secret)
 
     def reload_logging(new: Config) -> Callable[[], None]:
@@ -115,10 +112,6 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     reload_logging(config)()
     daemon.reload_hooks.append(reload_logging)
-    if environ.get("GPUWATCHD_TEST_FAULT"):
-        from gpuwatchd.testing.faults import stages_from_environ
-
-        daemon.pipeline.stages.extend(stages_from_environ(environ))
     supervisor = Supervisor.for_daemon(daemon, notifier, environ)
     with SignalInbox() as signals:
         try:
@@ -238,6 +231,9 @@ def cmd_status(args: argparse.Namespace) -> int:
         host = config.listen.host
         host = f"[{host}]" if ":" in host else host
         base = f"http://{host}:{config.listen.port}"
+    import urllib.error
+    import urllib.request
+
     try:
         with urllib.request.urlopen(f"{base}/api/v1/status", timeout=args.timeout) as resp:
             status = json.load(resp)
@@ -261,6 +257,11 @@ def cmd_status(args: argparse.Namespace) -> int:
         )
     for name, s in status["sources"].items():
         print(f"  source {name}: {'up' if s['up'] else 'DOWN'} {s['detail']}")
+    alerts = status.get("alerts", [])
+    print(f"  alerts firing: {len(alerts)}")
+    for a in alerts:
+        gpu = a["labels"].get("gpu", "-")
+        print(f"    {a['rule']} [{a['severity']}] gpu={gpu}: {a.get('summary') or ''}")
     from gpuwatchd.actions.textstatus import status_lines
 
     for line in status_lines(status):  # deliveries, silences, drain (when configured)

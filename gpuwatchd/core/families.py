@@ -10,14 +10,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING
 
-from prometheus_client.core import (
-    CounterMetricFamily,
-    GaugeMetricFamily,
-    HistogramMetricFamily,
-    Metric,
-    UnknownMetricFamily,
-)
+if TYPE_CHECKING:  # prometheus_client is loaded only by a scrape that asks for OpenMetrics
+    from prometheus_client.core import Metric
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -166,6 +162,13 @@ def _parse_labels(text: str) -> dict[str, str]:
 
 def to_client_metric(fam: Family) -> Metric:
     """The family as a prometheus_client metric (for the registry/OpenMetrics path)."""
+    from prometheus_client.core import (
+        CounterMetricFamily,
+        GaugeMetricFamily,
+        HistogramMetricFamily,
+        UnknownMetricFamily,
+    )
+
     metric: Metric
     if isinstance(fam, HistogramFamily):
         hist = HistogramMetricFamily(fam.name, fam.help, labels=fam.label_names)

@@ -153,9 +153,13 @@ class XidEvent:
     process: str | None = None
     message: str = ""
     trusted: bool = True
+    # The partner report (the other path) of an incident already emitted: it brings the
+    # details the first report lacked (text, pid, process, both provenances) and is
+    # never a new incident of its own.
+    enriches: bool = False
 
     def as_dict(self) -> dict[str, Any]:
-        return {
+        out = {
             "record": "xid",
             "source": self.source,
             "kind": self.kind,
@@ -169,3 +173,6 @@ class XidEvent:
             "trusted": self.trusted,
             "timestamp": round(self.timestamp, 6),
         }
+        if self.enriches:
+            out["enriches"] = True
+        return out

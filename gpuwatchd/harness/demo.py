@@ -23,8 +23,8 @@ from gpuwatchd.core.fields import HEALTH_CLOCK_EVENT_REASONS, decode_clock_event
 from gpuwatchd.core.records import DeviceEvent, DeviceEventKind, GpuSample, GpuStatus, XidEvent
 from gpuwatchd.scenario.backend import ScenarioBackend
 from gpuwatchd.scenario.model import Scenario, format_duration
+from gpuwatchd.service.assembly import Wiring
 from gpuwatchd.service.daemon import Daemon
-from gpuwatchd.service.pipeline import Pipeline, Sink, Stage
 from gpuwatchd.sources.gpu.poller import Record
 
 
@@ -153,6 +153,12 @@ class Narrator:
                 self.finding(
                     record.timestamp, text + (f": {record.detail}" if record.detail else ""), severe
                 )
+        elif isinstance(record, XidEvent) and record.enriches:
+            who = f"pid {record.pid} ({record.process})" if record.pid is not None else "-"
+            self.say(
+                record.timestamp,
+                f"   GPU {record.gpu}: XID {record.xid} confirmed by {record.source}: {who}",
+            )
         elif isinstance(record, XidEvent):
             self.finding(
                 record.timestamp,
@@ -234,30 +240,6 @@ def demo_config(base: Config, scenario: Scenario, listen: ListenAddress) -> Conf
     return dataclasses.replace(base, poll=poll, listen=listen)
 
 
-def _demo_pipeline(
-    config: Config, clock: ScaledClock, narrator: Narrator, state_dir: str
-) -> Pipeline:
-    """The rule engine (in memory) and the actions stage in record-only mode."""
-    from gpuwatchd.rules import rules_stage
-
-    stages: list[Stage] = [rules_stage(config, clock, durable=False)]
-    sinks: list[Sink] = []
-    if config.receivers or config.drain.mode != "none":
-        from gpuwatchd.actions import ActionsSink
-
-        sinks.append(
-            ActionsSink(
-                config,
-                clock,
-                db_path=os.path.join(state_dir, "demo.db"),
-                simulate=True,
-                record=narrator.action,
-                on_drain=narrator.action,
-            )
-        )
-    return Pipeline(stages, sinks, on_transition=narrator.alert)
-
-
 def default_demo_config() -> Config:
     from importlib import resources
 
@@ -301,28 +283,29 @@ def _play(
     style: Style,
     state_dir: str,
 ) -> int:
-    backend = ScenarioBackend(scenario, clock, real_stalls=True)
     narrator = Narrator(scenario, out, style, clock)
+    # The rule engine in memory, pages and drains handed to the narrator (never sent).
+    wiring = Wiring(
+        durable=False, record=narrator.action, actions_db=os.path.join(state_dir, "demo.db")
+    )
 
     def make_daemon(cfg: Config) -> Daemon:
-        return Daemon(
-            cfg,
-            backend,
-            clock,
-            emit=narrator.record,
-            pipeline=_demo_pipeline(cfg, clock, narrator, state_dir),
-        )
+        backend = ScenarioBackend(scenario, clock, real_stalls=True)
+        daemon = Daemon(cfg, backend, clock, wiring=wiring, emit=narrator.record)
+        daemon.pipeline.on_transition = narrator.alert
+        return daemon
 
     daemon = make_daemon(config)
     try:
-        daemon.start()
+        daemon.start()  # binds the port before anything else starts
     except OSError as exc:
-        if listen is None and config.listen.port != 0:  # default port busy: take a free one
-            config = dataclasses.replace(config, listen=ListenAddress(config.listen.host, 0))
-            daemon = make_daemon(config)
-            daemon.start()
-        else:
+        daemon.stop()
+        if listen is not None or config.listen.port == 0:
             raise SystemExit(f"gpuwatchd demo: cannot listen on {config.listen}: {exc}") from None
+        # the default port is busy (a daemon runs here?): serve on a free one instead
+        config = dataclasses.replace(config, listen=ListenAddress(config.listen.host, 0))
+        daemon = make_daemon(config)
+        daemon.start()
     url = daemon.http.url if daemon.http else "(no HTTP)"
     out.write(style.bold(f"gpuwatchd demo: {scenario.name}") + f" - {scenario.description}\n")
     out.write(
@@ -344,14 +327,20 @@ def _play(
                 break
             stop.wait(0.02)
         view = daemon.state.view()
-        firing = daemon.status().get("alerts", [])
+        firing = daemon.node.firing()
         out.write("\n" + style.bold("Summary") + f": {narrator.findings} findings.\n")
         for g in view.gpus:
             word = g.status.value
             text = style.green(word) if g.status is GpuStatus.OK else style.red(word)
             out.write(f"  GPU {g.info.index} {g.info.pci_bus_id} {text}\n")
-        if isinstance(firing, list) and firing:
-            out.write(f"  {len(firing)} alert(s) still firing.\n")
+        out.write(f"  {len(firing)} alert(s) still firing")
+        out.write(":\n" if firing else ".\n")
+        for alert in firing:
+            gpu = alert["labels"].get("gpu")
+            where = f" on GPU {gpu}" if gpu is not None else ""
+            out.write(
+                f"    [{alert['severity']}] {alert['rule']}{where}: {alert['summary'] or ''}\n"
+            )
         if forever:
             out.write(f"\nStill serving {url}/metrics (Ctrl-C to stop).\n")
             out.flush()

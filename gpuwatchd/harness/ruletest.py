@@ -57,7 +57,7 @@ from gpuwatchd.rules.model import RuleSet
 from gpuwatchd.rules.safeyaml import load_limited
 from gpuwatchd.rules.store import StateStore
 from gpuwatchd.scenario.model import Scenario, format_duration, load_scenario, parse_scenario
-from gpuwatchd.service.pipeline import Pipeline
+from gpuwatchd.service.assembly import Wiring
 
 TOP_KEYS = ("rule_files", "tests")
 TEST_KEYS = ("name", "scenario", "input", "gpus_expected", "alerts", "transitions", "never")
@@ -432,13 +432,7 @@ def run_test(rules: RuleSet, test: TestCase) -> Outcome:
     clock = VirtualClock()
     engine = Engine(rules, StateStore(":memory:", boot_id="rule-test"), clock)
     seen: list[tuple[float, AlertTransition]] = []
-    sim = Simulation(
-        test.scenario,
-        _config(test),
-        clock=clock,
-        pipeline=Pipeline(stages=[engine]),
-        rules=False,
-    )
+    sim = Simulation(test.scenario, _config(test), clock=clock, wiring=Wiring(rules=engine))
     sim.pipeline.on_transition = lambda tr: seen.append((tr.timestamp - sim.t0, tr))
     problems: list[str] = []
     checks = sorted(test.checks, key=lambda c: c.at)

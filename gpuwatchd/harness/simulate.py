@@ -7,22 +7,19 @@ JSON line. The same scenario and config always give the same output.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, TextIO
 
 from gpuwatchd.config.loader import Config
 from gpuwatchd.core.clock import VirtualClock
-from gpuwatchd.core.nodestate import NodeState
-from gpuwatchd.core.records import DeviceEvent, GpuSample, XidEvent
-from gpuwatchd.exposition.metrics import MetricsRenderer
+from gpuwatchd.core.records import GpuSample
 from gpuwatchd.scenario.backend import ScenarioBackend
 from gpuwatchd.scenario.model import Scenario, format_duration
-from gpuwatchd.service.pipeline import Pipeline
-from gpuwatchd.sources.gpu.poller import Poller, Record
-from gpuwatchd.sources.xid_inputs import XidInputs
+from gpuwatchd.service.assembly import Node, Wiring
+from gpuwatchd.service.handoff import Record
 
 SIM_EPOCH = 1_767_225_600.0  # 2026-01-01T00:00:00Z: fixed, so output is reproducible
 
@@ -31,69 +28,62 @@ def iso(ts: float) -> str:
     return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
 
 
-@dataclass
 class Simulation:
-    """The pieces of one simulated run, for ``simulate`` and tests."""
+    """One simulated run: the node the composition root builds, stepped on a virtual clock.
 
-    scenario: Scenario
-    config: Config
-    clock: VirtualClock = field(default_factory=lambda: VirtualClock(SIM_EPOCH))
-    on_record: Callable[[dict[str, Any]], None] = lambda record: None
-    include_samples: bool = False
-    pipeline: Pipeline = field(default_factory=Pipeline)
-    rules: bool = True  # put the rule engine (the config's rules, state in memory) first
+    Each step: kernel-log lines and NVML XID events due by now reach the merger (an urgent
+    one is judged at once, at its own time), every GPU is polled inline, the rules are
+    evaluated, and the actions stage runs what is due (group windows, retries, drain
+    grace). Between steps the clock stops at every scripted kernel line or NVML event, so
+    an XID is judged at the time it happened, as the daemon would.
+    """
 
-    def __post_init__(self) -> None:
-        if self.rules:
-            from gpuwatchd.rules import rules_stage
-
-            self.pipeline.stages.insert(0, rules_stage(self.config, self.clock, durable=False))
-        self.backend = ScenarioBackend(self.scenario, self.clock, real_stalls=False)
-        self.state = NodeState(self.config.node_name, self.clock.now(), self.config.gpus.expected)
-        self.renderer = MetricsRenderer.for_config(
-            self.state.view,
-            self.config.metrics,
-            (self.pipeline.families, lambda v, f: self.xids.families(f)),
-        )
-        self.xids = XidInputs(
-            self.config, self.backend, self.clock, self._xid, self._source_status, durable=False
-        )
+    def __init__(
+        self,
+        scenario: Scenario,
+        config: Config,
+        *,
+        clock: VirtualClock | None = None,
+        on_record: Callable[[dict[str, Any]], None] = lambda record: None,
+        include_samples: bool = False,
+        wiring: Wiring | None = None,
+    ) -> None:
+        self.scenario = scenario
+        self.config = config
+        self.clock = clock or VirtualClock(SIM_EPOCH)
+        self.on_record = on_record
+        self.include_samples = include_samples
         self.t0 = self.clock.now()
-        infos = self.backend.open()
-        self.state.set_gpus(infos, self.t0)
-        self.xids.set_gpus(infos)
-        self.xids.nvml_events_up = self.config.sources.nvml_events
-        self.poller = Poller(
-            self.backend,
-            infos,
-            self.state,
+        self.backend = ScenarioBackend(scenario, self.clock, real_stalls=False)
+        base = wiring or Wiring()
+        self.node = Node(
+            config,
             self.clock,
-            self.scenario.step,
-            self.scenario.step,
-            self._emit,
+            self.backend,
+            dataclasses.replace(
+                base, durable=False, threaded=False, record=base.record or self._out
+            ),
         )
+        self.node.listeners.append(self._listen)
+        self.pipeline = self.node.pipeline
+        self.state = self.node.state
+        self.xids = self.node.xids
+        self.renderer = self.node.renderer
+        self.node.open_gpus()
+        self.xids.nvml_events_up = self.node.events is not None
+        self.poller = self.node.poller(scenario.step, scenario.step)
         self._next_note = 0
 
     def _out(self, record: dict[str, Any]) -> None:
         now = self.clock.now()
         self.on_record({"t": format_duration(now - self.t0), "time": iso(now), **record})
 
-    def _emit(self, record: Record) -> None:
-        self.pipeline.observe(record)
+    def _listen(self, record: Record) -> None:
         if isinstance(record, GpuSample):
             if self.include_samples:
                 self._out({"record": "sample", **record.as_dict()})
-        elif isinstance(record, DeviceEvent):
+        else:
             self._out(record.as_dict())
-
-    def _xid(self, event: XidEvent) -> None:
-        self.pipeline.observe(event)
-        if event.trusted:
-            self.state.count_xid(event.gpu, event.xid)
-        self._out(event.as_dict())
-
-    def _source_status(self, name: str, up: bool, detail: str) -> None:
-        self.state.source(name, up=up, now=self.clock.now(), detail=detail)
 
     def _notes(self, until: float) -> None:
         notes = self.scenario.notes
@@ -102,20 +92,35 @@ class Simulation:
             self._out({"record": "note", "text": note.text, "gpus": list(note.gpus)})
             self._next_note += 1
 
-    def step(self) -> None:
-        elapsed = self.clock.now() - self.t0
-        self._notes(elapsed)
-        if self.config.sources.nvml_events:
-            for event in self.backend.wait_xid_events(0.0):
-                self.xids.nvml_event(event)
+    def _inputs(self) -> None:
+        """Kernel lines and NVML events due by now; an urgent one is judged at once."""
+        if self.node.events is not None:
+            self.node.events.step(0.0)
         self.xids.pump(self.clock.now(), self.clock.monotonic())
-        self.poller.poll_once_sync()
+        if self.pipeline.urgent:
+            self._evaluate()
+
+    def _evaluate(self) -> None:
         for transition in self.pipeline.evaluate(self.clock.now(), self.state.view()):
             self._out(transition.as_dict())
-        for sink in self.pipeline.sinks:  # actions: group windows, retries, drain grace
-            run_pending = getattr(sink, "run_pending", None)
-            if run_pending is not None:
-                run_pending(self.clock.now())
+        if self.node.actions is not None:  # group windows, retries, drain grace
+            self.node.actions.run_pending(self.clock.now())
+
+    def step(self) -> None:
+        self._notes(self.clock.now() - self.t0)
+        self._inputs()
+        self.poller.poll_once_sync()
+        self._evaluate()
+
+    def advance_to(self, when: float) -> None:
+        """Move the clock to ``when``, stopping at every scripted event on the way."""
+        while True:
+            upcoming = self.backend.next_event_after(self.clock.now())
+            if upcoming is None or upcoming >= when:
+                break
+            self.clock.set(upcoming)
+            self._inputs()
+        self.clock.set(when)
 
     def run(self) -> None:
         duration = self.scenario.duration
@@ -127,7 +132,7 @@ class Simulation:
             t = n * step
             if t > duration + 1e-9:
                 break
-            self.clock.set(self.t0 + t)
+            self.advance_to(self.t0 + t)
         self.finish()
 
     def finish(self) -> None:
@@ -150,33 +155,15 @@ def run_simulation(
     def write(record: dict[str, Any]) -> None:
         out.write(json.dumps(record, sort_keys=False) + "\n")
 
-    sim = Simulation(scenario, config, on_record=write, include_samples=include_samples)
-    add_actions(sim, config, send=send)
+    sim = Simulation(
+        scenario,
+        config,
+        on_record=write,
+        include_samples=include_samples,
+        wiring=Wiring(send_recorded=send),
+    )
     sim.run()
     if metrics_out:
         with open(metrics_out, "wb") as fh:
             fh.write(sim.exposition())
     return 0
-
-
-def add_actions(sim: Simulation, config: Config, *, send: bool = False) -> None:
-    """The actions stage on the simulation's clock, when the config has receivers or a
-    drain mode. Notifications and drains are printed as ``notification`` and ``drain``
-    records, not sent; with ``send`` notifications really go out (drains never do)."""
-    if not config.receivers and config.drain.mode == "none":
-        return
-    import random
-
-    from gpuwatchd.actions import ActionsSink
-
-    sink = ActionsSink(
-        config,
-        sim.clock,
-        threaded=False,
-        db_path=":memory:",
-        simulate=True,
-        record=None if send else sim._out,
-        on_drain=sim._out,
-        rng=random.Random(0),
-    )
-    sim.pipeline.sinks.append(sink)

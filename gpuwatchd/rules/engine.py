@@ -449,8 +449,23 @@ class Engine:
                 self.xids_ignored += 1
                 return
             with self._lock:
+                if record.enriches:
+                    self._enrich(record)
+                    return
                 self._xid_seq += 1
                 self._xids.append(_Xid(self._xid_seq, record))
+
+    def _enrich(self, record: XidEvent) -> None:
+        """The partner report of an XID already counted: its details replace the first
+        report's in place (same incident, no new count). Called with the lock held."""
+        for i in range(len(self._xids) - 1, -1, -1):
+            held = self._xids[i].event
+            if (
+                held.xid == record.xid
+                and (held.pci_bus_id or "").upper() == (record.pci_bus_id or "").upper()
+            ):
+                self._xids[i] = _Xid(self._xids[i].seq, record)
+                return
 
     def _observe_sample(self, s: GpuSample) -> None:
         if s.status is not GpuStatus.OK:

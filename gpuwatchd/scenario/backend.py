@@ -11,7 +11,9 @@ raises ``CallTimeout`` at once, which is what the poller would have concluded.
 from __future__ import annotations
 
 import threading
+from collections.abc import Sequence
 from types import MappingProxyType
+from typing import Any
 
 from gpuwatchd.core.clock import Clock
 from gpuwatchd.core.errors import BackendError, CallTimeout, GpuLost
@@ -141,6 +143,18 @@ class ScenarioBackend:
             self.clock.wait(self._stop, wait)
         return self._due_xids()
 
+    def next_event_after(self, t: float) -> float | None:
+        """The clock time of the first scripted kernel-log line or NVML XID event still to
+        come after ``t`` (None when there is none): where a stepped run stops its clock."""
+        limit = t - self.t0
+        with self._lock:
+            found = [
+                _first_after(self._kernel, self._kernel_next, limit),
+                _first_after(self._xids, self._xid_next, limit),
+            ]
+        times = [self.t0 + at for at in found if at is not None]
+        return min(times) if times else None
+
     def kernel_log_lines_until(self, t: float) -> list[tuple[float, str, str]]:
         """``(timestamp, transport, line)`` of kernel-log lines up to clock time ``t``,
         each line once (lines already returned by an earlier call are not repeated)."""
@@ -155,3 +169,12 @@ class ScenarioBackend:
                 self._kernel_next += 1
                 out.append((self.t0 + at, transport, line))
             return out
+
+
+def _first_after(timeline: Sequence[tuple[Any, ...]], start: int, limit: float) -> float | None:
+    """The time of the first entry from ``start`` on (sorted by time) later than ``limit``."""
+    for i in range(start, len(timeline)):
+        at = float(timeline[i][0])
+        if at > limit:
+            return at
+    return None

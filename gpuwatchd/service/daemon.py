@@ -1,8 +1,11 @@
-"""Wires sources, state and endpoints into the running daemon.
+"""The daemon: a ``Node`` (see ``service.assembly``) driven by threads, plus the HTTP server.
 
-``Daemon`` owns one backend, the ``NodeState``, the ``Poller`` and the HTTP server. It is
-used by ``run`` (wall clock), ``demo`` (sped-up clock) and the tests; ``simulate`` uses the
-same pieces on a virtual clock without threads (see ``simulate.py``).
+``Daemon`` runs the node for ``run`` (wall clock) and ``demo`` (sped-up clock): one poll
+worker per GPU and a scheduler (``Poller``), the kernel-log reader and the NVML XID event
+reader (``XidInputs``, ``XidEventReader``), the PCI watcher, the evaluator and the HTTP
+server. The evaluator is the only thread that touches the rule engine: it runs once per
+poll interval and at once when an urgent record (an XID, a lost GPU) arrives.
+``simulate`` steps the same ``Node`` on a virtual clock without threads.
 """
 
 from __future__ import annotations
@@ -12,25 +15,21 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from gpuwatchd import __version__
 from gpuwatchd.config.loader import Config
 from gpuwatchd.config.web import WebGuard
 from gpuwatchd.core.clock import Clock
-from gpuwatchd.core.errors import BackendError, ConfigError
+from gpuwatchd.core.errors import ConfigError
 from gpuwatchd.core.families import Families
-from gpuwatchd.core.fields import decode_clock_event_reasons
 from gpuwatchd.core.heartbeat import HeartbeatRegistry
-from gpuwatchd.core.nodestate import GpuState, NodeState, NodeView
-from gpuwatchd.core.records import GpuInfo, GpuStatus, XidEvent
-from gpuwatchd.core.statehealth import StoreHealth, state_families
+from gpuwatchd.core.nodestate import NodeView
+from gpuwatchd.core.records import GpuInfo, GpuStatus
 from gpuwatchd.exposition.httpd import HttpServer
-from gpuwatchd.exposition.metrics import MetricsRenderer
-from gpuwatchd.rules.stage import SIMULATE_BOOT_ID
-from gpuwatchd.service.pipeline import Pipeline
+from gpuwatchd.rules.stage import RulesStage
+from gpuwatchd.service.assembly import Node, Wiring
+from gpuwatchd.service.handoff import Record
 from gpuwatchd.sources.gpu.backend import Backend
 from gpuwatchd.sources.gpu.pci import PciWatcher
-from gpuwatchd.sources.gpu.poller import Emit, Poller, Record
-from gpuwatchd.sources.xid_inputs import XidInputs
+from gpuwatchd.sources.gpu.poller import Poller
 
 log = logging.getLogger(__name__)
 
@@ -53,50 +52,6 @@ RESTART_ONLY = (
 )
 """Config keys a reload does not change (the running value stays until a restart)."""
 
-STATUS_FIELDS = (
-    "temperature_gpu",
-    "temperature_memory",
-    "power",
-    "sm_clock",
-    "utilization_gpu",
-    "ecc_corrected_volatile",
-    "ecc_uncorrected_volatile",
-    "ecc_corrected_aggregate",
-    "ecc_uncorrected_aggregate",
-    "remapped_rows_pending",
-    "remapped_rows_failure",
-    "pcie_replay",
-    "pcie_link_generation",
-    "pcie_link_width",
-    "compute_processes",
-    "recovery_action",
-)
-
-
-def filter_ignored(infos: list[GpuInfo], ignore: tuple[str, ...]) -> list[GpuInfo]:
-    skip = {s.upper() for s in ignore}
-    return [i for i in infos if i.uuid.upper() not in skip and i.pci_bus_id.upper() not in skip]
-
-
-def gpu_status_dict(g: GpuState) -> dict[str, Any]:
-    out: dict[str, Any] = {
-        **g.info.as_dict(),
-        "status": g.status.value,
-        "status_since": g.status_since,
-        "last_success": g.last_success,
-    }
-    if g.sample is not None:
-        fields = g.sample.fields
-        out["readings"] = {k: fields[k] for k in STATUS_FIELDS if k in fields}
-        mask = fields.get("clock_event_reasons")
-        if mask is not None:
-            out["clock_event_reasons"] = decode_clock_event_reasons(int(mask))
-        down = [ls.link for ls in g.sample.links if ls.fields.get("nvlink_up") == 0.0]
-        out["nvlink_links_down"] = down
-    if g.sample is not None and g.status is not GpuStatus.OK:
-        out["error"] = "readings are from the last successful poll"
-    return out
-
 
 class Daemon:
     def __init__(
@@ -105,133 +60,90 @@ class Daemon:
         backend: Backend,
         clock: Clock,
         *,
-        emit: Emit | None = None,
+        wiring: Wiring | None = None,
+        emit: Callable[[Record], None] | None = None,
         listen: tuple[str, int] | None = None,
         serve_http: bool = True,
-        pipeline: Pipeline | None = None,
     ) -> None:
         self.config = config
         self.backend = backend
         self.clock = clock
-        self.pipeline = pipeline or Pipeline()
-        self._user_emit = emit
-        self.emit: Emit = self._record
-        self.state = NodeState(config.node_name, clock.now(), config.gpus.expected)
-        self.renderer = MetricsRenderer.for_config(
-            self.state.view,
-            config.metrics,
-            (self.pipeline.families, self._xid_families, self._http_families),
+        self.node = Node(
+            config,
+            clock,
+            backend,
+            _with_families(wiring or Wiring(), self._http_families),
         )
-        self.xids = XidInputs(config, backend, clock, self._xid, self._source_status)
+        if emit is not None:
+            self.node.listeners.append(emit)
+        self.state = self.node.state
+        self.pipeline = self.node.pipeline
+        self.xids = self.node.xids
+        self.renderer = self.node.renderer
         self._listen = listen or (config.listen.host, config.listen.port)
         self._serve_http = serve_http
         self.http: HttpServer | None = None
         self.poller: Poller | None = None
-        self.infos: list[GpuInfo] = []
         self._stopped = threading.Event()
         self.on_stop: list[Callable[[], None]] = []
-        self._events_thread: threading.Thread | None = None
         self._eval_thread: threading.Thread | None = None
         self.evaluations = 0
         self.pci: PciWatcher | None = None  # NVIDIA GPUs on the PCI bus (nvml backend)
         self.heartbeats = HeartbeatRegistry(clock)  # worker liveness (watchdog, /healthz)
         self.reload_hooks: list[ReloadHook] = []
+        if isinstance(self.node.rules, RulesStage):  # SIGHUP: validated, then swapped in
+            self.reload_hooks.append(self.node.rules.reload_hook)
         self.config_loader: Callable[[], Config] | None = None  # set by `run` (CLI overrides)
 
-    def _source_status(self, name: str, up: bool, detail: str) -> None:
-        self.state.source(name, up=up, now=self.clock.now(), detail=detail)
-
-    def _xid_families(self, view: NodeView, fams: Families) -> None:
-        self.xids.families(fams)
+    @property
+    def infos(self) -> list[GpuInfo]:
+        return self.node.infos
 
     def _http_families(self, view: NodeView, fams: Families) -> None:
         if self.http is not None:
             self.http.families(fams)
-        state_families(fams, self.state_health())
-
-    def state_health(self) -> list[StoreHealth]:
-        """The rule engine's store and the kernel-log position (the outbox reports its own)."""
-        out = []
-        for stage in self.pipeline.stages:
-            store = getattr(getattr(stage, "engine", None), "store", None)
-            if store is None or not hasattr(store, "errors"):
-                continue
-            if getattr(store, "boot_id", None) == SIMULATE_BOOT_ID:
-                continue  # in memory on purpose (demo)
-            durable = not getattr(store, "memory", False) and getattr(store, "write_ok", True)
-            out.append(StoreHealth("rules", bool(durable), int(store.errors)))
-        position = self.xids.state_health()
-        if position is not None:
-            out.append(position)
-        return out
-
-    def _xid(self, event: XidEvent) -> None:
-        """A merged, trusted XID incident from the kernel log and/or NVML events."""
-        if event.trusted:
-            self.state.count_xid(event.gpu, event.xid)
-        log.warning(
-            "XID %d on GPU %s (%s) via %s: %s",
-            event.xid,
-            event.gpu,
-            event.pci_bus_id,
-            event.source,
-            event.message or "-",
-            extra={"gpu": event.gpu, "xid": event.xid, "pci_bus_id": event.pci_bus_id},
-        )
-        self.emit(event)
-
-    def _record(self, record: Record) -> None:
-        self.pipeline.observe(record)
-        if self._user_emit is not None:
-            self._user_emit(record)
 
     def _evaluate_loop(self) -> None:
-        """Evaluate the rules once per poll interval, half an interval after each poll."""
+        """Evaluate once per poll interval (half an interval after each poll) and at once
+        when an urgent record arrives; the only thread that touches the rule engine."""
         interval = self.config.poll.interval
-        self.clock.wait(self._stopped, interval / 2)
+        wakeup = self.pipeline.handoff.wakeup
+        next_tick = self.clock.monotonic() + interval / 2
         while not self._stopped.is_set():
-            start = self.clock.monotonic()
+            remaining = next_tick - self.clock.monotonic()
+            if remaining > 0 and not wakeup.is_set():
+                self.clock.wait(wakeup, remaining)
+            if self._stopped.is_set():
+                return
+            now_m = self.clock.monotonic()
+            if now_m >= next_tick:  # periodic: keep the phase, skip ticks missed
+                next_tick += interval * max(1, int((now_m - next_tick) // interval) + 1)
             try:
-                self.pipeline.evaluate(self.clock.now(), self.state.view())
+                self.node.evaluate()
             except Exception:  # the evaluator must outlive one bad evaluation
                 log.exception("rule evaluation failed")
             self.evaluations += 1
-            self.state.touch()
-            elapsed = self.clock.monotonic() - start
-            self.clock.wait(self._stopped, max(0.0, interval - elapsed))
 
     # -- lifecycle -------------------------------------------------------------------
     def open_backend(self) -> None:
         """Open the backend; a failure leaves the nvml source down (and is retried)."""
-        try:
-            infos = self.backend.open()
-        except BackendError as exc:
-            self.state.source("nvml", up=False, now=self.clock.now(), detail=str(exc))
-            log.error("GPU backend %s unavailable: %s", self.backend.name, exc)
-            return
-        self.infos = filter_ignored(infos, self.config.gpus.ignore)
-        self.xids.set_gpus(infos)
-        self.state.set_gpus(self.infos, self.clock.now())
-        log.info(
-            "backend %s: %d GPU(s): %s",
-            self.backend.name,
-            len(self.infos),
-            ", ".join(f"{i.index}={i.pci_bus_id}" for i in self.infos),
-        )
-        self.poller = Poller(
-            self.backend,
-            self.infos,
-            self.state,
-            self.clock,
-            self.config.poll.interval,
-            self.config.poll.call_timeout,
-            self.emit,
-        )
+        if self.node.open_gpus():
+            self.poller = self.node.poller(self.config.poll.interval, self.config.poll.call_timeout)
 
     def start(self) -> None:
+        if self._serve_http:  # first: a port that cannot be bound leaves nothing running
+            host, port = self._listen
+            web = self.config.web
+            guard = WebGuard(  # ConfigError if the web config file no longer loads
+                web.config_file,
+                rate_interval=1.0 / web.rate_limit if web.rate_limit > 0 else 0.0,
+                rate_burst=web.rate_burst,
+                max_request_bytes=web.max_request_bytes,
+            )
+            self.http = HttpServer(host, port, self.renderer, self.health, self.status, guard)
         self.open_backend()
         if self.config.backend.kind == "nvml":  # the PCI bus cross-checks NVML's GPU count
-            self.pci = PciWatcher(self.state.set_pci_gpus, on_status=self._source_status)
+            self.pci = PciWatcher(self.node.set_pci_gpus, on_status=self.node.source_status)
             self.pci.start()
         self.xids.start(self.heartbeats)
         # Rules run even without GPUs: a node whose NVML is gone must still page.
@@ -246,16 +158,7 @@ class Daemon:
             self._start_polling()
         else:
             threading.Thread(target=self._reopen_loop, name="backend-retry", daemon=True).start()
-        if self._serve_http:
-            host, port = self._listen
-            web = self.config.web
-            guard = WebGuard(  # ConfigError if the web config file no longer loads
-                web.config_file,
-                rate_interval=1.0 / web.rate_limit if web.rate_limit > 0 else 0.0,
-                rate_burst=web.rate_burst,
-                max_request_bytes=web.max_request_bytes,
-            )
-            self.http = HttpServer(host, port, self.renderer, self.health, self.status, guard)
+        if self.http is not None:
             self.http.start()
             log.info("serving on %s", self.http.url)
 
@@ -263,11 +166,13 @@ class Daemon:
         assert self.poller is not None
         self.poller.start()
         self._watch_workers()
-        if self.config.sources.nvml_events and hasattr(self.backend, "wait_xid_events"):
-            self._events_thread = threading.Thread(
-                target=self._xid_events, name="nvml-events", daemon=True
+        events = self.node.events
+        if events is not None:
+            poll = self.config.poll
+            events.heartbeat = self.heartbeats.register(
+                "nvml-events", 3 * poll.interval + poll.call_timeout + 1
             )
-            self._events_thread.start()
+            events.start()
 
     def _reopen_loop(self) -> None:
         """The backend failed to open (no driver yet, driver upgrade): try again until it
@@ -281,29 +186,8 @@ class Daemon:
                 self._start_polling()
                 return
 
-    def _xid_events(self) -> None:
-        """NVML XID events: the XID number within milliseconds (no text, no history)."""
-        wait = self.backend.wait_xid_events  # type: ignore[attr-defined]
-        poll = self.config.poll
-        beat = self.heartbeats.register("nvml-events", 3 * poll.interval + poll.call_timeout + 1)
-        while not self._stopped.is_set():
-            beat.beat()
-            try:
-                events = wait(self.config.poll.interval)
-            except BackendError as exc:
-                self.xids.nvml_events_up = False
-                self.state.source("nvml_events", up=False, now=self.clock.now(), detail=str(exc))
-                self.clock.wait(self._stopped, self.config.poll.interval)
-                continue
-            self.xids.nvml_events_up = True
-            self.state.source("nvml_events", up=True, now=self.clock.now())
-            for event in events:
-                if self._stopped.is_set():
-                    return
-                self.xids.nvml_event(event)
-
     def _watch_workers(self) -> None:
-        """Register the poll scheduler and the evaluator with the liveness registry."""
+        """Register the poll scheduler with the liveness registry."""
         assert self.poller is not None
         poller = self.poller
         limit = 3 * self.config.poll.interval + 1.0  # as in health()
@@ -359,8 +243,11 @@ class Daemon:
         if self._stopped.is_set():
             return
         self._stopped.set()
+        self.pipeline.handoff.wake()  # the evaluator leaves its wait
         if self.poller is not None:
             self.poller.stop()
+        if self.node.events is not None:
+            self.node.events.stop()
         if self.http is not None:
             self.http.stop()
         self.xids.stop()
@@ -370,11 +257,7 @@ class Daemon:
             self._eval_thread.join(2.0)
         for hook in self.on_stop:
             hook()
-        self.pipeline.close()
-        try:
-            self.backend.close()
-        except BackendError as exc:  # pragma: no cover - shutdown best effort
-            log.warning("closing backend: %s", exc)
+        self.node.close()
 
     # -- health and status -----------------------------------------------------------
     def health(self) -> tuple[bool, str]:
@@ -395,35 +278,13 @@ class Daemon:
         return True, "ok"
 
     def status(self) -> dict[str, Any]:
-        view = self.state.view()
-        now = self.clock.now()
-        gpus = []
-        for g in view.gpus:
-            d = gpu_status_dict(g)
-            if g.sample is not None:
-                d["readings_age_seconds"] = round(now - g.sample.timestamp, 3)
-            gpus.append(d)
-        out: dict[str, Any] = {
-            "node": view.node_name,
-            "version": __version__,
-            "now": now,
-            "started_at": view.started_at,
-            "backend": self.backend.name,
-            "gpus": gpus,
-            "gpus_expected": view.expected_gpus,
-            "sources": {k: v.as_dict() for k, v in sorted(view.sources.items())},
-            "xid_counts": [
-                {"gpu": gpu, "xid": xid, "count": n}
-                for (gpu, xid), n in sorted(
-                    view.xid_counts.items(), key=lambda kv: (kv[0][0] or -1, kv[0][1])
-                )
-            ],
-        }
-        for sink in self.pipeline.sinks:  # actions: pending deliveries, silences, drain state
-            extra = getattr(sink, "status", None)
-            if callable(extra):
-                out.update(extra())
-        return out
+        return self.node.status()
 
     def wait(self, timeout: float | None = None) -> bool:
         return self._stopped.wait(timeout)
+
+
+def _with_families(wiring: Wiring, extra: Callable[[NodeView, Families], None]) -> Wiring:
+    import dataclasses
+
+    return dataclasses.replace(wiring, extra_families=(*wiring.extra_families, extra))

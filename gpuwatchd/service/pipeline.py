@@ -1,22 +1,27 @@
 """The stages between sources and the outside world, behind one small interface.
 
-Sources publish records (``GpuSample``, ``DeviceEvent``, ``XidEvent``). After every poll
-cycle the pipeline asks each ``Stage`` (the rule engine) to evaluate at ``now`` and hands
-the resulting ``AlertTransition``s to every ``Sink`` (the durable outbox, simulate's
-printer). Daemon, demo and simulate build the same pipeline; only the clock differs.
+Sources ``observe`` records (``GpuSample``, ``DeviceEvent``, ``XidEvent``) from any thread;
+they land in a bounded ``Handoff`` and the call returns at once. The one thread that
+evaluates (the daemon's evaluator, or simulate's loop) calls ``evaluate(now, view)``: it
+feeds what arrived to every ``Stage`` (the rule engine), asks each for its transitions
+and hands them to every ``Sink`` (the actions outbox). Stages are only ever touched by
+that thread, so a slow rule can delay other rules but never a GPU poll or a log reader.
+
+``urgent`` says whether a record arrived that must be judged now (an XID, a GPU lost):
+the evaluator then runs at once instead of at its next tick.
 """
 
 from __future__ import annotations
 
 import logging
-import threading
+import time
 from collections.abc import Callable
 from typing import Protocol
 
 from gpuwatchd.core.alerts import AlertTransition
 from gpuwatchd.core.families import Families
 from gpuwatchd.core.nodestate import NodeView
-from gpuwatchd.sources.gpu.poller import Record
+from gpuwatchd.service.handoff import Handoff, Record
 
 log = logging.getLogger(__name__)
 
@@ -45,24 +50,36 @@ class Pipeline:
         stages: list[Stage] | None = None,
         sinks: list[Sink] | None = None,
         on_transition: Callable[[AlertTransition], None] | None = None,
+        handoff: Handoff | None = None,
     ) -> None:
         self.stages: list[Stage] = stages or []
         self.sinks: list[Sink] = sinks or []
         self.on_transition = on_transition
-        self._lock = threading.Lock()  # records come from several source threads
+        self.handoff = handoff or Handoff()
         self.evaluations = 0
-        self.evaluation_seconds = 0.0
+        self.urgent_evaluations = 0
+        self.evaluation_seconds = 0.0  # wall time spent evaluating, all evaluations
 
     def observe(self, record: Record) -> None:
-        with self._lock:
-            for stage in self.stages:
-                stage.observe(record)
+        """Called by sources on their own threads; never waits for an evaluation."""
+        self.handoff.put(record)
+
+    @property
+    def urgent(self) -> bool:
+        return self.handoff.wakeup.is_set()
 
     def evaluate(self, now: float, view: NodeView) -> list[AlertTransition]:
-        with self._lock:
-            transitions: list[AlertTransition] = []
+        """Feed what arrived, evaluate every stage at ``now`` and deliver the transitions.
+        Called by one thread only."""
+        started = time.perf_counter()
+        if self.handoff.wakeup.is_set():
+            self.urgent_evaluations += 1
+        for record in self.handoff.take():
             for stage in self.stages:
-                transitions.extend(stage.evaluate(now, view))
+                stage.observe(record)
+        transitions: list[AlertTransition] = []
+        for stage in self.stages:
+            transitions.extend(stage.evaluate(now, view))
         if transitions:
             for sink in self.sinks:
                 try:
@@ -72,6 +89,8 @@ class Pipeline:
             if self.on_transition is not None:
                 for t in transitions:
                     self.on_transition(t)
+        self.evaluations += 1
+        self.evaluation_seconds += time.perf_counter() - started
         return transitions
 
     def families(self, view: NodeView, fams: Families) -> None:
@@ -79,6 +98,26 @@ class Pipeline:
             stage.families(view, fams)
         for sink in self.sinks:
             sink.families(view, fams)
+        fams.get(
+            "gpuwatchd_pipeline_records_total",
+            "counter",
+            "Records the sources handed to the rule engine.",
+            (),
+        ).add((), float(self.handoff.received))
+        fams.get(
+            "gpuwatchd_pipeline_records_dropped_total",
+            "counter",
+            "Non-sample records dropped because the evaluator fell too far behind.",
+            (),
+        ).add((), float(self.handoff.dropped))
+        evaluations = fams.get(
+            "gpuwatchd_pipeline_evaluations_total",
+            "counter",
+            "Rule evaluations, by what started them (an urgent record, or the periodic tick).",
+            ("trigger",),
+        )
+        evaluations.add(("event",), float(self.urgent_evaluations))
+        evaluations.add(("tick",), float(self.evaluations - self.urgent_evaluations))
 
     def close(self) -> None:
         parts: list[Stage | Sink] = [*self.stages, *self.sinks]

@@ -27,8 +27,6 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from gpuwatchd.core.alerts import AlertState, AlertTransition
-from gpuwatchd.core.families import Families
 from gpuwatchd.core.heartbeat import HeartbeatRegistry, Stall
 from gpuwatchd.core.nodestate import NodeView
 from gpuwatchd.core.records import GpuStatus
@@ -39,34 +37,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-__all__ = ["FiringTracker", "SignalInbox", "Supervisor", "serve", "status_line"]
+__all__ = ["SignalInbox", "Supervisor", "serve", "status_line"]
 
 STATUS_REFRESH = 5.0  # seconds between STATUS= updates when nothing else changed
 MAX_TICK = 1.0  # the main loop checks liveness at least this often
-
-
-class FiringTracker:
-    """A pipeline ``Sink`` that counts alerts currently firing, from the transitions."""
-
-    def __init__(self) -> None:
-        self._firing: set[str] = set()
-
-    @property
-    def count(self) -> int:
-        return len(self._firing)
-
-    def deliver(self, transitions: list[AlertTransition], now: float) -> None:
-        for t in transitions:
-            if t.state is AlertState.FIRING:
-                self._firing.add(t.fingerprint)
-            elif t.state is AlertState.RESOLVED:
-                self._firing.discard(t.fingerprint)
-
-    def families(self, view: NodeView, fams: Families) -> None:
-        return None
-
-    def close(self) -> None:
-        return None
 
 
 def _age(seconds: float) -> str:
@@ -138,8 +112,6 @@ class Supervisor:
         ``environ`` supplies ``$WATCHDOG_USEC`` (read it before ``Notifier.from_environ(
         unset=True)`` removes it).
         """
-        tracker = FiringTracker()
-        daemon.pipeline.sinks.append(tracker)
 
         def summary() -> str:
             note = None
@@ -149,7 +121,7 @@ class Supervisor:
             return status_line(
                 daemon.state.view(),
                 daemon.clock.now(),
-                alerts_firing=tracker.count,
+                alerts_firing=len(daemon.node.firing()),
                 backend_note=note,
             )
 

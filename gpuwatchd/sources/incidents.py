@@ -1,12 +1,14 @@
 """One incident per fault: the NVML XID event and the kernel's XID line become one event.
 
 The NVML event arrives within milliseconds but carries only the XID number; the kernel
-line carries the text, pid and process but may come later (journald batching). When both
-paths are working, the first to arrive waits up to ``window`` seconds for its partner (same
-PCI address and XID); the pair is emitted as one ``XidEvent`` whose ``source`` names both
-(``kmsg+nvml``). A report whose partner never comes is emitted alone after the window and
-counted as a mismatch, since it means one of the paths is broken. When only one path is up,
-its reports are emitted at once. Pure: time is passed in.
+line carries the text, pid and process but may come later (journald batching). First
+sight wins: whichever report arrives first is emitted at once as the incident, and no one
+waits for its partner. When both paths are working, the partner (same PCI address and XID)
+is expected within ``window`` seconds; when it comes, the pair is emitted again as one
+enriching ``XidEvent`` (``enriches=True``, ``source`` naming both, e.g. ``kmsg+nvml``,
+with the kernel line's text, pid and process) that updates the same incident and is never
+counted, paged or drained again. A partner that never comes is counted as a mismatch after
+the window (one of the paths is broken). Pure: time is passed in.
 """
 
 from __future__ import annotations
@@ -82,34 +84,28 @@ class IncidentMerger:
         return last is not None and now - last < self.window
 
     def submit(self, event: XidEvent, now: float) -> None:
-        out: XidEvent | None = None
         with self._lock:
             if self._duplicate_bus_loss(event, now):
                 self.duplicates += 1
                 return
         nvml = _is_nvml(event)
         partner_expected = self.kernel_up() if nvml else (self.nvml_up() and event.kind == "xid")
+        out = event
         with self._lock:
             queue = self._pending.get(_key(event))
-            if queue:
-                head = queue[0]
-                if _is_nvml(head.event) != nvml:
-                    queue.popleft()
-                    if not queue:
-                        del self._pending[_key(event)]
-                    kernel_ev, nvml_ev = (head.event, event) if nvml else (event, head.event)
-                    out = merge_pair(kernel_ev, nvml_ev)
-                    self.merged += 1
-            if out is None:
-                if not partner_expected:
-                    out = event
-                else:
-                    self._pending.setdefault(_key(event), deque()).append(_Pending(event, now))
-        if out is not None:
-            self.emit(out)
+            if queue and _is_nvml(queue[0].event) != nvml:  # the partner of a first sighting
+                head = queue.popleft()
+                if not queue:
+                    del self._pending[_key(event)]
+                kernel_ev, nvml_ev = (head.event, event) if nvml else (event, head.event)
+                out = replace(merge_pair(kernel_ev, nvml_ev), enriches=True)
+                self.merged += 1
+            elif partner_expected:
+                self._pending.setdefault(_key(event), deque()).append(_Pending(event, now))
+        self.emit(out)
 
     def expire(self, now: float) -> None:
-        """Emit reports whose partner did not come within the window."""
+        """Count first sightings whose partner did not come within the window."""
         late: list[XidEvent] = []
         with self._lock:
             for key in list(self._pending):
@@ -123,7 +119,6 @@ class IncidentMerger:
             self.mismatch[missing] += 1
             if self.on_mismatch is not None:
                 self.on_mismatch(event, missing)
-            self.emit(event)
 
     def pending(self) -> int:
         with self._lock:

@@ -11,10 +11,11 @@ import logging
 import os
 import threading
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Protocol, runtime_checkable
 
 from gpuwatchd.config.loader import Config
 from gpuwatchd.core.clock import Clock
+from gpuwatchd.core.errors import BackendUnavailable
 from gpuwatchd.core.families import Families
 from gpuwatchd.core.heartbeat import HeartbeatRegistry
 from gpuwatchd.core.records import GpuInfo, XidEvent
@@ -38,12 +39,23 @@ class _Runnable(Protocol):
     def stop(self) -> None: ...
 
 
+@runtime_checkable
+class ScriptedKernelLog(Protocol):
+    """A backend that scripts kernel-log lines (the scenario backend)."""
+
+    def kernel_log_lines_until(self, t: float) -> list[tuple[float, str, str]]: ...
+
+    def next_event_after(self, t: float) -> float | None: ...
+
+
 class ScenarioKernelSource:
     """Kernel-log lines scripted in a scenario, replayed as their time comes."""
 
     name = "scenario"
 
-    def __init__(self, backend: Any, handler: KernelLineHandler, clock: Clock) -> None:
+    def __init__(
+        self, backend: ScriptedKernelLog, handler: KernelLineHandler, clock: Clock
+    ) -> None:
         self.backend = backend
         self.handler = handler
         self.clock = clock
@@ -56,8 +68,11 @@ class ScenarioKernelSource:
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            self.pump(self.clock.now())
-            self.clock.wait(self._stop, 1.0)
+            now = self.clock.now()
+            self.pump(now)
+            upcoming = self.backend.next_event_after(now)  # sleep until the next line is due
+            wait = 1.0 if upcoming is None else min(1.0, max(upcoming - now, 0.0))
+            self.clock.wait(self._stop, wait)
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="scenario-kernel", daemon=True)
@@ -69,11 +84,11 @@ class ScenarioKernelSource:
             self._thread.join(2.0)
 
 
-def choose_kernel_log(config: Config, backend: Any) -> str:
+def choose_kernel_log(config: Config, backend: object) -> str:
     choice = config.sources.kernel_log
     if choice != "auto":
         return choice
-    if hasattr(backend, "kernel_log_lines_until"):
+    if isinstance(backend, ScriptedKernelLog):
         return "scenario"
     if config.sources.journal_dir or journal_available():
         return "journald"
@@ -86,7 +101,7 @@ class XidInputs:
     def __init__(
         self,
         config: Config,
-        backend: Any,
+        backend: object,
         clock: Clock,
         emit: Callable[[XidEvent], None],
         status: Status,
@@ -117,6 +132,8 @@ class XidInputs:
             return
         self.handler = KernelLineHandler(self.kind, self.resolver, self._from_kernel)
         if self.kind == "scenario":
+            if not isinstance(backend, ScriptedKernelLog):
+                raise BackendUnavailable("sources.kernel_log: scenario needs the scenario backend")
             self.source = ScenarioKernelSource(backend, self.handler, clock)
             self._kernel_up = True
         elif self.kind == "journald":
@@ -196,8 +213,10 @@ class XidInputs:
 
     def state_health(self) -> StoreHealth | None:
         """Whether the kernel-log reader's resume position reaches the disk."""
-        position = getattr(self.source, "position", None)
-        if not isinstance(position, PositionFile) or position.path is None:
+        if not isinstance(self.source, JournaldSource | KmsgSource):
+            return None
+        position = self.source.position
+        if position.path is None:
             return None
         return StoreHealth(
             f"{self.kind}_position", position.durable, position.errors, position.problem

@@ -163,6 +163,7 @@ class FakeNvml:
         self.initialised = 0
         self.wait_error: int | None = None  # code nvmlEventSetWait raises instead of waiting
         self._lock = threading.Lock()
+        self._xid_arrived = threading.Condition(self._lock)  # wakes nvmlEventSetWait
         self._structs: list[Any] = []  # keeps handle targets alive
         self._handles: dict[int, tuple[int, Any]] = {}  # address -> (gpu index, handle)
         self._current: list[Any] = [self._new_handle(i) for i in range(len(self.gpus))]
@@ -196,6 +197,7 @@ class FakeNvml:
     def inject_xid(self, index: int, xid: int) -> None:
         with self._lock:
             self._xids.append((index, xid))
+            self._xid_arrived.notify_all()
 
     def reset_counts(self) -> None:
         with self._lock:
@@ -522,7 +524,11 @@ class FakeNvml:
         if self.wait_error is not None:
             raise NVMLError(self.wait_error)
         registered = self._registered.get(ctypes.addressof(event_set.contents), set())
-        with self._lock:
+        with self._lock:  # blocks like the driver: until an XID comes or the timeout
+            self._xid_arrived.wait_for(
+                lambda: any(index in registered for index, _ in self._xids),
+                max(0, timeout_ms) / 1000.0,
+            )
             pending = [i for i, (index, _) in enumerate(self._xids) if index in registered]
             if not pending:
                 raise NVMLError(NVML_ERROR_TIMEOUT)

@@ -8,7 +8,7 @@ through ``gpuwatchd.service.backends.open_backend``.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from gpuwatchd.core.records import GpuInfo, GpuSample, XidEvent
 
@@ -33,6 +33,7 @@ class Backend(Protocol):
     def close(self) -> None: ...
 
 
+@runtime_checkable
 class XidEventSource(Protocol):
     """Backends that can deliver NVML XID events (``nvmlEventSetWait``)."""
 

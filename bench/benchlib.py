@@ -1,0 +1,62 @@
+"""Helpers the benchmarks share: process readings from /proc, percentiles, free ports, and
+the CuPy program that provokes a real XID 31 on a GPU host."""
+
+from __future__ import annotations
+
+import os
+import socket
+
+TICK = os.sysconf("SC_CLK_TCK")
+
+# An application fault: the kernel writes to address 0x10, the driver reports XID 31 (MMU
+# fault) in the kernel log and as an NVML event; the GPU stays healthy. Prints the child's
+# pid and the wall time of the launch. Never run on a production node.
+XID31_PROGRAM = r"""
+import os, time
+import cupy as cp
+x = cp.zeros(1, dtype=cp.int32)
+src = 'extern "C" __global__ void boom(int *p) { *(volatile int *)0x10 = *p; }'
+boom = cp.RawKernel(src, "boom")
+boom.compile()
+cp.cuda.runtime.deviceSynchronize()
+print(os.getpid(), time.time(), flush=True)
+boom((1,), (1,), (x,))
+try:
+    cp.cuda.runtime.deviceSynchronize()
+except Exception as exc:
+    print("fault:", type(exc).__name__, exc, flush=True)
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of a process, from /proc/PID/stat."""
+    with open(f"/proc/{pid}/stat", encoding="ascii") as fh:
+        fields = fh.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICK
+
+
+def status_value(pid: int | str, key: str) -> float:
+    """A number from /proc/PID/status (``VmRSS`` in KiB, ``Threads``); pid may be "self"."""
+    with open(f"/proc/{pid}/status", encoding="ascii") as fh:
+        for line in fh:
+            if line.startswith(key + ":"):
+                return float(line.split()[1])
+    return float("nan")
+
+
+def rss_mib(pid: int | str = "self") -> float:
+    return status_value(pid, "VmRSS") / 1024
+
+
+def pct(values: list[float], q: float) -> float:
+    """The q-quantile by nearest rank (nan for no values)."""
+    ordered = sorted(values)
+    if not ordered:
+        return float("nan")
+    return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]

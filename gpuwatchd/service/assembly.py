@@ -1,0 +1,334 @@
+"""The composition root: one place that builds a node's whole pipeline.
+
+``Node(config, clock, backend, wiring)`` builds the node state, the rule engine, the
+actions (outbox, receivers, drain), the XID inputs (kernel log, NVML events, incident
+merger), the hand-off between them and the metrics renderer, for every way gpuwatchd
+runs: ``run`` and ``demo`` drive it with threads (``service.daemon.Daemon``), ``simulate``
+and ``rules test`` step it on a virtual clock (``harness.simulate.Simulation``). Only the
+clock, the backend and the ``Wiring`` differ, so a backtest behaves as production does
+(``gpus.ignore`` included).
+
+Nothing here starts a thread; the runners do.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from gpuwatchd import __version__
+from gpuwatchd.config.loader import Config
+from gpuwatchd.core.alerts import AlertState
+from gpuwatchd.core.clock import Clock
+from gpuwatchd.core.errors import BackendError
+from gpuwatchd.core.families import Families
+from gpuwatchd.core.fields import decode_clock_event_reasons
+from gpuwatchd.core.nodestate import GpuState, NodeState, NodeView
+from gpuwatchd.core.records import GpuInfo, GpuStatus, XidEvent
+from gpuwatchd.core.statehealth import StoreHealth, state_families
+from gpuwatchd.exposition.metrics import MetricsRenderer
+from gpuwatchd.rules.stage import SIMULATE_BOOT_ID, RulesStage, rules_stage
+from gpuwatchd.service.handoff import Record
+from gpuwatchd.service.pipeline import Pipeline, Stage
+from gpuwatchd.sources.gpu.backend import Backend, XidEventSource
+from gpuwatchd.sources.gpu.poller import Poller
+from gpuwatchd.sources.gpu.xid_events import XidEventReader
+from gpuwatchd.sources.xid_inputs import XidInputs
+
+if TYPE_CHECKING:  # actions (and httpx) load only when a config has receivers or a drain
+    import httpx
+
+    from gpuwatchd.actions import ActionsSink
+
+log = logging.getLogger(__name__)
+
+Recorder = Callable[[dict[str, Any]], None]
+ExtraFamilies = Callable[[NodeView, Families], None]
+
+STATUS_FIELDS = (
+    "temperature_gpu",
+    "temperature_memory",
+    "power",
+    "sm_clock",
+    "utilization_gpu",
+    "ecc_corrected_volatile",
+    "ecc_uncorrected_volatile",
+    "ecc_corrected_aggregate",
+    "ecc_uncorrected_aggregate",
+    "remapped_rows_pending",
+    "remapped_rows_failure",
+    "pcie_replay",
+    "pcie_link_generation",
+    "pcie_link_width",
+    "compute_processes",
+    "recovery_action",
+)
+
+
+@dataclass(frozen=True)
+class Wiring:
+    """What differs between ``run``, ``demo``, ``simulate`` and ``rules test``; nothing else
+    does.
+
+    - ``durable``: alert states, the outbox and kernel-log positions live in ``state_dir``
+      (``run``); otherwise in memory.
+    - ``threaded``: actions deliver on their own worker thread (``run``, ``demo``); else
+      the stepping loop calls ``run_pending`` (``simulate``).
+    - ``record``: pages and drains are handed to this function instead of being sent or
+      executed (``demo``, ``simulate``); ``send_recorded`` still sends the pages
+      (``simulate --send``), drains never run.
+    - ``rules``: a rule stage built elsewhere (rule unit tests bring their own rule set);
+      by default the config's rules.
+    """
+
+    durable: bool = True
+    threaded: bool = True
+    record: Recorder | None = None
+    send_recorded: bool = False
+    actions_db: str | None = None  # where a non-durable outbox lives (default: memory)
+    transport: httpx.BaseTransport | None = None
+    environ: Mapping[str, str] | None = None
+    rules: Stage | None = None
+    extra_stages: tuple[Stage, ...] = ()
+    extra_families: tuple[ExtraFamilies, ...] = field(default_factory=tuple)
+
+
+def filter_ignored(infos: list[GpuInfo], ignore: tuple[str, ...]) -> list[GpuInfo]:
+    skip = {s.upper() for s in ignore}
+    return [i for i in infos if i.uuid.upper() not in skip and i.pci_bus_id.upper() not in skip]
+
+
+def gpu_status_dict(g: GpuState) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        **g.info.as_dict(),
+        "status": g.status.value,
+        "status_since": g.status_since,
+        "last_success": g.last_success,
+    }
+    if g.sample is not None:
+        fields = g.sample.fields
+        out["readings"] = {k: fields[k] for k in STATUS_FIELDS if k in fields}
+        mask = fields.get("clock_event_reasons")
+        if mask is not None:
+            out["clock_event_reasons"] = decode_clock_event_reasons(int(mask))
+        down = [ls.link for ls in g.sample.links if ls.fields.get("nvlink_up") == 0.0]
+        out["nvlink_links_down"] = down
+    if g.sample is not None and g.status is not GpuStatus.OK:
+        out["error"] = "readings are from the last successful poll"
+    return out
+
+
+def build_node_actions(config: Config, clock: Clock, wiring: Wiring) -> ActionsSink | None:
+    """The actions stage for this wiring, or None when nothing is configured to receive."""
+    if not config.receivers and config.drain.mode == "none":
+        return None
+    from gpuwatchd.actions import ActionsError, ActionsSink, build_actions
+
+    if wiring.record is None and wiring.durable:
+        return build_actions(config, clock, transport=wiring.transport, environ=wiring.environ)
+    import random
+
+    try:
+        return ActionsSink(
+            config,
+            clock,
+            threaded=wiring.threaded,
+            db_path=wiring.actions_db or ":memory:",
+            simulate=True,
+            record=None if wiring.send_recorded else wiring.record,
+            on_drain=wiring.record,
+            rng=random.Random(0),
+            transport=wiring.transport,
+            environ=wiring.environ,
+        )
+    except Exception as exc:
+        raise ActionsError(str(exc)) from None
+
+
+class Node:
+    """One node's pipeline: sources feed the hand-off, the rule engine judges, actions leave."""
+
+    def __init__(
+        self, config: Config, clock: Clock, backend: Backend, wiring: Wiring | None = None
+    ) -> None:
+        wiring = wiring or Wiring()
+        self.config = config
+        self.clock = clock
+        self.backend = backend
+        self.wiring = wiring
+        self.state = NodeState(config.node_name, clock.now(), config.gpus.expected)
+        self.rules: Stage = wiring.rules or rules_stage(config, clock, durable=wiring.durable)
+        self.actions = build_node_actions(config, clock, wiring)
+        self.pipeline = Pipeline(
+            [self.rules, *wiring.extra_stages], [self.actions] if self.actions else []
+        )
+        self.listeners: list[Callable[[Record], None]] = []
+        self.xids = XidInputs(
+            config, backend, clock, self._xid, self.source_status, durable=wiring.durable
+        )
+        self.renderer = MetricsRenderer.for_config(
+            self.state.view,
+            config.metrics,
+            (self.pipeline.families, self._input_families, *wiring.extra_families),
+        )
+        self.infos: list[GpuInfo] = []
+        self.events: XidEventReader | None = None
+        if config.sources.nvml_events and isinstance(backend, XidEventSource):
+            self.events = XidEventReader(
+                backend,
+                clock,
+                self.xids.nvml_event,
+                self._events_status,
+                wait_s=config.poll.interval,
+                retry_s=config.poll.interval,
+            )
+
+    # -- sources -------------------------------------------------------------------------
+    def open_gpus(self) -> bool:
+        """Open the backend; on failure the nvml source is down and False is returned."""
+        try:
+            infos = self.backend.open()
+        except BackendError as exc:
+            self.source_status("nvml", False, str(exc))
+            log.error("GPU backend %s unavailable: %s", self.backend.name, exc)
+            return False
+        self.infos = filter_ignored(infos, self.config.gpus.ignore)
+        self.xids.set_gpus(infos)
+        self.state.set_gpus(self.infos, self.clock.now())
+        log.info(
+            "backend %s: %d GPU(s): %s",
+            self.backend.name,
+            len(self.infos),
+            ", ".join(f"{i.index}={i.pci_bus_id}" for i in self.infos),
+        )
+        return True
+
+    def poller(self, interval: float, call_timeout: float) -> Poller:
+        return Poller(
+            self.backend, self.infos, self.state, self.clock, interval, call_timeout, self.emit
+        )
+
+    def emit(self, record: Record) -> None:
+        """Every record from every source passes here: to the rule engine's hand-off and
+        to the listeners (the demo's narrator, simulate's printer)."""
+        self.pipeline.observe(record)
+        for listener in self.listeners:
+            listener(record)
+
+    def _xid(self, event: XidEvent) -> None:
+        """A trusted XID incident (first sight), or its partner's enrichment."""
+        extra = {"gpu": event.gpu, "xid": event.xid, "pci_bus_id": event.pci_bus_id}
+        if event.enriches:
+            log.info(
+                "XID %d on GPU %s (%s) confirmed via %s: pid %s (%s): %s",
+                event.xid,
+                event.gpu,
+                event.pci_bus_id,
+                event.source,
+                event.pid,
+                event.process or "-",
+                event.message or "-",
+                extra=extra,
+            )
+        else:
+            if event.trusted:
+                self.state.count_xid(event.gpu, event.xid)
+            log.warning(
+                "XID %d on GPU %s (%s) via %s: %s",
+                event.xid,
+                event.gpu,
+                event.pci_bus_id,
+                event.source,
+                event.message or "-",
+                extra=extra,
+            )
+        self.emit(event)
+
+    def source_status(self, name: str, up: bool, detail: str) -> None:
+        self.state.source(name, up=up, now=self.clock.now(), detail=detail)
+
+    def _events_status(self, name: str, up: bool, detail: str) -> None:
+        self.xids.nvml_events_up = up
+        self.source_status(name, up, detail)
+
+    def set_pci_gpus(self, count: int | None) -> None:
+        """The PCI watcher's count of NVIDIA GPUs on the bus; a change is judged at once."""
+        self.state.set_pci_gpus(count)
+        self.pipeline.handoff.wake()
+
+    # -- judging -------------------------------------------------------------------------
+    def evaluate(self) -> None:
+        self.pipeline.evaluate(self.clock.now(), self.state.view())
+        self.state.touch()
+
+    # -- reading -------------------------------------------------------------------------
+    def _input_families(self, view: NodeView, fams: Families) -> None:
+        self.xids.families(fams)
+        state_families(fams, self.state_health())
+
+    def state_health(self) -> list[StoreHealth]:
+        """The rule engine's store and the kernel-log position (the outbox reports its own)."""
+        out = []
+        if isinstance(self.rules, RulesStage):
+            store = self.rules.engine.store
+            if store.boot_id != SIMULATE_BOOT_ID:  # in memory on purpose (demo, simulate)
+                out.append(StoreHealth("rules", not store.memory and store.write_ok, store.errors))
+        position = self.xids.state_health()
+        if position is not None:
+            out.append(position)
+        return out
+
+    def firing(self) -> list[dict[str, Any]]:
+        """The alerts firing now, from the rule engine (whatever receivers exist)."""
+        if not isinstance(self.rules, RulesStage):
+            return []
+        return [
+            {
+                "rule": a.rule,
+                "severity": a.severity.value,
+                "labels": dict(a.labels),
+                "since": a.active_since,
+                "value": a.value,
+                "summary": a.annotations.get("summary"),
+            }
+            for a in self.rules.engine.alerts(AlertState.FIRING)
+        ]
+
+    def status(self) -> dict[str, Any]:
+        view = self.state.view()
+        now = self.clock.now()
+        gpus = []
+        for g in view.gpus:
+            d = gpu_status_dict(g)
+            if g.sample is not None:
+                d["readings_age_seconds"] = round(now - g.sample.timestamp, 3)
+            gpus.append(d)
+        out: dict[str, Any] = {
+            "node": view.node_name,
+            "version": __version__,
+            "now": now,
+            "started_at": view.started_at,
+            "backend": self.backend.name,
+            "gpus": gpus,
+            "gpus_expected": view.expected_gpus,
+            "sources": {k: v.as_dict() for k, v in sorted(view.sources.items())},
+            "xid_counts": [
+                {"gpu": gpu, "xid": xid, "count": n}
+                for (gpu, xid), n in sorted(
+                    view.xid_counts.items(), key=lambda kv: (kv[0][0] or -1, kv[0][1])
+                )
+            ],
+            "alerts": self.firing(),
+        }
+        if self.actions is not None:  # pending deliveries, silences, drain state
+            out.update(self.actions.status())
+        return out
+
+    def close(self) -> None:
+        self.pipeline.close()
+        try:
+            self.backend.close()
+        except BackendError as exc:  # pragma: no cover - shutdown best effort
+            log.warning("closing backend: %s", exc)

@@ -1,0 +1,80 @@
+"""NVML XID events: the XID number within milliseconds of the fault, without log text.
+
+``XidEventReader`` owns one thread that waits in ``nvmlEventSetWait`` (through a backend
+that is an ``XidEventSource``) and hands every event to a callback (the incident merger).
+A failing wait marks the source down and is retried after ``retry_s``; the reader beats
+its heartbeat every turn so the watchdog notices a wedged wait.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+
+from gpuwatchd.core.clock import Clock
+from gpuwatchd.core.errors import BackendError
+from gpuwatchd.core.heartbeat import Heartbeat
+from gpuwatchd.core.records import XidEvent
+from gpuwatchd.sources.gpu.backend import XidEventSource
+
+log = logging.getLogger(__name__)
+
+SOURCE = "nvml_events"
+
+
+class XidEventReader:
+    def __init__(
+        self,
+        backend: XidEventSource,
+        clock: Clock,
+        deliver: Callable[[XidEvent], None],
+        status: Callable[[str, bool, str], None],
+        *,
+        wait_s: float,
+        retry_s: float,
+    ) -> None:
+        self.backend = backend
+        self.clock = clock
+        self.deliver = deliver
+        self.status = status
+        self.wait_s = wait_s
+        self.retry_s = retry_s
+        self.up = False
+        self.heartbeat: Heartbeat | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def step(self, timeout_s: float) -> None:
+        """One wait: deliver what arrived, or mark the source down."""
+        try:
+            events = self.backend.wait_xid_events(timeout_s)
+        except BackendError as exc:
+            if self.up or self._thread is None:
+                log.warning("NVML XID events unavailable: %s", exc)
+            self.up = False
+            self.status(SOURCE, False, str(exc))
+            self.clock.wait(self._stop, self.retry_s)
+            return
+        if not self.up:
+            self.up = True
+            self.status(SOURCE, True, "")
+        for event in events:
+            if self._stop.is_set():
+                return
+            self.deliver(event)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            if self.heartbeat is not None:
+                self.heartbeat.beat()
+            self.step(self.wait_s)
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="nvml-events", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(self.wait_s + 2.0)
