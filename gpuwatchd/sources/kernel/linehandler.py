@@ -32,6 +32,7 @@ class LineCounters:
     forged: int = 0
     unmapped: int = 0  # XID for a PCI address no known GPU has (NVSwitch, a lost GPU, ...)
     overruns: int = 0  # /dev/kmsg: records lost because the ring buffer wrapped
+    errors: int = 0  # messages or reader loops that raised an unexpected error
     last_xid_at: float | None = None
 
 
@@ -104,8 +105,23 @@ class KernelLineHandler:
             else "",
         )
 
+    def count_error(self) -> None:
+        with self._lock:
+            self.counters.errors += 1
+
     def handle(self, message: str, timestamp: float, trusted: bool) -> XidEvent | None:
-        """One kernel-log message (possibly several lines). Returns the event if emitted."""
+        """One kernel-log message (possibly several lines). Returns the event if emitted.
+
+        A message that makes parsing raise is logged, counted and skipped: one poison
+        message must not take the reader (and every later XID) down with it."""
+        try:
+            return self._handle(message, timestamp, trusted)
+        except Exception:
+            self.count_error()
+            log.exception("%s: could not handle a kernel-log message: %.200r", self.source, message)
+            return None
+
+    def _handle(self, message: str, timestamp: float, trusted: bool) -> XidEvent | None:
         with self._lock:
             self.counters.lines += 1
             if not trusted:
@@ -161,6 +177,13 @@ def kernel_log_families(handlers: Iterable[KernelLineHandler], fams: Families) -
         "XIDs whose PCI address matches no GPU NVML knows (NVSwitch, a GPU already lost).",
         ["source"],
     )
+    errors = fams.get(
+        "gpuwatchd_kernel_log_errors_total",
+        "counter",
+        "Kernel-log messages and reader loops that raised an unexpected error (the message "
+        "was skipped, the reader restarted; the log has the traceback).",
+        ["source"],
+    )
     overruns = fams.get(
         "gpuwatchd_kernel_log_overruns_total",
         "counter",
@@ -180,5 +203,6 @@ def kernel_log_families(handlers: Iterable[KernelLineHandler], fams: Families) -
         forged.add([h.source], float(c.forged))
         unmapped.add([h.source], float(c.unmapped))
         overruns.add([h.source], float(c.overruns))
+        errors.add([h.source], float(c.errors))
         if c.last_xid_at is not None:
             last.add([h.source], c.last_xid_at)
