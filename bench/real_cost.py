@@ -6,7 +6,8 @@ GPUs at the same cadence as a second child, and a bare Python process that impor
 initialised it and polled every GPU once. It reports:
 - CPU of the daemon and of the plain loop as a share of one core, and their ratio;
 - RSS of the daemon and of the bare process, and the difference;
-- the daemon's threads, /metrics scrape latency (p50/p99 over scrapes every 2 s) and size;
+- the daemon's threads, /metrics scrape latency (p50/p99 of 40 scrapes after the CPU
+  window, which itself is scraped every 15 s as Prometheus would) and size;
 - per-GPU poll wall time (the daemon's `gpuwatchd_source_duration_seconds{source="nvml"}`,
   the slowest GPU of the last cycle, sampled at every scrape).
 
@@ -123,20 +124,23 @@ def measure(name: str, config_text: str, seconds: float) -> dict[str, Any]:
     bare = child(BARE)
     time.sleep(10)  # warm-up
     d0, p0, t0 = cpu_seconds(daemon.pid), cpu_seconds(plain.pid), time.monotonic()
-    scrape_s: list[float] = []
     poll_s: list[float] = []
-    size = 0
-    while time.monotonic() - t0 < seconds:
+    while time.monotonic() - t0 < seconds:  # scraped every 15 s, as Prometheus would
+        with urllib.request.urlopen(url, timeout=5) as resp:
+            body = resp.read()
+        m = re.search(rb'^gpuwatchd_source_duration_seconds\{source="nvml"\} (\S+)$', body, re.M)
+        if m:
+            poll_s.append(float(m.group(1)))
+        time.sleep(min(15.0, max(0.0, seconds - (time.monotonic() - t0))))
+    d1, p1, t1 = cpu_seconds(daemon.pid), cpu_seconds(plain.pid), time.monotonic()
+    scrape_s: list[float] = []
+    for _ in range(40):  # latency, after the CPU window
         started = time.perf_counter()
         with urllib.request.urlopen(url, timeout=5) as resp:
             body = resp.read()
         scrape_s.append(time.perf_counter() - started)
-        size = len(body)
-        m = re.search(rb'^gpuwatchd_source_duration_seconds\{source="nvml"\} (\S+)$', body, re.M)
-        if m:
-            poll_s.append(float(m.group(1)))
-        time.sleep(2.0)
-    d1, p1, t1 = cpu_seconds(daemon.pid), cpu_seconds(plain.pid), time.monotonic()
+        time.sleep(0.25)
+    size = len(body)
     daemon_cpu = (d1 - d0) / (t1 - t0) * 100
     plain_cpu = (p1 - p0) / (t1 - t0) * 100
     daemon_rss = status_value(daemon.pid, "VmRSS") / 1024

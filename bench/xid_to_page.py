@@ -1,7 +1,7 @@
 """Kernel line (or NVML event) to page, on a real GPU host (through the device tool).
 
 Runs the real daemon in this process with the DEFAULT config plus one loopback webhook and
-one bench rule (XID 31 pages, quiet after 2 s, so that every fault is a new page), provokes
+one bench rule (XID 31 pages, quiet after 1 s, so that every fault is a new page), provokes
 real XID 31s (a CuPy kernel writing to address 0x10 in a fresh child process: an
 application fault, the GPU stays healthy) and measures per fault:
 - read -> webhook: from the moment the daemon first saw the fault (it read the kernel line,
@@ -41,12 +41,12 @@ from gpuwatchd.sources.gpu.nvml import NvmlBackend
 BENCH_RULE = """
 rules:
 - name: BenchXid31
-  description: Every XID 31 pages (bench only), quiet after 2 s so each fault pages anew.
+  description: Every XID 31 pages (bench only), quiet after 1 s so each fault pages anew.
   severity: page
   condition:
     xid:
       codes: [31]
-      quiet: 2s
+      quiet: 1s
   annotations:
     summary: 'XID {xid} on GPU {gpu}'
 """
@@ -191,7 +191,7 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=".")
     ap.add_argument("--faults", type=int, default=30)
-    ap.add_argument("--spacing", type=float, default=3.0, help="seconds between faults")
+    ap.add_argument("--spacing", type=float, default=7.0, help="seconds between faults")
     ap.add_argument("--modes", default="both,kernel-only,nvml-only")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)

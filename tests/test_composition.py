@@ -260,3 +260,20 @@ def test_simulate_judges_an_xid_at_its_own_time_not_at_the_next_step(tmp_path: P
     assert len(fired) == 1 and fired[0]["t"] == "2m3s", fired
     xids = [r for r in records if r.get("record") == "xid"]
     assert [bool(r.get("enriches")) for r in xids] == [False, True]
+
+
+def test_nvml_events_count_as_up_from_the_start_so_a_first_fault_merges(tmp_path: Path) -> None:
+    """Before the fix the NVML event path counted as up only when its first wait returned
+    (a poll interval later): a fault in the first seconds paged twice, kernel line first,
+    then its NVML event as a new incident."""
+    sc = scenario()
+    cfg = dataclasses.replace(config(tmp_path, sc), gpus=GpusConfig())
+    clock = ScaledClock(1.0)
+    daemon = Daemon(cfg, ScenarioBackend(sc, clock), clock, serve_http=False)
+    assert daemon.node.events is not None
+    daemon.start()
+    try:
+        assert daemon.xids.nvml_events_up
+        assert daemon.state.view().sources["nvml_events"].up
+    finally:
+        daemon.stop()

@@ -274,7 +274,7 @@ class Daemon:
         if self.poller is not None:
             self.poller.stop()
         if self.node.events is not None:
-            self.node.events.stop()
+            self.node.events.stop(wait=False)  # joined once the backend is closed
         if self.http is not None:
             self.http.stop()
         if self.status_socket is not None:
@@ -287,6 +287,8 @@ class Daemon:
         for hook in self.on_stop:
             hook()
         self.node.close()
+        if self.node.events is not None:
+            self.node.events.stop()
 
     # -- health and status -----------------------------------------------------------
     def health(self) -> tuple[bool, str]:

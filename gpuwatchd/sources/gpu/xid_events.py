@@ -71,10 +71,17 @@ class XidEventReader:
             self.step(self.wait_s)
 
     def start(self) -> None:
+        # Up from the start, not from the first wait's return (a whole wait later): the
+        # merger must expect this path's reports at once, or a fault in the first seconds
+        # would count twice (its kernel line first, then its NVML event as a new incident).
+        self.up = True
+        self.status(SOURCE, True, "")
         self._thread = threading.Thread(target=self._run, name="nvml-events", daemon=True)
         self._thread.start()
 
-    def stop(self) -> None:
+    def stop(self, wait: bool = True) -> None:
+        """Ask the thread to end; with ``wait``, join it (a wait in progress runs out its
+        timeout unless the backend is closed meanwhile, which ends it at once)."""
         self._stop.set()
-        if self._thread is not None:
+        if wait and self._thread is not None:
             self._thread.join(self.wait_s + 2.0)
