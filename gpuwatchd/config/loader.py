@@ -610,7 +610,7 @@ def load_config(
     env = os.environ if environ is None else environ
     if path is None or (not must_exist and not os.path.lexists(path)):
         return default_config(env)
-    root = yamlsrc.load_file(path)
+    root = yamlsrc.load_file(path, allow_pipe=True)  # the file named on the command line
     ctx = _Context(env, os.path.dirname(os.path.abspath(path)))
     return _build(root, ctx, path)
 

@@ -215,11 +215,15 @@ def _too_large() -> str:
     return f"file too large (more than {MAX_BYTES // (1024 * 1024)} MiB)"
 
 
-def read_file(path: str, limit: int = MAX_BYTES) -> bytes:
+def read_file(path: str, limit: int = MAX_BYTES, *, allow_pipe: bool = False) -> bytes:
     """The bytes of a config, rule or scenario file: a regular file (links are followed; a
-    FIFO or device is refused without blocking), at most ``limit`` bytes."""
+    FIFO or device is refused without blocking), at most ``limit`` bytes.
+
+    ``allow_pipe`` also accepts a pipe, read as it comes: the main config file is named by
+    whoever runs the command, who may hand it over as ``-c <(generate-config)``. Files
+    found through the config (rule files, the web config) never are pipes."""
     try:
-        fd = open_regular(path, follow_links=True)
+        fd = _open_pipe(path) if allow_pipe else open_regular(path, follow_links=True)
     except OSError as exc:
         raise ConfigError.at(Location(path, 1, 1), f"cannot read file: {exc.strerror}") from None
     try:
@@ -230,6 +234,15 @@ def read_file(path: str, limit: int = MAX_BYTES) -> bytes:
     if len(data) > limit:
         raise ConfigError.at(Location(path, 1, 1), _too_large())
     return data
+
+
+def _open_pipe(path: str) -> int:
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    mode = os.fstat(fd).st_mode
+    if stat.S_ISREG(mode) or stat.S_ISFIFO(mode):
+        return fd
+    os.close(fd)
+    return open_regular(path, follow_links=True)  # refuses it, saying what it is
 
 
 def is_private(path: str) -> bool:
@@ -262,9 +275,9 @@ def hide_private_text(problems: list[tuple[Location, str]], path: str) -> None:
     problems[:] = list(dict.fromkeys(hidden))
 
 
-def load_file(path: str) -> Node | None:
+def load_file(path: str, *, allow_pipe: bool = False) -> Node | None:
     """Read and parse a YAML file (at most ``MAX_BYTES``; see ``parse`` for the limits)."""
-    data = read_file(path)
+    data = read_file(path, allow_pipe=allow_pipe)
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
