@@ -15,9 +15,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from actions_support import transition
+from actions_support import sink_for, transition
 
-from gpuwatchd.actions import ActionsSink
 from gpuwatchd.config.loader import load_config
 from gpuwatchd.core.alerts import AlertState
 from gpuwatchd.core.clock import SystemClock
@@ -26,7 +25,7 @@ from gpuwatchd.core.clock import SystemClock
 def main() -> int:
     config = load_config(sys.argv[1], must_exist=True, environ={})
     clock = SystemClock()
-    sink = ActionsSink(config, clock)
+    sink = sink_for(config, clock, start=True)
     print(json.dumps({"ready": True, "pending": sink.pending()}), flush=True)
     for line in sys.stdin:
         cmd = json.loads(line)

@@ -13,8 +13,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+from gpuwatchd.actions import ActionsSink, build_actions
 from gpuwatchd.config.loader import Config, load_config
 from gpuwatchd.core.alerts import AlertSeverity, AlertState, AlertTransition
+from gpuwatchd.core.clock import Clock
 
 T0 = 1_767_225_600.0  # 2026-01-01T00:00:00Z
 
@@ -185,3 +187,12 @@ def make_config(tmp_path: Path, text: str, name: str = "gpuwatchd.yaml") -> Conf
     body = f"node_name: node17\nstate_dir: {tmp_path / 'state'}\n" + text
     path.write_text(body)
     return load_config(str(path), must_exist=True, environ={})
+
+
+def sink_for(config: Config, clock: Clock, *, start: bool = False, **options: Any) -> ActionsSink:
+    """The actions sink ``build_actions`` makes for ``config`` (started with ``start``)."""
+    sink = build_actions(config, clock, **options)
+    assert sink is not None, "the config has no receivers and no drain"
+    if start:
+        sink.start()
+    return sink

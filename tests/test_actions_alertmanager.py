@@ -12,10 +12,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from actions_support import HttpReceiver, make_config, transition
+from actions_support import HttpReceiver, make_config, sink_for, transition
 from conftest import Proc, free_port, need_binary, wait_http
 
-from gpuwatchd.actions import ActionsSink
 from gpuwatchd.core.alerts import AlertState
 from gpuwatchd.core.clock import SystemClock
 
@@ -93,7 +92,7 @@ routing:
   group_wait: 10s  # ignored for Alertmanager receivers: Alertmanager groups itself
 """,
     )
-    sink = ActionsSink(config, SystemClock())
+    sink = sink_for(config, SystemClock(), start=True)
     try:
         since = time.time() - 60
         sink.deliver([transition(at=since + 60, since=since)], time.time())
@@ -159,7 +158,7 @@ def test_one_alertmanager_down_does_not_stop_resends_to_the_other(
         "resend_interval: 1m}\n",
     )
     clock = VirtualClock(1_800_000_000.0)
-    sink = ActionsSink(config, clock, threaded=False)
+    sink = sink_for(config, clock)
     try:
         sink.deliver([transition(at=clock.now())], clock.now())
         sink.run_pending()

@@ -10,7 +10,7 @@ import stat
 from pathlib import Path
 from typing import Any
 
-from actions_support import HttpReceiver, make_config, transition
+from actions_support import HttpReceiver, make_config, sink_for, transition
 from conftest import free_port
 
 from gpuwatchd.actions import ActionsSink
@@ -70,9 +70,7 @@ def exec_config(tmp_path: Path, script: Path, extra: str = "", receivers: str = 
 def test_exec_environment_and_resume(tmp_path: Path) -> None:
     script, log = hook(tmp_path)
     clock = VirtualClock(1_767_225_600.0)
-    sink = ActionsSink(
-        exec_config(tmp_path, script, "  resume: true\n  resume_hold: 5m\n"), clock, threaded=False
-    )
+    sink = sink_for(exec_config(tmp_path, script, "  resume: true\n  resume_hold: 5m\n"), clock)
     try:
         fire = transition(at=clock.now(), drain=True)
         sink.deliver([fire], clock.now())
@@ -107,7 +105,7 @@ def test_exec_environment_and_resume(tmp_path: Path) -> None:
 def test_only_transitions_that_ask_drain(tmp_path: Path) -> None:
     script, log = hook(tmp_path)
     clock = VirtualClock(1_767_225_600.0)
-    sink = ActionsSink(exec_config(tmp_path, script), clock, threaded=False)
+    sink = sink_for(exec_config(tmp_path, script), clock)
     try:
         sink.deliver([transition(at=clock.now(), drain=False)], clock.now())
         sink.deliver(
@@ -131,7 +129,7 @@ def test_failing_hook_is_retried_then_pages(tmp_path: Path) -> None:
         "  attempts: 3\n",
         receivers=ops_receiver(rx),
     )
-    sink = ActionsSink(cfg, clock, threaded=False)
+    sink = sink_for(cfg, clock)
     try:
         sink.deliver([transition(at=clock.now(), drain=True)], clock.now())
         for _ in range(3):
@@ -153,9 +151,7 @@ def test_failing_hook_is_retried_then_pages(tmp_path: Path) -> None:
 def test_hook_timeout_kills_it(tmp_path: Path) -> None:
     script, _ = hook(tmp_path, tail="sleep 30")
     clock = VirtualClock(1_767_225_600.0)
-    sink = ActionsSink(
-        exec_config(tmp_path, script, "  timeout: 500ms\n  attempts: 1\n"), clock, threaded=False
-    )
+    sink = sink_for(exec_config(tmp_path, script, "  timeout: 500ms\n  attempts: 1\n"), clock)
     try:
         sink.deliver([transition(at=clock.now(), drain=True)], clock.now())
         sink.run_pending()
@@ -174,7 +170,7 @@ def test_grace_shows_drain_pending_then_drains(tmp_path: Path) -> None:
         script,
         f'  grace: 2m\n  rule_grace: {{gpu_lost: 0s}}\n  notify_command: ["{notify}"]\n',
     )
-    sink = ActionsSink(cfg, clock, threaded=False)
+    sink = sink_for(cfg, clock)
     health = tmp_path / "run" / "health.json"
     try:
         sink.deliver([transition(at=clock.now(), drain=True)], clock.now())
@@ -217,7 +213,7 @@ def test_grace_shows_drain_pending_then_drains(tmp_path: Path) -> None:
 def test_resolved_during_grace_cancels_the_drain(tmp_path: Path) -> None:
     script, log = hook(tmp_path)
     clock = VirtualClock(1_767_225_600.0)
-    sink = ActionsSink(exec_config(tmp_path, script, "  grace: 5m\n"), clock, threaded=False)
+    sink = sink_for(exec_config(tmp_path, script, "  grace: 5m\n"), clock)
     try:
         sink.deliver([transition(at=clock.now(), drain=True)], clock.now())
         sink.run_pending()
@@ -235,7 +231,7 @@ def test_resolved_during_grace_cancels_the_drain(tmp_path: Path) -> None:
 def test_a_burst_across_gpus_is_one_drain(tmp_path: Path) -> None:
     script, log = hook(tmp_path)
     clock = VirtualClock(1_767_225_600.0)
-    sink = ActionsSink(exec_config(tmp_path, script, "  max_drains: 2\n"), clock, threaded=False)
+    sink = sink_for(exec_config(tmp_path, script, "  max_drains: 2\n"), clock)
     try:
         burst = [transition(f"r{gpu}", at=clock.now(), drain=True, gpu=gpu) for gpu in range(8)]
         sink.deliver(burst, clock.now())  # a burst of firing drain alerts across 8 GPUs
@@ -260,7 +256,7 @@ def test_rate_limit_holds_and_pages(tmp_path: Path) -> None:
         "  max_drains: 2\n  window: 1h\n  resume: true\n  resume_hold: 0s\n",
         receivers=ops_receiver(rx),
     )
-    sink = ActionsSink(cfg, clock, threaded=False)
+    sink = sink_for(cfg, clock)
 
     def flap(gpu: int) -> None:  # a fault that drains, clears and is resumed
         sink.deliver([transition(at=clock.now(), drain=True, gpu=gpu)], clock.now())
@@ -318,7 +314,7 @@ def test_silenced_gpu_is_not_drained(tmp_path: Path) -> None:
         author="t",
         now=clock.now(),
     )
-    sink = ActionsSink(cfg, clock, threaded=False)
+    sink = sink_for(cfg, clock)
     try:
         sink.deliver(
             [
@@ -339,13 +335,13 @@ def test_drain_survives_a_restart_mid_grace(tmp_path: Path) -> None:
     script, log = hook(tmp_path)
     clock = VirtualClock(1_767_225_600.0)
     cfg = exec_config(tmp_path, script, "  grace: 1m\n")
-    sink = ActionsSink(cfg, clock, threaded=False)
+    sink = sink_for(cfg, clock)
     fire = transition(at=clock.now(), drain=True)
     sink.deliver([fire], clock.now())
     sink.run_pending()
     sink.close()
     clock.advance(61)
-    sink = ActionsSink(cfg, clock, threaded=False)
+    sink = sink_for(cfg, clock)
     try:
         sink.deliver([fire], clock.now())  # replayed by the rule engine after the restart
         sink.run_pending()

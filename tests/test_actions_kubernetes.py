@@ -16,10 +16,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from actions_support import make_config, transition
+from actions_support import make_config, sink_for, transition
 from conftest import free_port
 
-from gpuwatchd.actions import ActionsSink
 from gpuwatchd.actions.kube import ANNOTATION
 from gpuwatchd.core.alerts import AlertState
 from gpuwatchd.core.clock import VirtualClock
@@ -289,7 +288,7 @@ def test_drain_cordons_taints_annotates_and_sets_condition(
     tmp_path: Path, api: FakeApiServer
 ) -> None:
     clock = VirtualClock(1_767_225_600.0)
-    sink = ActionsSink(kube_config(tmp_path, api), clock, threaded=False)  # type: ignore[arg-type]
+    sink = sink_for(kube_config(tmp_path, api), clock)  # type: ignore[arg-type]
     try:
         sink.deliver([transition(at=clock.now(), drain=True)], clock.now())
         sink.run_pending()
@@ -361,7 +360,7 @@ def test_drain_cordons_taints_annotates_and_sets_condition(
 def test_someone_elses_cordon_is_never_touched(tmp_path: Path) -> None:
     api = FakeApiServer(node_object(unschedulable=True)).start()
     clock = VirtualClock(1_767_225_600.0)
-    sink = ActionsSink(kube_config(tmp_path, api), clock, threaded=False)  # type: ignore[arg-type]
+    sink = sink_for(kube_config(tmp_path, api), clock)  # type: ignore[arg-type]
     try:
         sink.deliver([transition(at=clock.now(), drain=True)], clock.now())
         sink.run_pending()
@@ -382,7 +381,7 @@ def test_conflicting_write_is_retried_from_a_fresh_read(tmp_path: Path) -> None:
     # another controller adds a label between our GET and our PATCH, once
     api.interfere.append([{"op": "add", "path": "/metadata/labels/team", "value": "ml"}])
     clock = VirtualClock(1_767_225_600.0)
-    sink = ActionsSink(kube_config(tmp_path, api), clock, threaded=False)  # type: ignore[arg-type]
+    sink = sink_for(kube_config(tmp_path, api), clock)  # type: ignore[arg-type]
     try:
         sink.deliver([transition(at=clock.now(), drain=True)], clock.now())
         sink.run_pending()
@@ -398,7 +397,7 @@ def test_conflicting_write_is_retried_from_a_fresh_read(tmp_path: Path) -> None:
 
 def test_manual_uncordon_is_respected_on_resume(tmp_path: Path, api: FakeApiServer) -> None:
     clock = VirtualClock(1_767_225_600.0)
-    sink = ActionsSink(kube_config(tmp_path, api), clock, threaded=False)  # type: ignore[arg-type]
+    sink = sink_for(kube_config(tmp_path, api), clock)  # type: ignore[arg-type]
     try:
         sink.deliver([transition(at=clock.now(), drain=True)], clock.now())
         sink.run_pending()
@@ -421,7 +420,7 @@ def test_token_file_is_read_on_every_request(tmp_path: Path, api: FakeApiServer)
     api.token = "old-token"
     clock = VirtualClock(1_767_225_600.0)
     cfg = kube_config(tmp_path, api, token_line=f"tokenFile: {token_file}")
-    sink = ActionsSink(cfg, clock, threaded=False)  # type: ignore[arg-type]
+    sink = sink_for(cfg, clock)  # type: ignore[arg-type]
     try:
         sink.deliver([transition(at=clock.now(), drain=True)], clock.now())
         sink.run_pending()
@@ -439,7 +438,7 @@ def test_unauthorized_is_retried_then_fails_with_a_page(tmp_path: Path, api: Fak
     api.token = "something-else"
     clock = VirtualClock(1_767_225_600.0)
     cfg = kube_config(tmp_path, api, extra="  attempts: 2\n")
-    sink = ActionsSink(cfg, clock, threaded=False)  # type: ignore[arg-type]
+    sink = sink_for(cfg, clock)  # type: ignore[arg-type]
     try:
         sink.deliver([transition(at=clock.now(), drain=True)], clock.now())
         sink.run_pending()

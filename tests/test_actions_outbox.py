@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from actions_support import HttpReceiver, make_config, transition
+from actions_support import HttpReceiver, make_config, sink_for, transition
 from conftest import ROOT, free_port, need_binary
 
 from gpuwatchd.actions import ActionsSink
@@ -167,11 +167,11 @@ def test_same_transition_twice_is_one_delivery(tmp_path: Path) -> None:
     clock = VirtualClock(1_800_000_000.0)
     t = transition(at=clock.now())
     try:
-        sink = ActionsSink(config, clock, threaded=False)
+        sink = sink_for(config, clock)
         sink.deliver([t, t], clock.now())
         sink.run_pending()
         sink.close()
-        sink = ActionsSink(config, clock, threaded=False)  # a restart replays it again
+        sink = sink_for(config, clock)  # a restart replays it again
         sink.deliver([t], clock.now())
         sink.run_pending()
         assert len(rx.requests) == 1
@@ -191,7 +191,7 @@ def test_backoff_is_exponential_with_jitter_and_capped(tmp_path: Path) -> None:
     clock = VirtualClock(1_800_000_000.0)
     rng = random.Random(7)
     expect = random.Random(7)
-    sink = ActionsSink(config, clock, threaded=False, rng=rng)
+    sink = sink_for(config, clock, rng=rng)
     try:
         sink.deliver([transition(at=clock.now())], clock.now())
         delays = []
@@ -208,7 +208,7 @@ def test_backoff_is_exponential_with_jitter_and_capped(tmp_path: Path) -> None:
             clock.advance(delay / 2)
             sink.run_pending()  # not due yet: no attempt
             assert sink.status()["deliveries"]["queue"][0]["attempts"] == attempt
-            clock.set(row["next_attempt"])
+            clock.set(row["next_attempt"] + 1e-3)  # shown on the wall clock, rounded
         assert max(delays) <= 30.0
         text = metrics_text(sink)
         assert 'gpuwatchd_notifications_failed_total{receiver="ops"} 7.0' in text
@@ -226,7 +226,7 @@ def test_queue_bound_drops_oldest_info_first(tmp_path: Path) -> None:
         "3\n",
     )
     clock = VirtualClock(1_800_000_000.0)
-    sink = ActionsSink(config, clock, threaded=False)
+    sink = sink_for(config, clock)
     try:
         plan = [
             ("a", AlertSeverity.INFO, 0),
@@ -276,7 +276,7 @@ def test_silence_mutes_then_expiry_notifies(tmp_path: Path) -> None:
         author="t",
         now=clock.now(),
     )
-    sink = ActionsSink(config, clock, threaded=False)
+    sink = sink_for(config, clock)
     try:
         sink.deliver(
             [transition(gpu=3, at=clock.now()), transition(gpu=4, at=clock.now())], clock.now()
@@ -328,7 +328,7 @@ drain:
   state_file: null
 """,
     )
-    sink = ActionsSink(config, SystemClock())
+    sink = sink_for(config, SystemClock(), start=True)
     try:
         text = metrics_text(sink)
     finally:
@@ -372,12 +372,12 @@ def test_restart_keeps_group_state_and_resolves(tmp_path: Path) -> None:
     )
     clock = VirtualClock(1_800_000_000.0)
     try:
-        sink = ActionsSink(config, clock, threaded=False)
+        sink = sink_for(config, clock)
         sink.deliver([transition(at=clock.now())], clock.now())
         sink.run_pending()
         sink.close()
         clock.advance(60)
-        sink = ActionsSink(config, clock, threaded=False)
+        sink = sink_for(config, clock)
         sink.deliver([transition(state=AlertState.RESOLVED, seq=2, at=clock.now())], clock.now())
         sink.run_pending()
         sink.close()
@@ -394,7 +394,7 @@ def test_corrupt_outbox_is_moved_aside_not_a_crash_loop(
     )
     os.makedirs(config.state_dir)
     Path(config.state_dir, "actions.db").write_bytes(b"this is not SQLite" * 100)
-    sink = ActionsSink(config, VirtualClock(), threaded=False)
+    sink = sink_for(config, VirtualClock())
     try:
         assert sink.pending() == 0
         assert "is unusable" in caplog.text and "starting empty" in caplog.text

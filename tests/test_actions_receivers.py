@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from actions_support import HttpReceiver, Received, make_config, transition
+from actions_support import T0, HttpReceiver, Received, make_config, sink_for, transition
 from conftest import free_port
 
 from gpuwatchd.actions import ActionsSink
@@ -64,7 +64,7 @@ routing:
 """,
     )
     clock = SystemClock()
-    sink = ActionsSink(config, clock, environ={"CREDENTIALS_DIRECTORY": str(creds)})
+    sink = sink_for(config, clock, environ={"CREDENTIALS_DIRECTORY": str(creds)}, start=True)
     try:
         since = time.time() - 30
         fire = transition(at=since + 30, since=since, seq=1)
@@ -132,16 +132,23 @@ routing:
         sink.close()
 
 
-def test_cascade_within_the_group_window_is_one_message(tmp_path: Path, rx: HttpReceiver) -> None:
+def test_cascade_pages_at_once_and_folds_the_rest_into_one_update(
+    tmp_path: Path, rx: HttpReceiver
+) -> None:
+    """The first alert of a new group leaves as soon as it is committed; the rest of the
+    cascade within group_wait is one update message at the end of the window."""
     config = make_config(
         tmp_path,
         f"receivers:\n  - {{name: ops, type: webhook, url: '{rx.url}/'}}\nrouting:\n  group_wait: "
         "1s\n",
     )
-    sink = ActionsSink(config, SystemClock())
+    sink = sink_for(config, SystemClock(), start=True)
     try:
         now = time.time()
         sink.deliver([transition("gpu_xid_fatal", at=now, xid=79)], now)
+        (first,) = rx.wait_for(1, timeout=2)
+        assert first.at - now < 0.5  # not after group_wait
+        assert [a["labels"]["alertname"] for a in first.json()["alerts"]] == ["gpu_xid_fatal"]
         time.sleep(0.2)
         sink.deliver([transition("gpu_lost", at=now, xid=None)], now)
         time.sleep(0.2)
@@ -151,13 +158,15 @@ def test_cascade_within_the_group_window_is_one_message(tmp_path: Path, rx: Http
         )
         time.sleep(1.5)
         assert sink.wait_idle(5)
-        (req,) = rx.requests
-        msg = req.json()
+        first_again, update = rx.requests
+        assert first_again is first
+        msg = update.json()
         assert [a["labels"]["alertname"] for a in msg["alerts"]] == [
             "gpu_xid_fatal",
             "gpu_lost",
             "nvlink_errors",
         ]
+        assert update.at - first.at >= 0.9  # at the end of the window, not before
         assert msg["commonLabels"]["node"] == "node17"
         assert "gpu" not in msg["commonLabels"]
     finally:
@@ -184,7 +193,7 @@ def test_routes_by_severity_and_labels(tmp_path: Path) -> None:
       receivers: [gpu0]
 """,
         )
-        sink = ActionsSink(config, SystemClock())
+        sink = sink_for(config, SystemClock(), start=True)
         now = time.time()
         sink.deliver([transition("a_page", at=now, gpu=5)], now)  # page -> pager, chat
         sink.deliver(
@@ -226,7 +235,7 @@ def test_repeat_interval_resends_still_firing(tmp_path: Path, rx: HttpReceiver) 
         "routing:\n  group_wait: 0s\n  repeat_interval: 1h\n",
     )
     clock = VirtualClock(1_800_000_000.0)
-    sink = ActionsSink(config, clock, threaded=False)
+    sink = sink_for(config, clock)
     try:
         sink.deliver([transition(at=clock.now())], clock.now())
         sink.run_pending()
@@ -262,7 +271,7 @@ routing:
   group_wait: 0s
 """,
     )
-    sink = ActionsSink(config, SystemClock())
+    sink = sink_for(config, SystemClock(), start=True)
     try:
         since = 1_767_225_600.0
         t = transition(
@@ -348,7 +357,7 @@ def test_slack_one_message_per_second_with_coalescing(tmp_path: Path, rx: HttpRe
         f"receivers:\n  - {{name: chat, type: slack, url: '{rx.url}/hook'}}\n"
         "routing:\n  group_wait: 0s\n  group_by: [node, gpu]\n",
     )
-    sink = ActionsSink(config, SystemClock())
+    sink = sink_for(config, SystemClock(), start=True)
     try:
         now = time.time()
         for gpu in range(6):
@@ -380,7 +389,7 @@ def test_slack_429_honours_retry_after(tmp_path: Path) -> None:
         f"receivers:\n  - {{name: chat, type: slack, url: '{rx.url}/hook', min_interval: 0s}}\n"
         "routing:\n  group_wait: 0s\n",
     )
-    sink = ActionsSink(config, SystemClock())
+    sink = sink_for(config, SystemClock(), start=True)
     try:
         start = time.time()
         sink.deliver([transition(at=start)], start)
@@ -435,7 +444,7 @@ def test_pagerduty_trigger_and_resolve(tmp_path: Path) -> None:
     rx = HttpReceiver(free_port(), respond).start()  # type: ignore[arg-type]
     env = {"CREDENTIALS_DIRECTORY": str(tmp_path / "creds")}
     config = pd_config(tmp_path, rx)
-    sink = ActionsSink(config, SystemClock(), environ=env)  # type: ignore[arg-type]
+    sink = sink_for(config, SystemClock(), environ=env, start=True)  # type: ignore[arg-type]
     try:
         since = 1_767_225_600.0
         fire = transition(at=since + 5, since=since)
@@ -445,9 +454,9 @@ def test_pagerduty_trigger_and_resolve(tmp_path: Path) -> None:
         ev = req.json()
         dedup = ev["dedup_key"]
         assert dedup == pagerduty_dedup_key(
-            {"group_labels": {"node": "node17"}, "group_key": '{}:{node="node17"}'}
+            {"rule": "gpu_xid_fatal", "fingerprint": fire.fingerprint}, "node17"
         )
-        assert dedup.startswith("gpuwatchd/node=node17/") and len(dedup) <= 255
+        assert dedup.startswith("gpuwatchd/node17/gpu_xid_fatal/") and len(dedup) <= 255
         assert ev["routing_key"] == "R0UT1NGKEY0123456789abcdefABCDEF"
         assert ev["event_action"] == "trigger"
         assert ev["client"] == "gpuwatchd"
@@ -459,14 +468,13 @@ def test_pagerduty_trigger_and_resolve(tmp_path: Path) -> None:
         assert p["class"] == "gpu_xid_fatal"
         assert p["component"] == "gpu3"
         assert p["group"] == "node17"
-        assert p["custom_details"]["xid"] == "79"
-        assert p["custom_details"]["firing"] == 1
-        (detail,) = p["custom_details"]["alerts"]
+        detail = p["custom_details"]
+        assert detail["xid"] == "79"
         assert detail["labels"]["uuid"] == "GPU-5d9e3c52-0a8c-4f1e-9b61-3f6c2f6e7a13"
         assert detail["since"] == rfc3339(since)
         sink.close()
         # a restart (new sink, same state) keeps the dedup_key: the resolve finds the alert
-        sink = ActionsSink(config, SystemClock(), environ=env)  # type: ignore[arg-type]
+        sink = sink_for(config, SystemClock(), environ=env, start=True)  # type: ignore[arg-type]
         sink.deliver(
             [transition(state=AlertState.RESOLVED, at=since + 60, since=since, seq=2)], since + 60
         )
@@ -491,17 +499,24 @@ def test_pagerduty_trigger_and_resolve(tmp_path: Path) -> None:
         rx.stop()
 
 
-def test_pagerduty_400_is_not_retried_but_429_and_5xx_are(tmp_path: Path) -> None:
-    codes, respond = pd_responder([400, 500, 429])
+def test_pagerduty_400_is_retried_once_trimmed_but_429_and_5xx_are_retried(
+    tmp_path: Path,
+) -> None:
+    codes, respond = pd_responder([400, 400, 500, 429])
     rx = HttpReceiver(free_port(), respond).start()  # type: ignore[arg-type]
     env = {"CREDENTIALS_DIRECTORY": str(tmp_path / "creds")}
     config = pd_config(tmp_path, rx)
     clock = VirtualClock(1_800_000_000.0)
-    sink = ActionsSink(config, clock, environ=env, threaded=False)  # type: ignore[arg-type]
+    sink = sink_for(config, clock, environ=env)  # type: ignore[arg-type]
     try:
         sink.deliver([transition(at=clock.now(), gpu=1)], clock.now())
         sink.run_pending()
-        assert len(rx.rejected) == 1 and not rx.requests  # 400: dropped, never again
+        # 400: once more with a trimmed payload at once, then dropped for good
+        assert len(rx.rejected) == 2 and not rx.requests
+        full, trimmed = (r.json() for r in rx.rejected)
+        assert "custom_details" in full["payload"]
+        assert set(trimmed["payload"]) == {"summary", "source", "severity", "timestamp"}
+        assert trimmed["dedup_key"] == full["dedup_key"]
         text = metrics_text(sink)
         assert (
             sample(text, "gpuwatchd_notifications_dropped_total", receiver="pd", reason="rejected")
@@ -509,14 +524,14 @@ def test_pagerduty_400_is_not_retried_but_429_and_5xx_are(tmp_path: Path) -> Non
         )
         clock.advance(3600)
         sink.run_pending()
-        assert len(rx.rejected) == 1
+        assert len(rx.rejected) == 2
         # the next page: 500, then 429 (Retry-After: 1), then accepted
         sink.deliver([transition(at=clock.now(), gpu=2, node="node18")], clock.now())
         sink.run_pending()
-        assert len(rx.rejected) == 2  # 500
+        assert len(rx.rejected) == 3  # 500
         clock.advance(1.0)  # backoff: retry_initial 1s x jitter in [0.5, 1)
         sink.run_pending()
-        assert len(rx.rejected) == 3  # 429 Retry-After: 1
+        assert len(rx.rejected) == 4  # 429 Retry-After: 1
         clock.advance(0.5)
         sink.run_pending()
         assert not rx.requests  # Retry-After not over yet
@@ -524,7 +539,7 @@ def test_pagerduty_400_is_not_retried_but_429_and_5xx_are(tmp_path: Path) -> Non
         sink.run_pending()
         assert len(rx.requests) == 1
         text = metrics_text(sink)
-        assert sample(text, "gpuwatchd_notifications_failed_total", receiver="pd") == 3
+        assert sample(text, "gpuwatchd_notifications_failed_total", receiver="pd") == 4
         assert sample(text, "gpuwatchd_notifications_sent_total", receiver="pd") == 1
         assert not codes
     finally:
@@ -536,7 +551,9 @@ def test_pagerduty_400_is_not_retried_but_429_and_5xx_are(tmp_path: Path) -> Non
 def test_secrets_never_in_logs_metrics_or_status(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.DEBUG)
+    # every line of the actions stage; the HTTP library's own lines are the service's
+    # logging setup's (kept at WARNING there, and scrubbed of registered secrets)
+    caplog.set_level(logging.DEBUG, logger="gpuwatchd")
     port = free_port()  # nothing listens: every attempt fails
 
     def echo(req: Received) -> tuple[int, dict[str, str], bytes]:  # an error page that echoes
@@ -581,7 +598,7 @@ routing:
 """,
     )
     clock = SystemClock()
-    sink = ActionsSink(config, clock, environ={"CREDENTIALS_DIRECTORY": str(creds)})
+    sink = sink_for(config, clock, environ={"CREDENTIALS_DIRECTORY": str(creds)}, start=True)
     try:
         sink.deliver([transition(at=clock.now())], clock.now())
         deadline = time.time() + 5
@@ -602,3 +619,32 @@ routing:
     finally:
         sink.close()
         echoing.stop()
+
+
+def test_pagerduty_events_stay_within_the_api_limits() -> None:
+    """Issue 14 item 6: custom_details were unbounded; an event over PagerDuty's 512 KB
+    got a 400 and the page was dropped for good."""
+    from gpuwatchd.actions.model import alert_record
+    from gpuwatchd.actions.receivers import PD_MAX_EVENT_BYTES, pagerduty_events
+
+    huge = "x" * 20_000  # 40 of them in labels and 40 in annotations: 1.6 MB
+    t = transition(
+        "r" * 5000,
+        annotations={f"a{i}": huge for i in range(40)} | {"summary": "s" * 10_000},
+        extra={f"l{i}": huge for i in range(40)},
+    )
+    note = {
+        "group_labels": {"node": "n" * 3000},
+        "node": "n" * 3000,
+        "alerts": [alert_record(t, T0)],
+        "changed": [t.fingerprint],
+    }
+    (event,) = pagerduty_events(note, "R0UT1NGKEY0123456789abcdefABCDEF")
+    body = json.dumps(event, separators=(",", ":")).encode()
+    assert len(body) <= PD_MAX_EVENT_BYTES
+    assert len(event["dedup_key"]) <= 255
+    assert len(event["payload"]["summary"]) <= 1024
+    assert all(len(event["payload"][k]) <= 255 for k in ("source", "class", "group"))
+    (trimmed,) = pagerduty_events(note, "R0UT1NGKEY0123456789abcdefABCDEF", trimmed=True)
+    assert "custom_details" not in trimmed["payload"]
+    assert trimmed["dedup_key"] == event["dedup_key"]

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from actions_support import make_config, transition
+from actions_support import make_config, sink_for, transition
 from conftest import Proc, free_port, need_binary
 
 from gpuwatchd.actions import ActionsSink
@@ -158,7 +158,7 @@ def actions(sink: ActionsSink) -> dict[str, float]:
 
 def test_page_and_drain_drains_then_resume_clears_only_ours(slurm: Slurm, tmp_path: Path) -> None:
     clock = VirtualClock(time.time())
-    sink = ActionsSink(drain_config(tmp_path, slurm.node, resume=True), clock, threaded=False)  # type: ignore[arg-type]
+    sink = sink_for(drain_config(tmp_path, slurm.node, resume=True), clock)  # type: ignore[arg-type]
     try:
         fire = transition(at=clock.now(), drain=True)
         sink.deliver([fire], clock.now())
@@ -188,7 +188,7 @@ def test_page_and_drain_drains_then_resume_clears_only_ours(slurm: Slurm, tmp_pa
 def test_admin_drain_keeps_its_reason_and_is_never_resumed(slurm: Slurm, tmp_path: Path) -> None:
     slurm.admin("State=DRAIN", "Reason=admin: replacing fan 2")
     clock = VirtualClock(time.time())
-    sink = ActionsSink(drain_config(tmp_path, slurm.node, resume=True), clock, threaded=False)  # type: ignore[arg-type]
+    sink = sink_for(drain_config(tmp_path, slurm.node, resume=True), clock)  # type: ignore[arg-type]
     try:
         sink.deliver([transition(at=clock.now(), drain=True)], clock.now())
         sink.run_pending()
@@ -210,7 +210,7 @@ def test_admin_drain_keeps_its_reason_and_is_never_resumed(slurm: Slurm, tmp_pat
 def test_second_identical_incident_does_not_drain_twice(slurm: Slurm, tmp_path: Path) -> None:
     clock = VirtualClock(time.time())
     cfg = drain_config(tmp_path, slurm.node, resume=False)
-    sink = ActionsSink(cfg, clock, threaded=False)  # type: ignore[arg-type]
+    sink = sink_for(cfg, clock)  # type: ignore[arg-type]
     try:
         fire = transition(at=clock.now(), drain=True)
         sink.deliver([fire, fire], clock.now())
@@ -219,7 +219,7 @@ def test_second_identical_incident_does_not_drain_twice(slurm: Slurm, tmp_path: 
         assert first[0] == "drained" and first[1].startswith("gpuwatchd: ")
         sink.close()
         time.sleep(1.1)  # so that a second scontrol update would change the reason's timestamp
-        sink = ActionsSink(cfg, clock, threaded=False)  # type: ignore[arg-type]
+        sink = sink_for(cfg, clock)  # type: ignore[arg-type]
         sink.deliver([fire], clock.now())  # the same transition again after a restart
         sink.run_pending()
         clock.advance(120)
@@ -241,7 +241,7 @@ def test_second_identical_incident_does_not_drain_twice(slurm: Slurm, tmp_path: 
 def test_dry_run_reads_but_never_writes(slurm: Slurm, tmp_path: Path) -> None:
     clock = VirtualClock(time.time())
     cfg = drain_config(tmp_path, slurm.node, extra="  dry_run: true\n")
-    sink = ActionsSink(cfg, clock, threaded=False)  # type: ignore[arg-type]
+    sink = sink_for(cfg, clock)  # type: ignore[arg-type]
     try:
         sink.deliver([transition(at=clock.now(), drain=True)], clock.now())
         sink.run_pending()

@@ -277,3 +277,36 @@ def test_nvml_events_count_as_up_from_the_start_so_a_first_fault_merges(tmp_path
         assert daemon.state.view().sources["nvml_events"].up
     finally:
         daemon.stop()
+
+
+def test_sighup_applies_new_receivers_to_the_running_daemon(tmp_path: Path) -> None:
+    """Daemon.reload (SIGHUP) runs the actions' reload hook beside the rules': the new
+    receivers replace the old ones; a change only a restart applies refuses the reload."""
+    path = tmp_path / "gpuwatchd.yaml"
+    head = f"state_dir: {tmp_path / 'state'}\n"
+    path.write_text(
+        head + "receivers:\n  - {name: old, type: webhook, url: 'http://127.0.0.1:9/'}\n"
+    )
+    from gpuwatchd.config.loader import load_config
+
+    config = load_config(str(path), must_exist=True)
+    daemon = Daemon(config, FakeBackend(count=1), SystemClock(), serve_http=False)
+    try:
+        names = [r["name"] for r in daemon.status()["deliveries"]["receivers"]]
+        assert names == ["old"]
+        path.write_text(
+            head + "receivers:\n  - {name: new, type: webhook, url: 'http://127.0.0.1:9/'}\n"
+        )
+        assert daemon.reload()
+        names = [r["name"] for r in daemon.status()["deliveries"]["receivers"]]
+        assert names == ["new"]
+        path.write_text(
+            head
+            + "receivers:\n  - {name: new, type: webhook, url: 'http://127.0.0.1:9/'}\n"
+            + "drain: {mode: exec, exec: {command: [/bin/true]}}\n"
+        )
+        assert not daemon.reload()  # turning the drain on takes a restart
+        names = [r["name"] for r in daemon.status()["deliveries"]["receivers"]]
+        assert names == ["new"]
+    finally:
+        daemon.stop()

@@ -9,7 +9,7 @@ import stat
 import time
 from pathlib import Path
 
-from actions_support import HttpReceiver, make_config, transition
+from actions_support import HttpReceiver, make_config, sink_for, transition
 from conftest import free_port, need_binary
 from fault_support import report
 from test_actions_slurm import Slurm, actions, slurm  # noqa: F401 - the fixture
@@ -81,7 +81,7 @@ def test_bursts_never_exceed_drains_per_window(slurm: Slurm, tmp_path: Path) -> 
     rx = HttpReceiver(free_port()).start()
     config, log = setup(tmp_path, slurm.node, rx.url)
     clock = VirtualClock(time.time())
-    sink = ActionsSink(config, clock, threaded=False)  # type: ignore[arg-type]
+    sink = sink_for(config, clock)  # type: ignore[arg-type]
     try:
         for i in range(6):  # six waves of 8 GPUs within 20 minutes: 48 drain requests
             wave(sink, clock, seq=2 * i + 1)
@@ -116,7 +116,7 @@ def test_an_admins_drain_is_never_touched_by_a_burst(slurm: Slurm, tmp_path: Pat
     rx = HttpReceiver(free_port()).start()
     config, log = setup(tmp_path, slurm.node, rx.url)
     clock = VirtualClock(time.time())
-    sink = ActionsSink(config, clock, threaded=False)  # type: ignore[arg-type]
+    sink = sink_for(config, clock)  # type: ignore[arg-type]
     try:
         for i in range(3):
             wave(sink, clock, seq=2 * i + 1)

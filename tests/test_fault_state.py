@@ -238,3 +238,28 @@ def test_read_only_or_truncated_state_at_start(tmp_path: Path, tmpfs: Path) -> N
     finally:
         d.stop()
         rx.stop()
+
+
+@pytest.mark.parametrize("trouble", ["full_disk_no_outbox_yet", "wal_cannot_be_opened"])
+def test_run_starts_from_memory_when_the_outbox_cannot_be_created(
+    tmp_path: Path, tmpfs: Path, trouble: str
+) -> None:
+    """Issue 15 item 8: the in-memory fallback also works at start-up. Before the fix the
+    copy of an empty or unopenable file replaced the memory outbox's tables, and ``run``
+    exited 1 ("no such table: meta") with the pending pages never sent."""
+    rx = HttpReceiver(free_port()).start()
+    kmsg = KmsgFile(tmp_path / "kmsg")
+    d = Daemon(tmp_path, fault_config(tmpfs, kmsg.path, webhook_receiver(rx.url)), STEADY)
+    try:
+        if trouble == "full_disk_no_outbox_yet":
+            fill(tmpfs)
+        else:
+            (tmpfs / "actions.db-wal").mkdir()  # SQLite cannot open it as a file
+        d.start()
+        kmsg.xid(0)
+        wait_alerts(rx, [fired(0), resolved(0)])
+        assert durable(d)["outbox"] == 0
+        assert "IN MEMORY" in d.output()
+    finally:
+        d.stop()
+        rx.stop()

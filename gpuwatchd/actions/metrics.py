@@ -58,6 +58,18 @@ class ActionMetrics:
         self.silenced = 0
         self.silences_active = 0
 
+    def add_receiver(self, receiver: str) -> None:
+        """Series at 0 for a receiver a reload added."""
+        with self.lock:
+            if receiver in self.sent:
+                return
+            self.receivers.append(receiver)
+            self.sent[receiver] = 0
+            self.failed[receiver] = 0
+            self.dropped.update({(receiver, why): 0 for why in DROP_REASONS})
+            self.latency[receiver] = _Histogram()
+            self.queued[receiver] = 0
+
     def add_sent(self, receiver: str, latencies: Iterable[float]) -> None:
         with self.lock:
             for value in latencies:

@@ -3,12 +3,15 @@
 A notification (built by the outbox at a group flush) is a dict::
 
     {"receiver": "ops", "group_key": '{}:{node="n1"}', "group_labels": {"node": "n1"},
-     "status": "firing" | "resolved", "kind": "notify" | "repeat", "node": "n1",
-     "alerts": [<alert record: AlertTransition.as_dict() + idempotency_key, received>]}
+     "status": "firing" | "resolved", "kind": "notify" | "update" | "repeat", "node": "n1",
+     "alerts": [<alert record: AlertTransition.as_dict() + idempotency_key, received>],
+     "changed": [<fingerprints of the alerts this message is news about>]}
 
 Each receiver renders it at send time (so ``endsAt`` and signatures are fresh, and the
-database never holds a secret) and classifies the response: ``ok``, ``retry`` (maybe with
-a ``Retry-After``) or ``reject`` (a permanent 4xx; retrying cannot help).
+database never holds a secret) into one or more requests (PagerDuty: one event per
+alert) and classifies the response: ``ok``, ``retry`` (maybe with a ``Retry-After``),
+``reject`` (a permanent 4xx; retrying cannot help) or ``trim`` (PagerDuty's 400: sent
+once more with a trimmed payload, then dropped).
 """
 
 from __future__ import annotations
@@ -28,7 +31,6 @@ from gpuwatchd.actions.model import (
     GO_ZERO_TIME,
     am_labels,
     clean_text,
-    max_severity,
     rfc3339,
     short_hash,
     xid_of,
@@ -139,6 +141,19 @@ class Receiver:
 
     def render(self, notes: list[dict[str, Any]], target: int, key: str, now: float) -> HttpRequest:
         raise NotImplementedError
+
+    def render_all(
+        self,
+        notes: list[dict[str, Any]],
+        target: int,
+        key: str,
+        now: float,
+        *,
+        trimmed: bool = False,
+    ) -> list[HttpRequest]:
+        """Every request of one message, in order (``trimmed``: the smallest payload the
+        receiver accepts, after it refused the full one)."""
+        return [self.render(notes, target, key, now)]
 
     def classify(self, status: int, headers: Mapping[str, str], body: str, now: float) -> Outcome:
         return classify_http(status, headers, now)
@@ -323,7 +338,9 @@ def slack_message(notes: list[dict[str, Any]]) -> dict[str, Any]:
         head = f"[{status}] {alert_title(resolved[0])}"
         if len(resolved) > 1:
             head += f" (+{len(resolved) - 1} more)"
-    head = clean_text(head + where + (" - still firing" if repeat else ""), 150)
+    update = not repeat and any(n.get("kind") == "update" for n in notes)
+    tail = " - still firing" if repeat else " - update" if update else ""
+    head = clean_text(head + where + tail, 150)
     lines = [head]
     for a in firing + resolved:
         mark = "resolved" if a["state"] == "resolved" else str(a["severity"])
@@ -368,58 +385,50 @@ class SlackSender(Receiver):
 
 
 # -- PagerDuty -----------------------------------------------------------------------------
-def pagerduty_dedup_key(note: Mapping[str, Any]) -> str:
-    """Stable per group: the same node (and group labels) always maps to the same key."""
-    labels = note["group_labels"]
-    readable = ",".join(f"{k}={v}" for k, v in sorted(labels.items()))[:200]
-    return f"gpuwatchd/{readable}/{short_hash(note['group_key'], n=12)}"
+# Events API v2 limits (docs/actions.md): the whole event at most 512 KB, summary 1024
+# characters, dedup_key 255; source, component, group and class are kept short too.
+PD_MAX_EVENT_BYTES = 512 * 1024
+PD_MAX_SUMMARY = 1024
+PD_MAX_DEDUP = 255
+PD_MAX_FIELD = 255
+PD_MAX_DETAIL_TEXT = 4096  # one annotation or label value in custom_details
+PD_MAX_DETAIL_ITEMS = 64  # labels or annotations of one alert in custom_details
 
 
-def pagerduty_event(note: Mapping[str, Any], routing_key: str) -> dict[str, Any]:
-    dedup = pagerduty_dedup_key(note)
-    if note["status"] == "resolved":
+def pagerduty_dedup_key(alert: Mapping[str, Any], node: str) -> str:
+    """One key per alert, stable across restarts: node, rule and a hash of the alert's
+    fingerprint (a resolve finds the trigger; the next incident of the alert opens anew)."""
+    readable = _short(f"{node[:100]}/{str(alert['rule'])[:100]}", 200)
+    key = f"gpuwatchd/{readable}/{short_hash(str(alert['fingerprint']), n=16)}"
+    return key[:PD_MAX_DEDUP]
+
+
+def _short(value: Any, limit: int) -> str:
+    """One line of at most ``limit`` characters, without scanning a huge value whole."""
+    return clean_text(str(value)[: 4 * limit], limit)
+
+
+def _bounded_map(values: Mapping[str, Any]) -> dict[str, str]:
+    items = sorted(values.items())[:PD_MAX_DETAIL_ITEMS]
+    return {_short(k, 128): _short(v, PD_MAX_DETAIL_TEXT) for k, v in items}
+
+
+def pagerduty_event(
+    alert: Mapping[str, Any], node: str, routing_key: str, *, trimmed: bool = False
+) -> dict[str, Any]:
+    """The Events API v2 event for one alert, within the API's limits. ``trimmed``: only
+    what PagerDuty requires (after it refused the full event with a 400)."""
+    dedup = pagerduty_dedup_key(alert, node)
+    if alert["state"] == "resolved":
         return {"routing_key": routing_key, "dedup_key": dedup, "event_action": "resolve"}
-    firing = [a for a in note["alerts"] if a["state"] != "resolved"]
-    node = str(note.get("node") or note["group_labels"].get("node", ""))
-    if len(firing) == 1:
-        summary = f"{node}: {alert_title(firing[0])}"
-    else:
-        summary = f"{node}: {len(firing)} alerts: " + "; ".join(alert_title(a) for a in firing)
-    first = firing[0]
-    gpus = sorted(
-        {
-            str((a.get("labels") or {}).get("gpu"))
-            for a in firing
-            if (a.get("labels") or {}).get("gpu") not in (None, "")
-        }
-    )
+    node = node or str((alert.get("labels") or {}).get("node", ""))
+    labels = alert.get("labels") or {}
     payload: dict[str, Any] = {
-        "summary": clean_text(summary, 1024),
-        "source": node or "gpuwatchd",
-        "severity": PD_SEVERITY.get(max_severity(firing), "error"),
-        "timestamp": rfc3339(max(float(a["timestamp"]) for a in firing)),
-        "class": str(first["rule"]),
-        "group": node,
-        "custom_details": {
-            "alerts": [
-                {
-                    "rule": a["rule"],
-                    "severity": a["severity"],
-                    "labels": a.get("labels") or {},
-                    "annotations": a.get("annotations") or {},
-                    "value": a.get("value"),
-                    "since": rfc3339(_starts_at(a)),
-                }
-                for a in firing[:20]
-            ],
-            "firing": len(firing),
-        },
+        "summary": _short(f"{node[:PD_MAX_FIELD]}: {alert_title(alert)}", PD_MAX_SUMMARY),
+        "source": _short(node or "gpuwatchd", PD_MAX_FIELD),
+        "severity": PD_SEVERITY.get(str(alert["severity"]), "error"),
+        "timestamp": rfc3339(float(alert["timestamp"])),
     }
-    if gpus:
-        payload["component"] = ",".join(f"gpu{g}" for g in gpus)[:255]
-    xid = xid_of(first)
-    if xid:
-        payload["custom_details"]["xid"] = xid
     event: dict[str, Any] = {
         "routing_key": routing_key,
         "event_action": "trigger",
@@ -427,26 +436,68 @@ def pagerduty_event(note: Mapping[str, Any], routing_key: str) -> dict[str, Any]
         "payload": payload,
         "client": "gpuwatchd",
     }
-    links = [
-        {"href": r, "text": "runbook"}
-        for r in {_ann(a, "runbook_url") for a in firing}
-        if r and r.startswith(("http://", "https://"))
-    ]
-    if links:
-        event["links"] = sorted(links, key=lambda x: x["href"])
+    if trimmed:
+        return event
+    payload["class"] = _short(alert["rule"], PD_MAX_FIELD)
+    payload["group"] = _short(node, PD_MAX_FIELD)
+    if labels.get("gpu") not in (None, ""):
+        payload["component"] = _short(f"gpu{labels['gpu']}", PD_MAX_FIELD)
+    details: dict[str, Any] = {
+        "rule": _short(alert["rule"], PD_MAX_FIELD),
+        "severity": str(alert["severity"]),
+        "labels": _bounded_map(labels),
+        "annotations": _bounded_map(alert.get("annotations") or {}),
+        "value": alert.get("value"),
+        "since": rfc3339(_starts_at(alert)),
+    }
+    xid = xid_of(alert)
+    if xid:
+        details["xid"] = xid
+    payload["custom_details"] = details
+    runbook = _ann(alert, "runbook_url")
+    if runbook and runbook.startswith(("http://", "https://")) and len(runbook) <= 2048:
+        event["links"] = [{"href": runbook, "text": "runbook"}]
+    if len(_json(event)) > PD_MAX_EVENT_BYTES:  # cannot happen within the bounds above
+        payload["custom_details"] = {"rule": details["rule"], "trimmed": True}
     return event
+
+
+def pagerduty_events(
+    note: Mapping[str, Any], routing_key: str, *, trimmed: bool = False
+) -> list[dict[str, Any]]:
+    """The events of one notification: one per alert it is news about (its ``changed``
+    alerts; every alert for a repeat), firing ones first."""
+    node = str(note.get("node") or note["group_labels"].get("node", ""))
+    news = set(note.get("changed") or [a["fingerprint"] for a in note["alerts"]])
+    alerts = [a for a in note["alerts"] if a["fingerprint"] in news]
+    alerts.sort(key=lambda a: a["state"] == "resolved")
+    return [pagerduty_event(a, node, routing_key, trimmed=trimmed) for a in alerts]
 
 
 class PagerDutySender(Receiver):
     routing_key: str = ""
 
     def render(self, notes: list[dict[str, Any]], target: int, key: str, now: float) -> HttpRequest:
-        body = _json(pagerduty_event(notes[0], self.routing_key))
-        return HttpRequest("POST", self.targets[0], self._headers(key), body)
+        return self.render_all(notes, target, key, now)[0]
+
+    def render_all(
+        self,
+        notes: list[dict[str, Any]],
+        target: int,
+        key: str,
+        now: float,
+        *,
+        trimmed: bool = False,
+    ) -> list[HttpRequest]:
+        out = []
+        for i, event in enumerate(pagerduty_events(notes[0], self.routing_key, trimmed=trimmed)):
+            headers = self._headers(f"{key}-{i}" if i else key)
+            out.append(HttpRequest("POST", self.targets[0], headers, _json(event)))
+        return out
 
     def classify(self, status: int, headers: Mapping[str, str], body: str, now: float) -> Outcome:
         if status == 400:
-            return Outcome("reject", None, "HTTP 400 invalid event")
+            return Outcome("trim", None, "HTTP 400 invalid event")
         return classify_http(status, headers, now)
 
 

@@ -169,14 +169,35 @@ class Store:
             self.conn = self._open(path)
             self._ident = self._identity()
         except (OSError, sqlite3.Error) as exc:
-            # Start from what the file holds (drain ownership, rate-limit window, pending
-            # deliveries, idempotency keys) if it can at least be read.
-            self.conn = self._connect(":memory:")
-            loaded = copy_read_only(path, self.conn)
+            self.conn, loaded = self._memory_from(path)
             self._degrade(
                 f"cannot open {path} for writing: {getattr(exc, 'strerror', None) or exc}"
                 + ("; started from its last saved contents" if loaded else "")
             )
+
+    @classmethod
+    def _memory_from(cls, path: str) -> tuple[sqlite3.Connection, bool]:
+        """An in-memory outbox that starts from what the file holds (drain ownership,
+        rate-limit window, pending deliveries, idempotency keys) when it can be read and
+        is an outbox of this version; else an empty one. Never fails on the file: an
+        empty or half-created file (a full disk), or a WAL that cannot be opened, give
+        an empty outbox."""
+        conn = cls._connect(":memory:")
+        try:
+            if copy_read_only(path, conn):
+                conn.executescript(_SCHEMA)  # a file created but never written has none
+                row = conn.execute("SELECT value FROM meta WHERE key='schema'").fetchone()
+                if row is None:
+                    conn.execute(
+                        "INSERT INTO meta(key, value) VALUES('schema', ?)", (str(SCHEMA_VERSION),)
+                    )
+                    return conn, False
+                if int(row[0]) == SCHEMA_VERSION:
+                    return conn, True
+        except (sqlite3.Error, ValueError) as exc:
+            log.warning("outbox: cannot start from the contents of %s: %s", path, exc)
+        conn.close()
+        return cls._connect(":memory:"), False
 
     @property
     def durable(self) -> bool:

@@ -124,27 +124,22 @@ def build_node_actions(config: Config, clock: Clock, wiring: Wiring) -> ActionsS
     """The actions stage for this wiring, or None when nothing is configured to receive."""
     if not config.receivers and config.drain.mode == "none":
         return None
-    from gpuwatchd.actions import ActionsError, ActionsSink, build_actions
+    from gpuwatchd.actions import build_actions, build_recording_actions
 
     if wiring.record is None and wiring.durable:
         return build_actions(config, clock, transport=wiring.transport, environ=wiring.environ)
     import random
 
-    try:
-        return ActionsSink(
-            config,
-            clock,
-            threaded=wiring.threaded,
-            db_path=wiring.actions_db or ":memory:",
-            simulate=True,
-            record=None if wiring.send_recorded else wiring.record,
-            on_drain=wiring.record,
-            rng=random.Random(0),
-            transport=wiring.transport,
-            environ=wiring.environ,
-        )
-    except Exception as exc:
-        raise ActionsError(str(exc)) from None
+    return build_recording_actions(
+        config,
+        clock,
+        wiring.record,
+        send=wiring.send_recorded,
+        transport=wiring.transport,
+        environ=wiring.environ,
+        db_path=wiring.actions_db or ":memory:",
+        rng=random.Random(0),
+    )
 
 
 class Node:

@@ -97,7 +97,14 @@ class Daemon:
         self.reload_hooks: list[ReloadHook] = []
         if isinstance(self.node.rules, RulesStage):  # SIGHUP: validated, then swapped in
             self.reload_hooks.append(self.node.rules.reload_hook)
+        if self.node.wiring.record is None:  # receivers, routing, drain (or a refusal)
+            self.reload_hooks.append(self._reload_actions)
         self.config_loader: Callable[[], Config] | None = None  # set by `run` (CLI overrides)
+
+    def _reload_actions(self, new: Config) -> Callable[[], None]:
+        from gpuwatchd.actions.reload import prepare_reload
+
+        return prepare_reload(self.node.actions, new, environ=self.node.wiring.environ)
 
     @property
     def infos(self) -> list[GpuInfo]:
@@ -157,6 +164,8 @@ class Daemon:
         if self.config.backend.kind == "nvml":  # the PCI bus cross-checks NVML's GPU count
             self.pci = PciWatcher(self.node.set_pci_gpus, on_status=self.node.source_status)
             self.pci.start()
+        if self.node.actions is not None and self.node.wiring.threaded:
+            self.node.actions.start()  # sender, scheduler and drain threads
         self.xids.start(self.heartbeats)
         # Rules run even without GPUs: a node whose NVML is gone must still page.
         self._eval_thread = threading.Thread(

@@ -289,6 +289,8 @@ def setup_logging(
         root.removeHandler(_handler)
     root.addHandler(handler)
     _handler = handler
+    for name in ("httpx", "httpcore"):  # their INFO/DEBUG lines carry URLs (secrets)
+        logging.getLogger(name).setLevel(logging.WARNING)
     set_level(level, verbose)
     return chosen
 
