@@ -16,8 +16,8 @@ SRC="$ROOT/build/deb/gpuwatchd-$VERSION"
 rm -rf "$ROOT/build/deb"
 mkdir -p "$SRC" "$ROOT/dist"
 # The source tree dpkg-buildpackage sees: what the package installs, nothing else.
-tar -C "$ROOT" --exclude=__pycache__ -cf - gpuwatchd rules systemd packaging README.md \
-    docs/install.md docs/fleet.md | tar -C "$SRC" -xf -
+tar -C "$ROOT" --exclude=__pycache__ -cf - gpuwatchd rules scenarios systemd packaging README.md \
+    docs/*.md bench/README.md | tar -C "$SRC" -xf -
 cp -r packaging/debian "$SRC/debian"
 /usr/bin/python3 packaging/vendor.py "$ROOT/build/wheels" "$SRC/vendor"
 

@@ -8,7 +8,9 @@ APT_PACKAGES="python3-venv python3-dev gcc pkg-config libsystemd-dev \
 prometheus prometheus-alertmanager systemd-journal-remote systemd \
 debhelper dh-python lintian build-essential fakeroot man-db python3-yaml python3-systemd \
 python3-pyudev python3-anyio python3-sniffio python3-idna python3-certifi \
-slurmctld slurmd slurm-client python3-bcrypt openssl curl"
+slurmctld slurmd slurm-client python3-bcrypt openssl curl \
+python3-prometheus-client python3-httpx \
+qemu-system-x86 linux-image-amd64 linux-headers-amd64 mmdebstrap e2fsprogs make"
 
 missing=""
 for p in $APT_PACKAGES; do

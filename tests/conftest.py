@@ -22,6 +22,8 @@ GPUWATCHD = [sys.executable, "-m", "gpuwatchd"]
 # rules there): this process and every daemon it starts look in an empty directory instead.
 _SITE = Path(tempfile.mkdtemp(prefix="gpuwatchd-test-etc-"))
 os.environ["GPUWATCHD_CONFIG_DIR"] = str(_SITE)
+# Nor its /var/lib/gpuwatchd: a daemon built from a default config keeps its state here.
+os.environ["STATE_DIRECTORY"] = tempfile.mkdtemp(prefix="gpuwatchd-test-state-")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

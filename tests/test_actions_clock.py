@@ -113,3 +113,34 @@ def test_timers_survive_a_reboot_that_restarts_the_monotonic_clock(tmp_path: Pat
     finally:
         sink.close()
         rx.stop()
+
+
+def test_an_outbox_with_wall_clock_timers_is_converted_once(tmp_path: Path) -> None:
+    """An outbox written by the previous version kept its timers on the wall clock."""
+    import sqlite3
+
+    rx, sink, clock = down_then_up(tmp_path, "  group_wait: 0s\n  retry_initial: 4s\n")
+    try:
+        sink.deliver([transition(at=clock.now())], clock.now())
+        sink.run_pending()  # fails
+        sink.close()
+        db = sqlite3.connect(Path(sink.config.state_dir) / "actions.db")
+        wall = clock.now()
+        with db:  # what the previous version wrote: wall-clock timers, no timer_clock
+            db.execute("UPDATE deliveries SET created=?, next_attempt=?", (wall - 60.0, wall + 4.0))
+            db.execute("DELETE FROM meta WHERE key IN ('timer_clock', 'mono_last')")
+        db.close()
+        later = SteppedClock(wall)
+        sink = sink_for(sink.config, later)
+        (row,) = sink.status()["deliveries"]["queue"]
+        assert row["age_seconds"] == 60.0
+        assert row["next_attempt"] == wall + 4.0
+        rx.start()
+        sink.run_pending()
+        assert not rx.requests  # not due yet
+        later.advance(4.0)
+        sink.run_pending()
+        assert len(rx.requests) == 1
+    finally:
+        sink.close()
+        rx.stop()

@@ -58,3 +58,29 @@ def test_recording_sender_records_without_secrets_or_network(tmp_path: Path) -> 
         assert sink.pending() == 0
     finally:
         sink.close()
+
+
+def test_start_builds_the_http_clients_so_the_first_page_does_not_pay_for_them(
+    tmp_path: Path,
+) -> None:
+    """The first httpx client of a process loads the CA store; start() builds every
+    target's client so that the first page leaves as fast as the others."""
+    from gpuwatchd.actions import build_actions
+    from gpuwatchd.actions.transport import HttpSender
+    from gpuwatchd.config.loader import load_config
+    from gpuwatchd.core.clock import VirtualClock
+
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(
+        f"state_dir: {tmp_path}\nreceivers:\n"
+        "  - {name: a, type: webhook, url: 'http://127.0.0.1:9/a'}\n"
+        "  - {name: b, type: alertmanager, urls: ['http://127.0.0.1:9/x', 'http://127.0.0.1:9/y']}\n"
+    )
+    sink = build_actions(load_config(str(cfg), must_exist=True), VirtualClock())
+    assert sink is not None and isinstance(sink.sender, HttpSender)
+    try:
+        assert sink.sender._clients == {}  # building the stage opens nothing
+        sink.start()
+        assert sorted(sink.sender._clients) == [("a", 0), ("b", 0), ("b", 1)]
+    finally:
+        sink.close()

@@ -141,12 +141,21 @@ def test_build_lint_install_run_purge(
         "./etc/default/gpuwatchd-drain",
         "./usr/share/gpuwatchd/rules/",
         "./usr/share/man/man8/gpuwatchd.8.gz",
-        "./usr/share/doc/gpuwatchd/install.md.gz",
-        "./usr/share/doc/gpuwatchd/fleet.md.gz",
+        # uncompressed, in the source tree's layout: the links point here and between them
+        "./usr/share/doc/gpuwatchd/README.md",
+        "./usr/share/doc/gpuwatchd/docs/install.md",
+        "./usr/share/doc/gpuwatchd/docs/fleet.md",
+        "./usr/share/doc/gpuwatchd/docs/config.md",
+        "./usr/share/doc/gpuwatchd/docs/actions.md",
+        "./usr/share/gpuwatchd/rules/schema.json",
     ):
         assert path in listing, path
     for rule in sorted((ROOT / "rules").glob("*.yaml")):
         assert f"./usr/share/gpuwatchd/rules/{rule.name}" in listing
+    for scenario in sorted((ROOT / "scenarios").glob("*.yaml")):
+        assert f"./usr/share/gpuwatchd/scenarios/{scenario.name}" in listing
+    # only what Debian 12 does not package is vendored (docs/install.md says why)
+    assert not [p for p in listing if re.search(r"/vendor/(prometheus|httpx|h11)", p)]
 
     # -- install ---------------------------------------------------------------------------
     before = snapshot()
@@ -197,16 +206,19 @@ def _check_installed(tmp_path: Path, http_url: str) -> None:
     assert os.path.islink("/etc/systemd/system/multi-user.target.wants/gpuwatchd.service")
     assert not os.path.exists("/etc/systemd/system/sockets.target.wants/gpuwatchd-drain.socket")
 
-    # the libraries: Debian's python3, the private path, the vendored versions
+    # the libraries: Debian's python3 and packages, the private path, the vendored NVML
     probe = (
         "import sys; sys.path[0:0] = ['/usr/lib/gpuwatchd', '/usr/lib/gpuwatchd/vendor']\n"
         "import httpx, prometheus_client, pynvml, yaml, pyudev, systemd.journal\n"
         "from importlib.metadata import version\n"
-        "assert prometheus_client.__file__.startswith('/usr/lib/gpuwatchd/vendor/')\n"
-        "assert tuple(map(int, version('prometheus-client').split('.')[:2])) >= (0, 17)\n"
-        "assert tuple(map(int, httpx.__version__.split('.')[:2])) >= (0, 24)\n"
+        "assert prometheus_client.__file__.startswith('/usr/lib/python3/dist-packages/')\n"
+        "assert httpx.__file__.startswith('/usr/lib/python3/dist-packages/')\n"
+        "assert pynvml.__file__.startswith('/usr/lib/gpuwatchd/vendor/')\n"
+        "assert tuple(map(int, version('prometheus-client').split('.')[:2])) >= (0, 16)\n"
+        "assert tuple(map(int, httpx.__version__.split('.')[:2])) >= (0, 23)\n"
         "from importlib.resources import files\n"
-        "shipped = sorted(p.name for p in (files('gpuwatchd') / 'data' / 'rules').iterdir())\n"
+        "shipped = sorted(p.name for p in (files('gpuwatchd') / 'data' / 'rules').iterdir()"
+        " if p.name.endswith('.yaml'))\n"
         f"assert shipped == {sorted(p.name for p in (ROOT / 'rules').glob('*.yaml'))!r}, shipped\n"
         f"print(httpx.get({http_url!r}).text)\n"
     )

@@ -160,3 +160,36 @@ def test_reader_loop_beats_for_the_watchdog_and_unregisters_on_stop(tmp_path: Pa
     finally:
         source.stop()
     assert registry.names() == []  # a reader that ended is not a wedged one
+
+
+def test_kernel_echo_of_user_text_is_counted_as_forged(tmp_path: Path) -> None:
+    """An unprivileged user makes the kernel itself log their text (a bad tmpfs option in a
+    user namespace): trusted transport, not the driver's report. Seen in the VM test."""
+    t = now() - 60
+    append(
+        tmp_path / "journal",
+        [kernel_entry(f"tmpfs: Unknown parameter '{XID79.replace(',', '')}'", t)],
+    )
+    events: list[XidEvent] = []
+    source = make_source(tmp_path, events)
+    assert drain_once(source) == 1
+    c = source.handler.counters
+    assert (events, c.lines, c.xids, c.forged) == ([], 1, 0, 1)
+
+
+def test_root_write_to_dev_kmsg_is_counted_although_journald_splits_off_nvrm(
+    tmp_path: Path,
+) -> None:
+    """journald parses a user-facility /dev/kmsg record like syslog: "NVRM:" becomes
+    SYSLOG_IDENTIFIER and MESSAGE starts at "Xid (". Seen in the VM test."""
+    t = now() - 60
+    body = XID79.removeprefix("NVRM: ")
+    append(
+        tmp_path / "journal",
+        [kernel_entry(body, t, SYSLOG_FACILITY="1", SYSLOG_IDENTIFIER="NVRM", PRIORITY="3")],
+    )
+    events: list[XidEvent] = []
+    source = make_source(tmp_path, events)
+    assert drain_once(source) == 1
+    c = source.handler.counters
+    assert (events, c.lines, c.xids, c.forged) == ([], 1, 0, 1)

@@ -34,7 +34,7 @@ from gpuwatchd.actions.recording import Emit
 from gpuwatchd.actions.secrets import redact
 from gpuwatchd.actions.silences import SilenceView
 from gpuwatchd.actions.store import Store, loads
-from gpuwatchd.actions.transport import Sender
+from gpuwatchd.actions.transport import HttpSender, Sender
 from gpuwatchd.actions.workers import TargetKey, Workers
 from gpuwatchd.config.actions import DrainConfig, ReceiverConfig
 from gpuwatchd.config.loader import Config
@@ -147,6 +147,8 @@ class ActionsSink:
     # -- lifecycle ---------------------------------------------------------------------
     def start(self) -> None:
         """Start the sender, scheduler and drain threads (idempotent)."""
+        if isinstance(self.sender, HttpSender):
+            self.sender.warm(self.receivers.values())
         self.workers.start(dict(self.deliveries))
 
     def close(self) -> None:

@@ -10,7 +10,7 @@ use it. Nothing else in the stage knows how a message leaves the node.
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -76,6 +76,14 @@ class HttpSender:
                 )
                 self._clients[(rcv.name, target)] = client
             return client
+
+    def warm(self, receivers: Iterable[Receiver]) -> None:
+        """Build every target's client now, at start-up: the first httpx client of a
+        process loads the CA store (tens of milliseconds), which the first page would
+        otherwise wait for (seen on the real H100: 41-72 ms cold against ~5 ms warm)."""
+        for rcv in receivers:
+            for target in range(len(rcv.targets)):
+                self._client(rcv, target)
 
     def send(self, out: Outgoing, now: float) -> Outcome:
         rcv = out.receiver

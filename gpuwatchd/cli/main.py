@@ -104,8 +104,11 @@ def cmd_run(args: argparse.Namespace) -> int:
             register_secret(secret)
 
     def reload_logging(new: Config) -> Callable[[], None]:
-        def commit() -> None:
-            for secret in config_secrets(new):
+        def commit() -> None:  # after the actions' commit: their new secrets are read
+            secrets = list(config_secrets(new))
+            if daemon.node.actions is not None:
+                secrets += daemon.node.actions.secrets
+            for secret in secrets:
                 register_secret(secret)
             set_level(new.log_level, args.verbose)
 
@@ -305,11 +308,30 @@ def _status_over_http(base: str, timeout: float) -> Any:
 
 
 # -- parser ------------------------------------------------------------------------------
+HELP_EXAMPLES = """\
+examples:
+  gpuwatchd check-config && systemctl reload gpuwatchd
+                                  validate an edited config, then apply it
+  gpuwatchd status                per-GPU health from the running daemon (exit 3:
+                                  a GPU is not healthy)
+  journalctl -k -b -1 | gpuwatchd xid parse
+                                  XIDs in the previous boot's kernel log
+  gpuwatchd xid explain 79        what an XID means and what to do
+  gpuwatchd silence add --gpu 3 --for 2h --reason "reseat GPU 3"
+                                  mute GPU 3's pages and drains for maintenance
+  gpuwatchd demo                  watch a fault being handled, in about a minute
+
+  gpuwatchd COMMAND --help shows each command's options; man gpuwatchd has more.
+"""
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="gpuwatchd",
-        description="GPU health daemon: NVML and kernel-log XID monitoring, Prometheus "
+        description="GPU health daemon: NVML and kernel-log XID monitoring, Prometheus\n"
         "metrics, paging and scheduler drain.",
+        epilog=HELP_EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"gpuwatchd {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)

@@ -13,6 +13,7 @@ import os
 import sys
 import tempfile
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, TextIO
 
@@ -249,6 +250,11 @@ def default_demo_config() -> Config:
     return load_config(str(path), must_exist=True)
 
 
+def wants_color(out: TextIO, environ: Mapping[str, str]) -> bool:
+    """Colour only on a terminal, and never when NO_COLOR is set (no-color.org)."""
+    return not environ.get("NO_COLOR") and out.isatty()
+
+
 def run_demo(
     scenario: Scenario,
     base: Config,
@@ -259,7 +265,7 @@ def run_demo(
     out: TextIO = sys.stdout,
     color: bool | None = None,
 ) -> int:
-    style = Style(out.isatty() if color is None else color)
+    style = Style(wants_color(out, os.environ) if color is None else color)
     factor = scenario.duration / seconds
     clock = ScaledClock(factor)
     with tempfile.TemporaryDirectory(prefix="gpuwatchd-demo-") as state_dir:

@@ -60,7 +60,7 @@ class GpuResolver:
         return replace(event, gpu=info.index, uuid=info.uuid, pci_bus_id=info.pci_bus_id)
 
 
-_REPORT_MARKS = ("NVRM: Xid (", "SXid (", "fallen off the bus")
+_REPORT_MARKS = ("Xid (", "fallen off the bus")  # "Xid (" also covers SXid reports
 
 
 def _claims_a_report(message: str) -> bool:
@@ -126,7 +126,9 @@ class KernelLineHandler:
             self.counters.lines += 1
             if not trusted:
                 # An untrusted line is never parsed into an event. It is only counted when
-                # it claims to be an XID, so operators can see forgery attempts.
+                # it claims to be an XID, so operators can see forgery attempts. No "NVRM"
+                # required: journald files a user-facility /dev/kmsg record's "NVRM:" as
+                # its SYSLOG_IDENTIFIER, leaving "Xid (PCI:...): 79, ..." as the message.
                 if _claims_a_report(message):
                     self.counters.forged += 1
                     self._warn_forged(message)
