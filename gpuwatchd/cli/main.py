@@ -8,6 +8,7 @@ import logging
 import os
 import sys
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from gpuwatchd import __version__
 from gpuwatchd.config.loader import (
@@ -224,6 +225,10 @@ def cmd_check_config(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
+    from gpuwatchd.cli import statusclient
+
+    notes: list[str] = []
+    status: Any = None
     if args.url:
         base = args.url.rstrip("/")
     else:
@@ -234,20 +239,33 @@ def cmd_status(args: argparse.Namespace) -> int:
         host = config.listen.host
         host = f"[{host}]" if ":" in host else host
         base = f"http://{host}:{config.listen.port}"
-    import urllib.error
-    import urllib.request
-
-    try:
-        with urllib.request.urlopen(f"{base}/api/v1/status", timeout=args.timeout) as resp:
-            status = json.load(resp)
-    except (urllib.error.URLError, OSError) as exc:
-        print(f"gpuwatchd status: cannot reach the daemon at {base}: {exc}", file=sys.stderr)
-        return 1
-    if args.json:
+        # the daemon's own socket first: only the daemon can have made it (a squatter on
+        # the HTTP port cannot); HTTP only when there is no socket at all
+        sock = args.socket or statusclient.find_socket(config.state_dir, os.environ)
+        if sock is not None:
+            try:
+                doc = statusclient.read_verified(sock, args.timeout)
+            except statusclient.StatusSocketError as exc:
+                print(f"gpuwatchd status: {statusclient.printable(str(exc))}", file=sys.stderr)
+                return 1
+            status = doc["status"]
+            http = doc.get("http") or {}
+            if http.get("listening") is False:
+                notes.append(f"  http: NOT listening on {http.get('where')}: {http.get('problem')}")
+        else:
+            notes.append(f"  (no status socket found: asked {base}, which is not verified)")
+    if status is None:
+        status = _status_over_http(base, args.timeout)
+        if status is None:
+            return 1
+    if args.json:  # json.dump escapes every control character
         json.dump(status, sys.stdout, indent=2, sort_keys=True)
         sys.stdout.write("\n")
         return 0
+    status = statusclient.clean(status)  # never a terminal escape from the wire
     print(f"node {status['node']}  gpuwatchd {status['version']}  backend {status['backend']}")
+    for note in notes:
+        print(statusclient.printable(note))
     for g in status["gpus"]:
         r = g.get("readings", {})
         temp = r.get("temperature_gpu")
@@ -270,6 +288,23 @@ def cmd_status(args: argparse.Namespace) -> int:
     for line in status_lines(status):  # deliveries, silences, drain (when configured)
         print(line)
     return 0 if all(g["status"] == "ok" for g in status["gpus"]) else 3
+
+
+def _status_over_http(base: str, timeout: float) -> Any:
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"{base}/api/v1/status", timeout=timeout) as resp:
+            return json.load(resp)
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        from gpuwatchd.cli.statusclient import printable
+
+        print(
+            f"gpuwatchd status: cannot reach the daemon at {base}: {printable(str(exc))}",
+            file=sys.stderr,
+        )
+        return None
 
 
 # -- parser ------------------------------------------------------------------------------
@@ -360,7 +395,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_check_config)
 
     p = with_config(sub.add_parser("status", help="ask the running daemon for per-GPU health"))
-    p.add_argument("--url", help="daemon base URL (default: from the config's listen)")
+    p.add_argument("--url", help="daemon base URL (default: the status socket, else listen)")
+    p.add_argument(
+        "--socket", help="the daemon's status socket (default: $RUNTIME_DIRECTORY, /run/gpuwatchd)"
+    )
     p.add_argument("--json", action="store_true", help="print the raw JSON")
     p.add_argument("--timeout", type=float, default=5.0, help="seconds to wait")
     p.set_defaults(func=cmd_status)

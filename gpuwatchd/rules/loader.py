@@ -17,6 +17,7 @@ from collections.abc import Iterable, Mapping
 from importlib import resources
 from types import MappingProxyType
 
+from gpuwatchd.config import yamlsrc
 from gpuwatchd.config.loader import Config, normalize_gpu_id
 from gpuwatchd.config.yamlsrc import Node, Reader
 from gpuwatchd.core.alerts import AlertSeverity
@@ -422,6 +423,7 @@ def load_rule_set(
             parser.r.problems.extend(exc.problems)
             continue
         rules.extend(parser.file(root, path))
+        yamlsrc.hide_private_text(parser.r.problems, path)
         loaded.append(path)
     names = {r.name for r in rules}
     unknown = [n for n in disable if n not in names and n not in parser.seen]
@@ -439,8 +441,6 @@ def load_rule_set(
 def _disable_locations(config_source: str | None) -> dict[str, Location]:
     if config_source is None:
         return {}
-    from gpuwatchd.config import yamlsrc
-
     try:
         root = yamlsrc.load_file(config_source)
     except ConfigError:
@@ -483,8 +483,6 @@ def rules_from_config(config: Config, extra_files: Iterable[str] = ()) -> RuleSe
 def _file_locations(config_source: str | None) -> dict[str, Location]:
     if config_source is None:
         return {}
-    from gpuwatchd.config import yamlsrc
-
     try:
         root = yamlsrc.load_file(config_source)
     except ConfigError:

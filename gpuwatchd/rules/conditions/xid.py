@@ -157,7 +157,7 @@ class XidKind(ConditionKind):
         codes: set[int] = set()
         if "codes" in keys:
             for item in r.sequence(keys["codes"], f"{what}.codes") or []:
-                code = r.integer(item, f"{what}.codes", minimum=0)
+                code = r.integer(item, f"{what}.codes", minimum=0, maximum=999_999)
                 if code is None:
                     continue
                 if code not in known:

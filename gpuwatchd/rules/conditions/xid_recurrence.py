@@ -229,7 +229,7 @@ class XidRecurrenceKind(ConditionKind):
         known = catalog_codes()
         codes: set[int] = set()
         for item in r.sequence(keys["codes"], f"{what}.codes") or []:
-            code = r.integer(item, f"{what}.codes", minimum=0)
+            code = r.integer(item, f"{what}.codes", minimum=0, maximum=999_999)
             if code is None:
                 continue
             if code not in known:
