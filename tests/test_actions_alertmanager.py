@@ -105,7 +105,8 @@ routing:
             (alert,) = am_alerts(url)
             assert alert["labels"] == {
                 "alertname": "gpu_xid_fatal",
-                "severity": "page",
+                "severity": "critical",
+                "gpuwatchd_severity": "page",
                 "node": "node17",
                 "gpu": "3",
                 "uuid": "GPU-5d9e3c52-0a8c-4f1e-9b61-3f6c2f6e7a13",
@@ -173,6 +174,7 @@ def test_one_alertmanager_down_does_not_stop_resends_to_the_other(
             "annotations",
             "startsAt",
             "endsAt",
+            "generatorURL",
         }
         ends = [parse_time(p.json()[0]["endsAt"]) for p in pushes]
         assert ends == sorted(ends) and ends[-1] - ends[0] == pytest.approx(180, abs=1)

@@ -95,7 +95,7 @@ def test_daemon_pages_drains_once_and_shows_it(tmp_path: Path, daemon_factory: A
         page = next(r.json() for r in rx.requests if "GpuXidFatal" in str(r.json()))
         assert page["version"] == "4" and page["groupLabels"] == {"node": "e2e-node"}
         xid = next(a for a in page["alerts"] if a["labels"]["alertname"] == "GpuXidFatal")
-        assert xid["labels"]["gpu"] == "1" and xid["labels"]["severity"] == "page"
+        assert xid["labels"]["gpu"] == "1" and xid["labels"]["severity"] == "critical"
         assert "XID 79" in xid["annotations"]["summary"]
         wait(lambda: log.exists() and "GPUWATCHD_ACTION=drain" in log.read_text(), 10, "no drain")
         time.sleep(1.5)  # the second drain alert (GPU lost) must not run the hook again

@@ -88,10 +88,11 @@ routing:
         assert msg["status"] == "firing"
         assert msg["receiver"] == "ops"
         assert msg["groupLabels"] == {"node": "node17"}
-        assert msg["externalURL"] == ""
+        assert msg["externalURL"] == "http://node17:9835"  # no external_url: node, default port
         labels = {
             "alertname": "gpu_xid_fatal",
-            "severity": "page",
+            "severity": "critical",
+            "gpuwatchd_severity": "page",
             "node": "node17",
             "gpu": "3",
             "uuid": "GPU-5d9e3c52-0a8c-4f1e-9b61-3f6c2f6e7a13",
@@ -99,7 +100,7 @@ routing:
             "model": "NVIDIA H200",
             "xid": "79",
         }
-        assert msg["commonLabels"] == labels
+        assert msg["commonLabels"] == dict(sorted(labels.items()))
         assert msg["commonAnnotations"] == dict(fire.annotations)
         (alert,) = msg["alerts"]
         assert alert == {
@@ -108,7 +109,7 @@ routing:
             "annotations": dict(fire.annotations),
             "startsAt": rfc3339(since),
             "endsAt": GO_ZERO_TIME,
-            "generatorURL": "",
+            "generatorURL": "http://node17:9835/api/v1/status",
             "fingerprint": fire.fingerprint,
         }
         assert list(msg) == [

@@ -116,3 +116,22 @@ def test_daemonset(tmp_path: Path) -> None:
     assert config.listen.host == "0.0.0.0" and config.listen.port == 9835
     drain = config.as_dict()["drain"]
     assert drain["mode"] == "kubernetes" and drain["dry_run"] is True
+
+
+def test_podmonitor_scrapes_the_daemonset_port() -> None:
+    (monitor,) = docs("servicemonitor.yaml")
+    assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
+    assert monitor["kind"] == "PodMonitor"
+    ds = by_kind(docs("daemonset.yaml"))["DaemonSet"]
+    assert monitor["metadata"]["namespace"] == ds["metadata"]["namespace"]
+    pod_labels = ds["spec"]["template"]["metadata"]["labels"]
+    selector = monitor["spec"]["selector"]["matchLabels"]
+    assert selector.items() <= pod_labels.items()
+    (endpoint,) = monitor["spec"]["podMetricsEndpoints"]
+    (container,) = ds["spec"]["template"]["spec"]["containers"]
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert endpoint["port"] in ports
+    assert endpoint["path"] == "/metrics"
+    assert {"sourceLabels": ["__meta_kubernetes_pod_node_name"], "targetLabel": "node"} in (
+        endpoint["relabelings"]
+    )

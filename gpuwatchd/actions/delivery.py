@@ -28,6 +28,7 @@ from gpuwatchd.actions.store import loads
 from gpuwatchd.actions.transport import Outgoing, Sender
 from gpuwatchd.config.actions import RoutingConfig
 from gpuwatchd.core.clock import Clock
+from gpuwatchd.core.eventlog import log_delivery
 
 log = logging.getLogger(__name__)
 
@@ -122,6 +123,7 @@ class TargetDelivery:
         trimmed = any(r["outcome"] == TRIMMED for r in rows)
         with self.inflight.lock:
             self.inflight.ids.update(ids)
+        started = self.clock.monotonic()
         try:
             outcome = self._send(notes, key, trimmed)
         finally:
@@ -131,6 +133,7 @@ class TargetDelivery:
         if outcome.kind == "ok":
             self.outbox.mark_sent(ids, done)
             self.metrics.add_sent(rcv.name, [done - float(r["received"]) for r in rows])
+            log_delivery(rcv.name, rcv.kind, notes, mono - started)  # info line per delivery
             self.health.last_success = done
             if rcv.min_interval:
                 self.blocked_until = mono + rcv.min_interval

@@ -38,6 +38,7 @@ from gpuwatchd.actions.model import (
 from gpuwatchd.actions.secrets import read_secret as _read_secret
 from gpuwatchd.actions.secrets import url_secrets
 from gpuwatchd.config.actions import (
+    DEFAULT_SEVERITY_LABELS,
     AlertmanagerReceiver,
     PagerDutyReceiver,
     ReceiverConfig,
@@ -184,19 +185,60 @@ def _starts_at(a: Mapping[str, Any]) -> float:
     return float(a.get("active_since") or a.get("timestamp") or 0.0)
 
 
-def webhook_message(note: Mapping[str, Any], receiver: str) -> dict[str, Any]:
+# -- Alertmanager conventions (webhook and Alertmanager receivers) ------------------------
+RULE_SEVERITY_LABEL = "severity_label"
+"""A rule label that sets the ``severity`` label sent for that rule's alerts itself."""
+SOURCE_SEVERITY_LABEL = "gpuwatchd_severity"
+"""The gpuwatchd severity (page, ticket, info), kept next to the mapped ``severity``."""
+
+
+def external_labels(
+    rec: Mapping[str, Any], severity_labels: Mapping[str, str] = DEFAULT_SEVERITY_LABELS
+) -> dict[str, str]:
+    """The labels Alertmanager and webhooks see: ``severity`` in Alertmanager's convention
+    (``severity_labels``, or the rule's own ``severity_label``), the gpuwatchd severity in
+    ``gpuwatchd_severity``."""
+    labels = am_labels(rec)
+    internal = str(rec["severity"])
+    own = labels.pop(RULE_SEVERITY_LABEL, None)
+    labels["severity"] = own or severity_labels.get(internal, internal)
+    labels[SOURCE_SEVERITY_LABEL] = internal
+    return dict(sorted(labels.items()))
+
+
+def daemon_url(external_url: str | None, node: str) -> str:
+    """Where people reach this node's gpuwatchd: the receiver's ``external_url``, else
+    ``http://NODE:9835`` (the node name and the default port)."""
+    from gpuwatchd.config.loader import DEFAULT_PORT
+
+    return (external_url or f"http://{node}:{DEFAULT_PORT}").rstrip("/")
+
+
+def generator_url(base: str) -> str:
+    """The page that produced the alert: the node's status API, which shows the GPU's
+    readings and every firing alert."""
+    return f"{base}/api/v1/status"
+
+
+def webhook_message(
+    note: Mapping[str, Any],
+    receiver: str,
+    severity_labels: Mapping[str, str] = DEFAULT_SEVERITY_LABELS,
+    external_url: str | None = None,
+) -> dict[str, Any]:
     """Alertmanager's webhook payload, version 4."""
+    base = daemon_url(external_url, str(note["node"]))
     alerts = []
     for a in note["alerts"]:
         resolved = a["state"] == "resolved"
         alerts.append(
             {
                 "status": "resolved" if resolved else "firing",
-                "labels": am_labels(a),
+                "labels": external_labels(a, severity_labels),
                 "annotations": dict(sorted((a.get("annotations") or {}).items())),
                 "startsAt": rfc3339(_starts_at(a)),
                 "endsAt": rfc3339(float(a["timestamp"])) if resolved else GO_ZERO_TIME,
-                "generatorURL": "",
+                "generatorURL": generator_url(base),
                 "fingerprint": a["fingerprint"],
             }
         )
@@ -209,7 +251,7 @@ def webhook_message(note: Mapping[str, Any], receiver: str) -> dict[str, Any]:
         "groupLabels": dict(sorted(note["group_labels"].items())),
         "commonLabels": _common([x["labels"] for x in alerts]),
         "commonAnnotations": _common([x["annotations"] for x in alerts]),
-        "externalURL": "",
+        "externalURL": base,
         "alerts": alerts,
     }
 
@@ -218,7 +260,7 @@ class WebhookSender(Receiver):
     def render(self, notes: list[dict[str, Any]], target: int, key: str, now: float) -> HttpRequest:
         cfg = self.config
         assert isinstance(cfg, WebhookReceiver)
-        body = _json(webhook_message(notes[0], self.name))
+        body = _json(webhook_message(notes[0], self.name, cfg.severity_labels, cfg.external_url))
         headers = self._headers(key)
         hmac_key = self._hmac_key
         if hmac_key:
@@ -503,18 +545,24 @@ class PagerDutySender(Receiver):
 
 # -- Alertmanager --------------------------------------------------------------------------
 def alertmanager_alerts(
-    note: Mapping[str, Any], now: float, resend_interval: float
+    note: Mapping[str, Any],
+    now: float,
+    resend_interval: float,
+    severity_labels: Mapping[str, str] = DEFAULT_SEVERITY_LABELS,
+    external_url: str | None = None,
 ) -> list[dict[str, Any]]:
+    base = daemon_url(external_url, str(note["node"]))
     out = []
     for a in note["alerts"]:
         resolved = a["state"] == "resolved"
         ends = min(float(a["timestamp"]), now) if resolved else now + 4 * resend_interval
         out.append(
             {
-                "labels": am_labels(a),
+                "labels": external_labels(a, severity_labels),
                 "annotations": dict(sorted((a.get("annotations") or {}).items())),
                 "startsAt": rfc3339(_starts_at(a)),
                 "endsAt": rfc3339(ends),
+                "generatorURL": generator_url(base),
             }
         )
     return out
@@ -526,7 +574,11 @@ class AlertmanagerSender(Receiver):
     def render(self, notes: list[dict[str, Any]], target: int, key: str, now: float) -> HttpRequest:
         cfg = self.config
         assert isinstance(cfg, AlertmanagerReceiver)
-        body = _json(alertmanager_alerts(notes[0], now, cfg.resend_interval))
+        body = _json(
+            alertmanager_alerts(
+                notes[0], now, cfg.resend_interval, cfg.severity_labels, cfg.external_url
+            )
+        )
         url = self.targets[target].rstrip("/") + "/api/v2/alerts"
         return HttpRequest("POST", url, self._headers(key), body)
 

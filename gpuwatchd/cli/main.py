@@ -24,7 +24,7 @@ from gpuwatchd.core.errors import BackendUnavailable, ConfigError, GpuwatchdErro
 log = logging.getLogger("gpuwatchd")
 
 # Modules that add subcommands: each has ``add_parser(subparsers)`` and sets ``func``.
-COMMAND_MODULES: tuple[str, ...] = ("xid", "drainhelper", "silence", "rules", "backtest")
+COMMAND_MODULES: tuple[str, ...] = ("xid", "drainhelper", "silence", "rules", "backtest", "check")
 
 
 def _load(args: argparse.Namespace) -> Config:
@@ -32,11 +32,12 @@ def _load(args: argparse.Namespace) -> Config:
     return load_config(path, must_exist=args.config is not None)
 
 
-def _setup_logging(level: str, verbose: bool = False) -> None:
-    """The journal when stderr is journald's stream, else tty or plain (see logsetup)."""
+def _setup_logging(level: str, verbose: bool = False, log_format: str = "auto") -> None:
+    """The journal when stderr is journald's stream, else tty or plain; or JSON lines when
+    the config's log_format asks (see logsetup)."""
     from gpuwatchd.service.logsetup import setup_logging
 
-    setup_logging(level, verbose)
+    setup_logging(level, verbose, log_format=log_format)
 
 
 def _config_errors(exc: ConfigError) -> int:
@@ -70,7 +71,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             # before anything is opened or started: NVML on worker threads needs one
             # malloc arena from process start (see reexec_with_single_arena)
             reexec_with_single_arena()
-        _setup_logging(config.log_level, args.verbose)
+        _setup_logging(config.log_level, args.verbose, config.log_format)
         clock = SystemClock()
         backend = open_backend(str(config.backend), clock)
     except ConfigError as exc:
@@ -226,21 +227,17 @@ def cmd_check_config(args: argparse.Namespace) -> int:
 
 def cmd_status(args: argparse.Namespace) -> int:
     from gpuwatchd.cli import statusclient
+    from gpuwatchd.cli.daemonclient import DaemonError, client_from_args
 
     notes: list[str] = []
     status: Any = None
-    if args.url:
-        base = args.url.rstrip("/")
-    else:
-        try:
-            config = _load(args)
-        except ConfigError as exc:
-            return _config_errors(exc)
-        host = config.listen.host
-        host = f"[{host}]" if ":" in host else host
-        base = f"http://{host}:{config.listen.port}"
+    try:
+        config = None if args.url and not args.config else _load(args)
+    except ConfigError as exc:
+        return _config_errors(exc)
+    if config is not None and not args.url and not args.healthz:
         # the daemon's own socket first: only the daemon can have made it (a squatter on
-        # the HTTP port cannot); HTTP only when there is no socket at all
+        # the HTTP port cannot); HTTP (TLS and basic auth as configured) only without one
         sock = args.socket or statusclient.find_socket(config.state_dir, os.environ)
         if sock is not None:
             try:
@@ -253,10 +250,18 @@ def cmd_status(args: argparse.Namespace) -> int:
             if http.get("listening") is False:
                 notes.append(f"  http: NOT listening on {http.get('where')}: {http.get('problem')}")
         else:
-            notes.append(f"  (no status socket found: asked {base}, which is not verified)")
+            notes.append("  (no status socket found: asked over HTTP, which is not verified)")
     if status is None:
-        status = _status_over_http(base, args.timeout)
-        if status is None:
+        try:
+            client = client_from_args(args, config)
+            if args.healthz:  # a probe: the daemon's own health, not the GPUs'
+                code, body = client.get("/healthz")
+                text = statusclient.printable(body.decode("utf-8", "replace").strip())
+                print(text if code in (200, 503) else f"HTTP {code} {text}"[:300])
+                return 0 if code == 200 else 1
+            status = json.loads(client.get_ok("/api/v1/status"))
+        except (DaemonError, ValueError) as exc:
+            print(f"gpuwatchd status: {statusclient.printable(str(exc))}", file=sys.stderr)
             return 1
     if args.json:  # json.dump escapes every control character
         json.dump(status, sys.stdout, indent=2, sort_keys=True)
@@ -287,24 +292,8 @@ def cmd_status(args: argparse.Namespace) -> int:
 
     for line in status_lines(status):  # deliveries, silences, drain (when configured)
         print(line)
-    return 0 if all(g["status"] == "ok" for g in status["gpus"]) else 3
-
-
-def _status_over_http(base: str, timeout: float) -> Any:
-    import urllib.error
-    import urllib.request
-
-    try:
-        with urllib.request.urlopen(f"{base}/api/v1/status", timeout=timeout) as resp:
-            return json.load(resp)
-    except (urllib.error.URLError, OSError, ValueError) as exc:
-        from gpuwatchd.cli.statusclient import printable
-
-        print(
-            f"gpuwatchd status: cannot reach the daemon at {base}: {printable(str(exc))}",
-            file=sys.stderr,
-        )
-        return None
+    gpus = status["gpus"]
+    return 0 if gpus and all(g["status"] == "ok" for g in gpus) else 3  # no GPU is no health
 
 
 # -- parser ------------------------------------------------------------------------------
@@ -395,12 +384,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_check_config)
 
     p = with_config(sub.add_parser("status", help="ask the running daemon for per-GPU health"))
-    p.add_argument("--url", help="daemon base URL (default: the status socket, else listen)")
     p.add_argument(
         "--socket", help="the daemon's status socket (default: $RUNTIME_DIRECTORY, /run/gpuwatchd)"
     )
     p.add_argument("--json", action="store_true", help="print the raw JSON")
-    p.add_argument("--timeout", type=float, default=5.0, help="seconds to wait")
+    p.add_argument(
+        "--healthz",
+        action="store_true",
+        help="only the daemon's /healthz: exit 0 when it is healthy (a probe command)",
+    )
+    from gpuwatchd.cli.daemonclient import add_client_arguments
+
+    add_client_arguments(p)  # --url, --timeout, TLS and basic auth
     p.set_defaults(func=cmd_status)
 
     import importlib

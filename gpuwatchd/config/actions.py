@@ -27,6 +27,9 @@ TAINT_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
 PAGERDUTY_URL = "https://events.pagerduty.com/v2/enqueue"
 SIGNATURE_HEADER = "X-Gpuwatchd-Signature"
 DEFAULT_STATE_FILE = "/run/gpuwatchd/health.json"
+DEFAULT_SEVERITY_LABELS: dict[str, str] = {"page": "critical", "ticket": "warning", "info": "info"}
+"""The ``severity`` label Alertmanager and webhook receivers see for each gpuwatchd severity
+(Alertmanager's and most routing trees' convention); ``severity_labels`` changes it."""
 
 _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
 _CREDENTIAL_RE = re.compile(r"[A-Za-z0-9_.@-]{1,255}")
@@ -63,6 +66,8 @@ class WebhookReceiver:
     signature_header: str = SIGNATURE_HEADER
     timeout: float = 10.0
     send_resolved: bool = True
+    severity_labels: dict[str, str] = field(default_factory=lambda: dict(DEFAULT_SEVERITY_LABELS))
+    external_url: str | None = None
 
 
 @dataclass(frozen=True)
@@ -101,6 +106,8 @@ class AlertmanagerReceiver:
     resend_interval: float = 60.0
     timeout: float = 10.0
     send_resolved: bool = True
+    severity_labels: dict[str, str] = field(default_factory=lambda: dict(DEFAULT_SEVERITY_LABELS))
+    external_url: str | None = None
 
 
 ReceiverConfig = WebhookReceiver | SlackReceiver | PagerDutyReceiver | AlertmanagerReceiver
@@ -394,6 +401,11 @@ def _read_receiver(r: Reader, node: Node, what: str) -> ReceiverConfig | None:
             value = _duration(r, value_node, where, positive=key != "min_interval")
         elif key == "send_resolved":
             value = r.boolean(value_node, where)
+        elif key == "severity_labels":
+            value = read_severity_labels(r, value_node, where)
+        elif key == "external_url":
+            value = _http_url(r, value_node, where, secret=False)
+            value = value.rstrip("/") if value else None
         else:  # pragma: no cover - every dataclass field is handled above
             raise AssertionError(key)
         if value is None:
@@ -416,6 +428,35 @@ def _read_receiver(r: Reader, node: Node, what: str) -> ReceiverConfig | None:
     values["type"] = kind
     result: ReceiverConfig = cls(**values)
     return result
+
+
+_SEVERITY_VALUE_RE = re.compile(r"[A-Za-z0-9_.-]{1,63}")
+
+
+def read_severity_labels(r: Reader, node: Node, what: str) -> dict[str, str] | None:
+    """``{page: critical, ...}``: gpuwatchd severity -> the ``severity`` label value sent.
+
+    Severities left out keep their default (``DEFAULT_SEVERITY_LABELS``)."""
+    given = _string_map(r, node, what)
+    if given is None:
+        return None
+    bad = False
+    for key_node, value_node in node.items() if node.is_mapping() else ():
+        key = str(key_node.value)
+        if key not in SEVERITIES:
+            r.error(
+                key_node.loc,
+                f"{what}: {key!r} is not a gpuwatchd severity ({', '.join(SEVERITIES)})",
+            )
+            bad = True
+        elif not _SEVERITY_VALUE_RE.fullmatch(given[key]):
+            r.error(
+                value_node.loc,
+                f"{what}.{key}: {given[key]!r} is not a severity label value "
+                "(letters, digits, '_', '.', '-'; at most 63)",
+            )
+            bad = True
+    return None if bad else {**DEFAULT_SEVERITY_LABELS, **given}
 
 
 def _no_reserved(

@@ -170,6 +170,7 @@ class Config:
     rules: RulesConfig = field(default_factory=RulesConfig)
     xid: XidConfig = field(default_factory=XidConfig)
     web: WebSection = field(default_factory=WebSection)
+    log_format: str = "auto"  # auto (journal, tty or plain) or json
     source: str | None = field(default=None, compare=False, metadata={"internal": True})
     """The file it was loaded from (``None``: built-in defaults only)."""
 
@@ -323,6 +324,13 @@ def _read_log_level(r: Reader, node: Node, ctx: _Context) -> str | None:
     suggestion = f" (did you mean {hint[0]!r}?)" if hint else ""
     r.error(node.loc, f"log_level: {value!r} is not one of {', '.join(LOG_LEVELS)}{suggestion}")
     return None
+
+
+LOG_FORMATS = ("auto", "json")
+
+
+def _read_log_format(r: Reader, node: Node, ctx: _Context) -> str | None:
+    return r.string(node, "log_format", LOG_FORMATS)
 
 
 def _read_poll(r: Reader, node: Node | None, ctx: _Context) -> PollConfig:
@@ -560,6 +568,7 @@ _ENTRIES: dict[str, _Entry[Any]] = {
     "rules": _section_entry(RulesConfig, lambda r, n, ctx: read_rules(r, n, ctx.base_dir)),
     "xid": _section_entry(XidConfig, _read_xid),
     "web": _section_entry(WebSection, _read_web),
+    "log_format": _Entry(_read_log_format, _const("auto")),
 }
 
 

@@ -5,6 +5,12 @@ field gpuwatchd samples, so dashboards built for it (Grafana 12239) and the aler
 people wrote against it keep working. Units follow DCGM (C, W, MHz, MiB, %, mJ, ns), not
 Prometheus base units. DCGM counters carry no ``_total`` suffix, so they are exposed with
 TYPE gauge (PromQL ``rate()`` works the same; TYPE is metadata only).
+
+``DCGM_FI_PROF_GR_ENGINE_ACTIVE`` (a 0-1 ratio) is filled from NVML's GPU utilization,
+the share of the sample period in which a kernel ran: the same question, answered by
+NVML at a coarser grain than DCGM's profiling counters. Dashboard 12239's "GPU
+Utilization" panel reads it. The other ``DCGM_FI_PROF_*`` fields (tensor pipes, DRAM,
+PCIe bytes) have no NVML equivalent and are not emitted.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ from gpuwatchd.core.nodestate import NodeView
 from gpuwatchd.core.records import GpuStatus
 
 DCGM_LABELS = ("gpu", "UUID", "pci_bus_id", "device", "modelName")
+GR_ENGINE_ACTIVE = "DCGM_FI_PROF_GR_ENGINE_ACTIVE"
 
 
 def dcgm_families(view: NodeView, fams: Families, hostname_label: bool = True) -> None:
@@ -32,6 +39,12 @@ def dcgm_families(view: NodeView, fams: Families, hostname_label: bool = True) -
     xid = fams.get(
         "DCGM_FI_DEV_XID_ERRORS", "gauge", "Value of the last XID error encountered.", names
     )
+    engine = fams.get(
+        GR_ENGINE_ACTIVE,
+        "gauge",
+        "Ratio of time the graphics engine is active (from NVML GPU utilization).",
+        names,
+    )
     for g in view.gpus:
         i = g.info
         values = [str(i.index), i.uuid, i.pci_bus_id, f"nvidia{i.index}", i.name]
@@ -43,6 +56,9 @@ def dcgm_families(view: NodeView, fams: Families, hostname_label: bool = True) -
         sample = g.sample
         if sample is None or g.status is not GpuStatus.OK:
             continue
+        util = sample.fields.get("utilization_gpu")
+        if util is not None:
+            engine.add_text(labels, util)
         for spec in gpu_specs:
             assert spec.dcgm is not None
             value = sample.fields.get(spec.name)

@@ -3,7 +3,10 @@
 Every scrape builds fresh families from the latest immutable view, so a scrape never
 calls NVML and never waits on a GPU. ``MetricsRenderer`` caches the text per view
 version: scrapes between two polls cost a lookup. ``NodeCollector`` exposes the same
-families through a private prometheus_client registry (used for OpenMetrics).
+families through a private prometheus_client registry (used for OpenMetrics). Both
+scrape paths add the daemon's own ``process_*`` metrics, read fresh at every scrape (they
+are not part of ``families()``, which ``simulate`` writes, so its output stays the same
+from run to run).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from gpuwatchd.core.families import Families, escape_label_value, label_text, to
 from gpuwatchd.core.fields import CLOCK_EVENT_REASONS, GPU_FIELD_LIST, LINK_FIELD_LIST, FieldSpec
 from gpuwatchd.core.nodestate import NodeView
 from gpuwatchd.core.records import GpuInfo, GpuStatus
+from gpuwatchd.exposition.process import ProcessMetrics
 
 GPU_LABELS = ("gpu", "uuid", "pci_bus_id", "model")
 LINK_LABELS = (*GPU_LABELS, "link")
@@ -282,8 +286,10 @@ class MetricsRenderer:
         dcgm_compat: bool = False,
         hostname_label: bool = True,
         extra_families: tuple[ExtraFamilies, ...] = (),
+        process: ProcessMetrics | None = None,
     ) -> None:
         self._view = view
+        self.process = process or ProcessMetrics()
         self.per_link = per_link
         extra: list[ExtraFamilies] = list(extra_families)
         if dcgm_compat:
@@ -314,6 +320,10 @@ class MetricsRenderer:
         return build_families(view or self._view(), per_link=self.per_link, extra=self.extra)
 
     def render(self) -> bytes:
+        """The node's families (cached per view version), then the process metrics."""
+        return self._node_text() + self.process.render()
+
+    def _node_text(self) -> bytes:
         view = self._view()
         with self._lock:
             if self._cache is not None and self._cache[0] == view.version:
@@ -334,7 +344,9 @@ class NodeCollector(Collector):
         return []  # registration never triggers a collection
 
     def collect(self) -> Iterator[Metric]:
-        for fam in self._renderer.families():
+        fams = self._renderer.families()
+        self._renderer.process.add(fams)
+        for fam in fams:
             yield to_client_metric(fam)
 
 

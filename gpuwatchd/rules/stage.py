@@ -18,6 +18,7 @@ from gpuwatchd.config.loader import Config, load_config
 from gpuwatchd.core.alerts import AlertTransition
 from gpuwatchd.core.clock import Clock
 from gpuwatchd.core.errors import ConfigError
+from gpuwatchd.core.eventlog import log_transitions
 from gpuwatchd.core.families import Families
 from gpuwatchd.core.nodestate import NodeView
 from gpuwatchd.core.records import DeviceEvent, GpuSample, XidEvent
@@ -44,7 +45,9 @@ class RulesStage:
         self.engine.observe(record)
 
     def evaluate(self, now: float, view: NodeView) -> list[AlertTransition]:
-        return self.engine.evaluate(now, view)
+        transitions = self.engine.evaluate(now, view)
+        log_transitions(transitions)  # every fire and resolve at info level
+        return transitions
 
     def families(self, view: NodeView, fams: Families) -> None:
         self.engine.families(view, fams)

@@ -15,6 +15,10 @@ Three destinations, chosen from where stderr leads:
   which journald turns into ``PRIORITY=``.
 - **tty**: short, aligned, coloured lines for a person at a terminal.
 - **plain**: ``TIME LEVEL LOGGER: message key=value ...`` for files, pipes and containers.
+- **json** (``log_format: json`` in the config; never chosen by itself): one JSON object per
+  line on stderr, for log shippers: ``{"time": "2026-01-02T03:04:05.678Z", "level": "info",
+  "logger": "gpuwatchd.alerts", "message": "...", "rule": "GpuXidFatal", "gpu": "3"}``,
+  plus ``exception`` with the traceback when there is one.
 
 Secrets never reach any destination: every value registered with ``register_secret`` (the
 config's secret fields, credentials read at run time) and a few well-known token shapes
@@ -32,11 +36,14 @@ import threading
 from collections.abc import Callable, Iterable, Mapping
 from typing import IO, Any, Literal
 
+from gpuwatchd.config.loader import LOG_FORMATS  # auto: journal, tty or plain; or json
 from gpuwatchd.core.secretforms import secret_forms
 
 __all__ = [
     "FIELDS",
+    "LOG_FORMATS",
     "JournalHandler",
+    "JsonFormatter",
     "Mode",
     "choose_mode",
     "config_secrets",
@@ -48,7 +55,7 @@ __all__ = [
     "syslog_priority",
 ]
 
-Mode = Literal["journal", "tty", "plain"]
+Mode = Literal["journal", "tty", "plain", "json"]
 
 FIELDS: Mapping[str, str] = {
     "gpu": "GPU",
@@ -205,6 +212,28 @@ class _TextFormatter(logging.Formatter):
         return text
 
 
+class JsonFormatter(logging.Formatter):
+    """One JSON object per record: time (UTC, RFC 3339), level, logger, message, the
+    structured fields (``FIELDS``, lower-case) and the traceback; secrets redacted."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        import json
+        from datetime import UTC, datetime
+
+        stamp = datetime.fromtimestamp(record.created, UTC)
+        out: dict[str, str] = {
+            "time": stamp.strftime("%Y-%m-%dT%H:%M:%S.") + f"{stamp.microsecond // 1000:03d}Z",
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "message": redact(record.getMessage()),
+        }
+        for key, value in _fields(record).items():
+            out[key.lower()] = value  # already redacted
+        if record.exc_info:
+            out["exception"] = redact(self.formatException(record.exc_info))
+        return json.dumps(out, ensure_ascii=False)
+
+
 def _colour(levelno: int, text: str) -> str:
     if levelno >= logging.ERROR:
         code = "31"  # red
@@ -251,14 +280,20 @@ def setup_logging(
     environ: Mapping[str, str] | None = None,
     mode: Mode | None = None,
     sender: Sender | None = None,
+    log_format: str = "auto",
 ) -> Mode:
-    """Install gpuwatchd's one root handler (replacing an earlier one); returns the mode."""
+    """Install gpuwatchd's one root handler (replacing an earlier one); returns the mode.
+
+    ``log_format="json"`` chooses JSON lines on ``stream`` whatever stderr leads to."""
     global _handler
     out = sys.stderr if stream is None else stream
     env = os.environ if environ is None else environ
-    chosen = mode or choose_mode(out, env)
+    chosen: Mode = "json" if log_format == "json" else (mode or choose_mode(out, env))
     handler: logging.Handler
-    if chosen == "journal":
+    if chosen == "json":
+        handler = logging.StreamHandler(out)
+        handler.setFormatter(JsonFormatter())
+    elif chosen == "journal":
         try:
             handler = JournalHandler(sender)
         except ImportError:  # no python-systemd: journald still parses <N> prefixes
