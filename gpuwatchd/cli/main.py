@@ -6,6 +6,7 @@ import argparse
 import json
 import logging
 import os
+import signal
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -407,6 +408,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    if list(sys.argv[1:] if argv is None else argv)[:1] == ["run"]:
+        # A reload asked for while the daemon starts (systemctl reload, logrotate) must not
+        # kill it: SIGHUP's default action is to terminate. Ignored until the daemon's own
+        # handler takes over (the disposition survives the MALLOC_ARENA_MAX re-exec).
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
