@@ -39,14 +39,9 @@ from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from prometheus_client.openmetrics.exposition import (
-    CONTENT_TYPE_LATEST as OPENMETRICS_CONTENT_TYPE,
-)
-from prometheus_client.openmetrics.exposition import generate_latest as openmetrics_latest
-
 from gpuwatchd.config.web import PasswordChecksBusy, WebGuard
 from gpuwatchd.core.families import CONTENT_TYPE, Families
-from gpuwatchd.exposition.metrics import MetricsRenderer, client_registry
+from gpuwatchd.exposition.metrics import MetricsRenderer
 
 log = logging.getLogger(__name__)
 
@@ -94,7 +89,8 @@ class _Server(ThreadingHTTPServer):
     ) -> None:
         self.address_family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
         self.renderer = renderer
-        self.registry = client_registry(renderer)
+        self._registry: Any = None  # the OpenMetrics registry, built on first use
+        self._registry_lock = threading.Lock()
         self.health = health
         self.status = status
         self.guard = guard
@@ -107,6 +103,15 @@ class _Server(ThreadingHTTPServer):
         self._waiting: dict[int, tuple[float, socket.socket]] = {}
         self._warned: dict[str, float] = {}
         super().__init__(address, _Handler)
+
+    def openmetrics(self) -> tuple[bytes, str]:
+        """The OpenMetrics body and its content type; prometheus_client loads on first use."""
+        from gpuwatchd.exposition import openmetrics
+
+        with self._registry_lock:
+            if self._registry is None:
+                self._registry = openmetrics.client_registry(self.renderer)
+        return openmetrics.render(self._registry), openmetrics.CONTENT_TYPE_LATEST
 
     def refuse(self, reason: str, message: str | None = None, *args: object) -> None:
         """Count a refusal; log it at most once per ``_WARN_EVERY`` seconds per reason."""
@@ -343,8 +348,8 @@ class _Handler(BaseHTTPRequestHandler):
             if path == "/metrics":
                 accept = self.headers.get("Accept", "")
                 if "application/openmetrics-text" in accept:
-                    body = openmetrics_latest(self.server.registry)  # type: ignore[no-untyped-call]
-                    self._send(200, body, OPENMETRICS_CONTENT_TYPE)
+                    body, content_type = self.server.openmetrics()
+                    self._send(200, body, content_type)
                 else:
                     self._send(200, self.server.renderer.render(), CONTENT_TYPE)
             elif path == "/healthz":

@@ -12,15 +12,12 @@ from run to run).
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from functools import lru_cache
-
-from prometheus_client.core import Metric
-from prometheus_client.registry import Collector, CollectorRegistry
 
 from gpuwatchd import __version__
 from gpuwatchd.config.loader import MetricsConfig
-from gpuwatchd.core.families import Families, escape_label_value, label_text, to_client_metric
+from gpuwatchd.core.families import Families, escape_label_value, label_text
 from gpuwatchd.core.fields import CLOCK_EVENT_REASONS, GPU_FIELD_LIST, LINK_FIELD_LIST, FieldSpec
 from gpuwatchd.core.nodestate import NodeView
 from gpuwatchd.core.records import GpuInfo, GpuStatus
@@ -332,25 +329,3 @@ class MetricsRenderer:
         with self._lock:
             self._cache = (view.version, body)
         return body
-
-
-class NodeCollector(Collector):
-    """The same families through prometheus_client (a private registry, no global state)."""
-
-    def __init__(self, renderer: MetricsRenderer) -> None:
-        self._renderer = renderer
-
-    def describe(self) -> list[Metric]:
-        return []  # registration never triggers a collection
-
-    def collect(self) -> Iterator[Metric]:
-        fams = self._renderer.families()
-        self._renderer.process.add(fams)
-        for fam in fams:
-            yield to_client_metric(fam)
-
-
-def client_registry(renderer: MetricsRenderer) -> CollectorRegistry:
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(NodeCollector(renderer))
-    return registry
