@@ -280,7 +280,8 @@ def test_every_problem_in_every_file_is_reported_at_once(tmp_path: Path) -> None
     lines = info.value.lines()
     assert len(lines) == 2
     assert lines[0].startswith(f"{a}:3:13: rule 'R'.severity: 'pager' is not one of")
-    assert lines[1].startswith(f"{b}:1:9: YAML syntax error")
+    # at the end of the input: its last column (PyYAML) or the next line (libyaml)
+    assert lines[1].startswith((f"{b}:1:9: YAML syntax error", f"{b}:2:1: YAML syntax error"))
 
 
 def test_yaml_alias_bomb_is_refused_in_linear_time() -> None:
