@@ -87,7 +87,8 @@ def measure_render(n: int) -> None:
 
     from gpuwatchd.core.clock import VirtualClock
     from gpuwatchd.core.nodestate import NodeState
-    from gpuwatchd.exposition.metrics import MetricsRenderer, client_registry
+    from gpuwatchd.exposition.metrics import MetricsRenderer
+    from gpuwatchd.exposition.openmetrics import client_registry
     from gpuwatchd.scenario.backend import ScenarioBackend
     from gpuwatchd.scenario.model import load_scenario
     from gpuwatchd.sources.gpu.poller import Poller

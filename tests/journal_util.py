@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import struct
 import subprocess
 import time
 from pathlib import Path
@@ -38,15 +39,23 @@ def append(journal_dir: Path, entries: list[dict[str, str]], name: str = "test.j
     if not Path(JOURNAL_REMOTE).exists():
         pytest.fail(f"{JOURNAL_REMOTE} missing: apt-get install systemd-journal-remote")
     journal_dir.mkdir(parents=True, exist_ok=True)
-    text = "".join("".join(f"{k}={v}\n" for k, v in e.items()) + "\n" for e in entries)
+    data = b"".join(b"".join(_export_field(k, v) for k, v in e.items()) + b"\n" for e in entries)
     result = subprocess.run(
         [JOURNAL_REMOTE, f"--output={journal_dir / name}", "-"],
-        input=text.encode(),
+        input=data,
         capture_output=True,
         check=False,
     )
     assert result.returncode == 0, result.stderr.decode()
     assert f"writing {len(entries)} entries" in result.stderr.decode(), result.stderr.decode()
+
+
+def _export_field(key: str, value: str) -> bytes:
+    """One field in journal export format; values with a newline use the binary form."""
+    raw = value.encode()
+    if b"\n" not in raw:
+        return key.encode() + b"=" + raw + b"\n"
+    return key.encode() + b"\n" + struct.pack("<Q", len(raw)) + raw + b"\n"
 
 
 def now() -> float:

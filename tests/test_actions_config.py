@@ -254,7 +254,7 @@ def test_actions_sections_round_trip_without_secrets(tmp_path: Path) -> None:
                 "cfg.yaml:5:17: routing.min_severity: 'warning' is not one of page, ticket, info",
                 f"cfg.yaml:6:15: routing.group_wait: '1x' is not a duration {DURATION_HELP}",
                 "cfg.yaml:9:18: routing.routes[0].receivers: name at least one receiver",
-                "cfg.yaml:10:17: routing.routes[1].match_re.gpu: bad regex: unterminated "
+                "cfg.yaml:10:17: routing.routes[1].match_re.gpu: '([' bad regex: unterminated "
                 "character set at position 1",
             ],
         ),
@@ -335,3 +335,28 @@ def test_secrets_come_from_files_and_credentials(tmp_path: Path) -> None:
 def test_nothing_configured_builds_nothing(tmp_path: Path) -> None:
     cfg = load(tmp_path, "node_name: n1\n")
     assert build_actions(cfg, VirtualClock()) is None  # type: ignore[arg-type]
+
+
+CATASTROPHIC = ["(a+)+$", "(?:a?){25}a{25}", "(.*a){12}x", "(a|aa)*b", "(x)\\1", ".*a.*a.*a.*a.*b"]
+
+
+@pytest.mark.parametrize("pattern", CATASTROPHIC)
+def test_catastrophic_route_regexes_are_refused(tmp_path: Path, pattern: str) -> None:
+    """Issue 15 item 7, failed on main: ``(a+)+$`` passed check-config and then froze the
+    whole daemon (the match holds the GIL) on a label value of 30 a's and a b."""
+    text = (
+        "receivers:\n  - {name: ops, type: webhook, url: 'http://x/'}\nrouting:\n  routes:\n"
+        f"    - match_re: {{alertname: '{pattern}'}}\n      receivers: [ops]\n"
+    )
+    (line,) = errors(tmp_path, text)
+    assert line.startswith(f"cfg.yaml:5:17: routing.routes[0].match_re.alertname: {pattern!r} ")
+    assert "exponential time" in line or "quantifiers in a row" in line, line
+
+
+def test_ordinary_route_regexes_still_load(tmp_path: Path) -> None:
+    for pattern in ("GpuXid.*|GpuEcc.*", "page|ticket", "gpu-?[0-9]+", "(a|b)*c", "x{3}(ab){2}"):
+        text = (
+            "receivers:\n  - {name: ops, type: webhook, url: 'http://x/'}\nrouting:\n"
+            f"  routes:\n    - match_re: {{alertname: '{pattern}'}}\n      receivers: [ops]\n"
+        )
+        load(tmp_path, text)

@@ -275,9 +275,9 @@ def test_bad_paths_and_names(tmp_path: Path) -> None:
 
 
 def test_yaml_syntax_error_location(tmp_path: Path) -> None:
-    assert errors(tmp_path, "poll:\n  interval: 5s\n   nvlink: true\n") == [
-        "cfg.yaml:3:10: YAML syntax error: mapping values are not allowed here"
-    ]
+    (line,) = errors(tmp_path, "poll:\n  interval: 5s\n   nvlink: true\n")
+    # "... not allowed here" (PyYAML) or "... not allowed in this context" (libyaml)
+    assert line.startswith("cfg.yaml:3:10: YAML syntax error: mapping values are not allowed")
 
 
 def test_duplicate_key(tmp_path: Path) -> None:
@@ -383,3 +383,53 @@ def test_site_config_dir_follows_the_environment(
     assert config.default_config({}).rules.files == (str(tmp_path / "rules.d" / "*.yaml"),)
     monkeypatch.delenv("GPUWATCHD_CONFIG_DIR")
     assert default_rule_files() == ("/etc/gpuwatchd/rules.d/*.yaml",)
+
+
+# -- YAML 1.1 number traps and ranges (issue 15 items 9 and 10) ----------------------------
+def test_leading_zero_numbers_are_refused(tmp_path: Path) -> None:
+    """Failed on main: ``063`` silently overrode XID 51 (octal)."""
+    assert errors(tmp_path, "xid:\n  overrides:\n    063: {severity: info}\n") == [
+        "cfg.yaml:3:5: number '063' has a leading zero, which YAML 1.1 reads as octal "
+        "(or as a string): write 63 for the number, or quote it for a string"
+    ]
+    assert errors(tmp_path, "gpus: {expected: 08}\n") == [
+        "cfg.yaml:1:18: number '08' has a leading zero, which YAML 1.1 reads as octal "
+        "(or as a string): write 8 for the number, or quote it for a string"
+    ]
+    (line,) = errors(tmp_path, "web: {rate_limit: 1:30}\n")
+    assert "cfg.yaml:1:19: '1:30' is a base-60 number in YAML 1.1 (90)" in line
+    # quoted, a leading zero is a string, and a string where a number belongs says so
+    (line,) = errors(tmp_path, "gpus: {expected: '08'}\n")
+    assert "gpus.expected: expected an integer, got string" in line
+
+
+def test_override_keys_are_ascii_and_bounded(tmp_path: Path) -> None:
+    """Failed on main: a fullwidth-digit key overrode XID 79; a 1000-digit key was taken."""
+    for key in ("\uff17\uff19", "\u0667\u0669", "9" * 1000):
+        (line,) = errors(tmp_path, f'xid:\n  overrides:\n    "{key}": {{severity: info}}\n')
+        assert line.startswith("cfg.yaml:3:5: xid.overrides: "), line
+        assert "is not an XID number (1 to 6 ASCII digits)" in line
+
+
+def test_huge_numbers_and_durations_are_refused(tmp_path: Path) -> None:
+    """Failed on main: ``poll.interval: 99999999999999999999w`` passed check-config and
+    killed worker threads with OverflowError; a 5000-digit number raised ValueError."""
+    (line,) = errors(tmp_path, "poll: {interval: 99999999999999999999w}\n")
+    assert line.startswith("cfg.yaml:1:18: poll.interval: must be at most"), line
+    (line,) = errors(tmp_path, "poll: {interval: 2h}\n")
+    assert line == "cfg.yaml:1:18: poll.interval: must be at most 3600s, got '2h'"
+    (line,) = errors(tmp_path, "sources: {backfill: 400d}\n")
+    assert "sources.backfill: must be at most" in line
+    (line,) = errors(tmp_path, "gpus: {expected: " + "9" * 5000 + "}\n")
+    assert line == "cfg.yaml:1:18: number too long (5000 characters; at most 64)"
+    (line,) = errors(tmp_path, "web: {max_request_bytes: 100000000000000000000}\n")
+    assert "web.max_request_bytes: must be" in line
+    (line,) = errors(tmp_path, "web: {rate_limit: 1.0e+300}\n")
+    assert "web.rate_limit: must be between -2^53 and 2^53" in line
+
+
+def test_nul_in_a_path_is_a_config_error(tmp_path: Path) -> None:
+    """Issue 15 item 15, failed on main: ``state_dir: "/var/lib/x\\0y"`` gave a traceback."""
+    assert errors(tmp_path, 'state_dir: "/var/lib/x\\0y"\n') == [
+        "cfg.yaml:1:12: a NUL character (\\0) is not allowed in a value"
+    ]

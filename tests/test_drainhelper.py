@@ -40,6 +40,8 @@ REASON = "gpuwatchd: XID 79 GPU 3 00000000:3B:00.0"
         (json.dumps({"action": "drain", "reason": REASON, "cmd": "/bin/sh"}).encode(), "unknown"),
         (json.dumps({"action": "drain", "reason": REASON, "incident": "a b"}).encode(), "incident"),
         (b"{" + b" " * 5000 + b"}", "longer than"),
+        # issue 15 item 15, failed on main with a RecursionError traceback
+        (b"[" * 2000 + b"]" * 2000, "nested too deeply"),
     ],
 )
 def test_requests_are_validated_strictly(data: bytes, problem: str) -> None:

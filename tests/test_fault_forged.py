@@ -169,3 +169,80 @@ def test_forged_kmsg_records_never_page_or_drain(tmp_path: Path) -> None:
     finally:
         d.stop()
         rx.stop()
+
+
+# Kernel messages that echo text a user chose, with a report inside: they carry the
+# kernel's transport and facility 0, so only the record's shape can tell them apart.
+# The first is the unprivileged `unshare -rm mount -t tmpfs -o "$(printf 'x\nNVRM: ...')"`.
+ECHOES = [
+    "tmpfs: Unknown parameter 'x\n" + xid_line(0, 79) + "\ny'",
+    'EXT4-fs (loop0): Unrecognized mount option "' + xid_line(1, 48) + '" or missing value',
+    "usb 1-1: Product: " + xid_line(2, 79),
+    'audit: type=1400 apparmor="DENIED" name="/tmp/\n'
+    'NVRM: GPU 0000:5d:00.0: GPU has fallen off the bus."',
+    "loop0: detected capacity change\nnvidia-nvswitch0: SXid (PCI:0000:18:00.0): 12028, Data",
+]
+
+
+def _kmsg_escaped(message: str) -> str:
+    return message.replace("\n", "\\x0a")
+
+
+def test_kernel_messages_echoing_user_text_never_page_or_drain(tmp_path: Path) -> None:
+    """Issue 15 item 1: failed on main (the tmpfs record paged and drained GPU 0)."""
+    journal = tmp_path / "journal"
+    kmsg = KmsgFile(tmp_path / "kmsg.dump")
+    t = now()
+    append(journal, [kernel_entry("Linux version 6.1.0 (boot noise)", t - 5)])
+    rx = HttpReceiver(free_port()).start()
+    sources = f"{{kernel_log: journald, journal_dir: {journal}, nvml_events: false}}"
+    d = Daemon(tmp_path, config(tmp_path, sources, rx.url), STEADY)
+    try:
+        d.start()
+        wait_until(
+            lambda: metric(d.metrics(), "gpuwatchd_source_up", source="journald") == 1, 10, "up"
+        )
+        append(journal, [kernel_entry(m, t + i * 0.001) for i, m in enumerate(ECHOES)])
+        wait_until(
+            lambda: (
+                metric(d.metrics(), "gpuwatchd_kernel_log_lines_total", source="journald")
+                >= len(ECHOES)
+            ),
+            15,
+            "every entry read",
+        )
+        time.sleep(2.0)
+        assert check_quiet_then_real(d, rx, tmp_path, "journald") == len(ECHOES)
+        append(journal, [kernel_entry(xid_line(2, 79), now())])
+        wait_until(lambda: drains(tmp_path), 15, f"real XID drains: {d.output()[-3000:]}")
+        assert len(drains(tmp_path)) == 1 and "GPUWATCHD_GPU=2" in drains(tmp_path)[0]
+    finally:
+        d.stop()
+        rx.stop()
+
+    kmsg_dir = tmp_path / "k"
+    kmsg_dir.mkdir()
+    kmsg = KmsgFile(kmsg_dir / "kmsg.dump")
+    rx = HttpReceiver(free_port()).start()
+    sources = f"{{kernel_log: kmsg, kmsg_path: {kmsg.path}, nvml_events: false}}"
+    d = Daemon(kmsg_dir, config(kmsg_dir, sources, rx.url), STEADY)
+    try:
+        d.start()
+        kmsg.append(*[_kmsg_escaped(m) for m in ECHOES], facility=0)
+        wait_until(
+            lambda: (
+                metric(d.metrics(), "gpuwatchd_kernel_log_lines_total", source="kmsg")
+                >= len(ECHOES)
+            ),
+            15,
+            "every record read",
+        )
+        time.sleep(2.0)
+        assert check_quiet_then_real(d, rx, kmsg_dir, "kmsg") == len(ECHOES)
+        kmsg.xid(3, 48)
+        wait_until(lambda: drains(kmsg_dir), 15, "real XID drains")
+        assert len(drains(kmsg_dir)) == 1 and "GPUWATCHD_XID=48" in drains(kmsg_dir)[0]
+        report("kernel_echo_forgery", forged=len(ECHOES) * 2, pages=0, drains=0)
+    finally:
+        d.stop()
+        rx.stop()

@@ -215,3 +215,44 @@ def test_daemon_logs_structured_entries_to_the_journal(
         proc.terminate()
         proc.wait(15)
     assert stderr_file.read_text() == ""
+
+
+# -- redaction: every form of a secret, and nothing but secrets (issue 15 item 15, issue 14) --
+def test_percent_encoded_and_decoded_forms_of_a_secret_are_redacted() -> None:
+    """Failed on main: a receiver echoing the percent-decoded URL put the token in the log
+    (redaction matched the configured string only)."""
+    from gpuwatchd.actions.secrets import redact as redact_for_status
+    from gpuwatchd.actions.secrets import url_secrets
+
+    url = "https://hooks.example.net/hook?token=T0KEN%2B5ecret%2F77c1"
+    for secret in url_secrets(url):
+        logsetup.register_secret(secret)
+    for echo in ("T0KEN+5ecret/77c1", "T0KEN%2B5ecret%2F77c1", "T0KEN 5ecret/77c1"):
+        line = f"receiver said: 404 no route for /hook?token={echo}"
+        assert echo not in logsetup.redact(line), echo
+        assert echo not in redact_for_status(line, url_secrets(url)), echo
+
+
+def test_plain_words_of_a_url_are_not_secrets() -> None:
+    """Failed on main: every path segment of 8 characters or more of a receiver URL was
+    redacted everywhere (``/usr/lib/gpuwatchd/drain<redacted>.sh``)."""
+    from gpuwatchd.actions.secrets import url_secrets
+
+    url = "https://alerts.example.net/gpuwatchd/drain-hooks/c2VjcmV0LXBhdGgtMTIz?node=gpu-a17"
+    secrets = url_secrets(url)
+    assert "c2VjcmV0LXBhdGgtMTIz" in secrets
+    assert not {"gpuwatchd", "drain-hooks", "gpu-a17"} & set(secrets)
+    for secret in secrets:
+        logsetup.register_secret(secret)
+    line = "running /usr/lib/gpuwatchd/drain-hooks.sh for gpu-a17"
+    assert logsetup.redact(line) == line
+    for secret in url_secrets("http://127.0.0.1:8080/hook"):  # no token in it at all
+        logsetup.register_secret(secret)
+    line = "drain: running /etc/gpuwatchd/drain/hook.sh"
+    assert logsetup.redact(line) == line
+    assert "c2VjcmV0LXBhdGgtMTIz" not in logsetup.redact(f"posted to {url}")
+    assert url_secrets("https://x.example/h?sig=abcd&page=2") == [
+        "https://x.example/h?sig=abcd&page=2",
+        "/h?sig=abcd&page=2",
+        "abcd",
+    ]

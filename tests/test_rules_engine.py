@@ -8,6 +8,8 @@ from rulekit import Node, pci_of, rules
 
 from gpuwatchd.core.alerts import AlertSeverity, AlertState
 from gpuwatchd.core.records import GpuStatus
+from gpuwatchd.rules.conditions.base import Evaluator, Result
+from gpuwatchd.rules.snapshot import Snapshot
 
 TEMP = """
 rules:
@@ -629,12 +631,13 @@ def test_replace_rules_keeps_states_and_resolves_removed_rules() -> None:
 
 def test_a_failing_rule_is_counted_and_the_others_still_run() -> None:
     n = Node(TEMP + ECC.replace("rules:\n", ""))
-    original = n.engine._conditions
 
-    def broken(self: object, rule: object, now: float) -> object:
-        raise RuntimeError("bug")
+    class Broken(Evaluator):
+        def evaluate(self, snap: Snapshot, now: float, active: bool, fresh: bool) -> Result:
+            raise RuntimeError("bug")
 
-    n.engine._conditions = {**original, "threshold": broken}  # type: ignore[misc]
+    loaded = n.engine._loaded["Hot"]
+    loaded.evaluator = Broken(loaded.rule)
     n.poll()
     n.add(0, ecc_corrected_volatile=1)
     n.run(290)
@@ -642,3 +645,14 @@ def test_a_failing_rule_is_counted_and_the_others_still_run() -> None:
     text = n.metrics()
     assert 'gpuwatchd_rule_evaluation_failures_total{rule="Hot"} 30.0' in text
     assert 'gpuwatchd_rule_evaluation_failures_total{rule="EccRising"} 0.0' in text
+
+
+def test_an_xid_seen_later_than_its_window_still_pages() -> None:
+    # simulate polls every 30 minutes: the XID 48 line is evaluated 30 minutes after its
+    # own time, longer than the 10-minute count window (it used to be lost).
+    n = Node("rules:\n- name: Dbe\n  severity: page\n  condition:\n    xid: {codes: [48]}\n", 2)
+    n.poll()
+    n.xid(1, 48)
+    n.clock.advance(1800)
+    n.poll()
+    assert n.firing() == {("Dbe", "1")}

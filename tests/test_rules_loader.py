@@ -22,6 +22,7 @@ from gpuwatchd.rules.safeyaml import MAX_NODES
 
 ROOT = Path(__file__).resolve().parent.parent
 SHIPPED = sorted(glob.glob(str(ROOT / "rules" / "*.yaml")))
+PROFILES = sorted(glob.glob(str(ROOT / "rules" / "profiles" / "*.yaml")))
 SCHEMA = ROOT / "rules" / "schema.json"
 
 
@@ -279,7 +280,8 @@ def test_every_problem_in_every_file_is_reported_at_once(tmp_path: Path) -> None
     lines = info.value.lines()
     assert len(lines) == 2
     assert lines[0].startswith(f"{a}:3:13: rule 'R'.severity: 'pager' is not one of")
-    assert lines[1].startswith(f"{b}:1:9: YAML syntax error")
+    # at the end of the input: its last column (PyYAML) or the next line (libyaml)
+    assert lines[1].startswith((f"{b}:1:9: YAML syntax error", f"{b}:2:1: YAML syntax error"))
 
 
 def test_yaml_alias_bomb_is_refused_in_linear_time() -> None:
@@ -371,7 +373,7 @@ def test_shipped_rules_are_the_package_defaults() -> None:
     assert os.path.realpath(default_rule_files()[0]) == os.path.realpath(SHIPPED[0])
 
 
-@pytest.mark.parametrize("path", SHIPPED, ids=os.path.basename)
+@pytest.mark.parametrize("path", SHIPPED + PROFILES, ids=os.path.basename)
 def test_shipped_rule_file_loads_and_is_canonical(path: str) -> None:
     text = Path(path).read_text()
     rules = parse_rules(text, path)
@@ -382,7 +384,7 @@ def test_shipped_rule_file_loads_and_is_canonical(path: str) -> None:
         assert {"summary", "action"} <= set(rule.annotations), rule.name
 
 
-@pytest.mark.parametrize("path", SHIPPED, ids=os.path.basename)
+@pytest.mark.parametrize("path", SHIPPED + PROFILES, ids=os.path.basename)
 def test_shipped_rule_file_validates_against_the_schema(path: str) -> None:
     jsonschema = pytest.importorskip("jsonschema")
     schema = json.loads(SCHEMA.read_text())
@@ -414,3 +416,83 @@ def test_schema_rejects_what_the_loader_rejects() -> None:
     ):
         with pytest.raises(jsonschema.ValidationError):
             jsonschema.validate(yaml.safe_load(bad), schema)
+
+
+def test_octal_looking_xid_codes_are_refused() -> None:
+    """Issue 15 item 9, failed on main: ``codes: [013, 031]`` silently meant XIDs 11 and 25."""
+    text = one_rule("severity: page\ncondition:\n  xid:\n    codes: [013, 031]\n")
+    assert errors(text) == [
+        "r.yaml:6:15: number '013' has a leading zero, which YAML 1.1 reads as octal "
+        "(or as a string): write 13 for the number, or quote it for a string"
+    ]
+    big = one_rule("severity: page\ncondition:\n  xid:\n    codes: [1000000]\n")
+    assert "r.yaml:6:15: rule 'R'.condition.xid.codes: must be <= 999999, got 1000000" in (
+        errors(big)
+    )
+
+
+def test_format_spec_bombs_are_refused_at_load() -> None:
+    """Issue 15 item 6, failed on main: ``{gpu:>200000000}`` passed check-config, then every
+    evaluation of the rule failed with MemoryError and XID 79 was never paged."""
+    for spec, problem in (
+        (">200000000", "width 200000000 is more than 64"),
+        (".999999999f", "precision 999999999 is more than 12"),
+        (">\u0665\u0665\u0665\u0665", "only the fill character may be non-ASCII"),
+    ):
+        text = one_rule(OK_RULE + f"annotations: {{summary: 'x {{gpu:{spec}}}'}}\n")
+        (line,) = errors(text)
+        assert line.startswith("r.yaml:6:26: rule 'R'.annotations.summary: placeholder"), line
+        assert f"format spec refused: {problem}" in line, line
+    (rule,) = parse_rules(one_rule(OK_RULE + "annotations: {summary: '{gpu:*>64}'}\n"), "r.yaml")
+    assert rule.annotations["summary"].render({"gpu": 3}) == "*" * 63 + "3"
+
+
+def test_rendered_annotations_are_bounded() -> None:
+    from gpuwatchd.rules.templates import MAX_RENDERED, compile_template
+
+    template = compile_template("{process:>64}" * 200, ["process"])
+    assert not isinstance(template, str)
+    assert len(template.render({"process": "p"})) == MAX_RENDERED
+
+
+def test_a_linked_private_file_is_never_quoted(tmp_path: Path) -> None:
+    """Issue 15 item 15, failed on main: a rule file linked to /etc/shadow (here a copy
+    with its mode) had every line quoted in check-config's errors."""
+    shadow = tmp_path / "shadow"
+    shadow.write_text("root:$y$j9T$SECRETHASH:19000:0:99999:7:::\ndaemon:*:19000:0:99999:7:::\n")
+    shadow.chmod(0o640)
+    link = tmp_path / "rules.yaml"
+    link.symlink_to(shadow)
+    with pytest.raises(ConfigError) as info:
+        load_rule_set([str(link)], defaults=False)
+    lines = info.value.lines()
+    assert [line.split(": ", 1)[0] for line in lines] == [f"{link}:1:1", f"{link}:2:1"]
+    assert not any("SECRETHASH" in line or "daemon" in line for line in lines), lines
+    # the same file named directly, or readable by all, is the administrator's: quoted
+    for path, mode in ((shadow, 0o640), (link, 0o644)):
+        shadow.chmod(mode)
+        with pytest.raises(ConfigError) as info:
+            load_rule_set([str(path)], defaults=False)
+        assert "SECRETHASH" in "\n".join(info.value.lines())
+
+
+def test_a_fifo_rule_file_is_refused_without_blocking(tmp_path: Path) -> None:
+    """Issue 15 item 15, failed on main: check-config hung on a FIFO rule file."""
+    import threading
+
+    fifo = tmp_path / "rules.yaml"
+    os.mkfifo(fifo)
+    box: list[list[str]] = []
+
+    def load() -> None:
+        try:
+            load_rule_set([str(fifo)], defaults=False)
+        except ConfigError as exc:
+            box.append(exc.lines())
+
+    t = threading.Thread(target=load, daemon=True)
+    t.start()
+    t.join(10)
+    assert not t.is_alive(), "blocked on the FIFO"
+    assert box == [[f"{fifo}:1:1: cannot read file: refusing {fifo}: a file that is a FIFO "
+                    "(only regular files are read)"]]  # fmt: skip

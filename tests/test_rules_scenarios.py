@@ -55,7 +55,9 @@ def alerts(scenario: str) -> list[dict[str, object]]:
 
 def test_ecc_trend_pages_at_least_a_day_before_the_double_bit_error() -> None:
     found = alerts("ecc-leak.yaml")
-    page = next(a for a in found if a["rule"] == "GpuEccAccelerating" and a["state"] == "firing")
+    page = next(
+        a for a in found if a["rule"] == "GpuMemoryErrorsAccelerating" and a["state"] == "firing"
+    )
     dbe = next(a for a in found if a["rule"] == "GpuXidFatal" and a["state"] == "firing")
     assert page["gpu"] == dbe["gpu"] == "4"
     lead = float(dbe["timestamp"]) - float(page["timestamp"])  # type: ignore[arg-type]
@@ -66,13 +68,15 @@ def test_ecc_trend_pages_at_least_a_day_before_the_double_bit_error() -> None:
     assert lead >= 24 * 3600
     # the page says what it saw
     ann = page["annotations"]
-    assert isinstance(ann, dict) and "corrected ECC rate x" in ann["summary"]
+    assert isinstance(ann, dict) and "HBM corrected errors accelerating" in ann["summary"]
+    assert "p = " in ann["summary"] and "/day against" in ann["summary"]
 
 
 @pytest.mark.parametrize(
     ("scenario", "rule", "severity"),
     [
-        ("ecc-leak.yaml", "GpuEccAccelerating", "page"),
+        ("ecc-leak.yaml", "GpuMemoryErrorsAccelerating", "page"),
+        ("ecc-leak.yaml", "GpuMemoryErrorsCorroborated", "page"),
         ("thermal-slowdown.yaml", "GpuTemperatureHigh", "page"),
         ("fallen-off-bus.yaml", "GpuLost", "page"),
         ("fallen-off-bus.yaml", "GpuXidFatal", "page"),
@@ -119,7 +123,7 @@ def test_check_config_validates_rule_files(tmp_path: Path) -> None:
     cfg.write_text(f"rules:\n  files: [{good}]\n")
     ok = cli("check-config", "-c", str(cfg))
     assert ok.returncode == 0, ok.stderr
-    assert "rules: 26 rule(s) from 4 file(s): OK" in ok.stdout
+    assert "rules: 28 rule(s) from 4 file(s): OK" in ok.stdout
     result = cli("check-config", "-c", str(cfg), str(bad))
     assert result.returncode == 1
     assert result.stderr.splitlines() == [
@@ -206,7 +210,7 @@ def test_rules_fmt(tmp_path: Path) -> None:
     )
     assert cli("rules", "fmt", "--check", str(path)).returncode == 0
     listing = cli("rules", "list")
-    assert listing.returncode == 0 and "GpuEccAccelerating" in listing.stdout
+    assert listing.returncode == 0 and "GpuMemoryErrorsAccelerating" in listing.stdout
 
 
 def test_run_refuses_bad_rules(tmp_path: Path) -> None:

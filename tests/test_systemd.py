@@ -414,3 +414,49 @@ def test_drain_helper_units(tmp_path: Path) -> None:
     text = socket_unit.read_text()
     assert "Accept=yes" in text and "SocketMode=0660" in text and "SocketGroup=gpuwatchd" in text
     assert "StandardInput=socket" in template.read_text()
+
+
+def test_a_sighup_while_the_daemon_starts_does_not_kill_it(tmp_path: Path) -> None:
+    """Before the fix a SIGHUP in the first half second (before the daemon's handler was
+    installed) killed `run` with SIGHUP's default action, and systemd did not restart it."""
+    import signal as sig
+    import subprocess
+    import time
+
+    from conftest import GPUWATCHD, ROOT
+
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"state_dir: {tmp_path / 'state'}\nsources: {{kernel_log: none}}\n")
+    proc = subprocess.Popen(
+        [
+            *GPUWATCHD,
+            "run",
+            "-c",
+            str(cfg),
+            "--listen",
+            "127.0.0.1:0",
+            "--backend",
+            f"scenario:{ROOT / 'tests' / 'data' / 'steady-4gpu.yaml'}",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 20
+        first = ""  # what the process did with SIGHUP first: ignore it, or catch it
+        while time.monotonic() < deadline and proc.poll() is None and not first:
+            with open(f"/proc/{proc.pid}/status", encoding="ascii") as fh:
+                masks = dict(line.split(":", 1) for line in fh if line.startswith("Sig"))
+            if int(masks["SigIgn"], 16) & 1:
+                first = "ignored"
+            elif int(masks["SigCgt"], 16) & 1:
+                first = "caught"
+            time.sleep(0.002)
+        assert first == "ignored", f"SIGHUP kept its default action until it was {first}"
+        for _ in range(40):  # reload requests all through the start
+            proc.send_signal(sig.SIGHUP)
+            time.sleep(0.05)
+        assert proc.poll() is None, f"the daemon died with {proc.returncode}"
+    finally:
+        proc.terminate()
+        proc.wait(15)

@@ -363,3 +363,129 @@ def test_long_lines_of_repeated_headers_stay_linear() -> None:
         assert parse_line(line) is None
         XidStream().feed(line)
         assert time.perf_counter() - start < 2.0
+
+
+# -- only a genuine record (issue 15 item 1) ----------------------------------------------
+TMPFS_ECHO = "tmpfs: Unknown parameter 'x\nNVRM: Xid (PCI:0000:18:00): 79\ny'"
+ECHOES = [
+    TMPFS_ECHO,
+    'EXT4-fs (loop0): Unrecognized mount option "NVRM: Xid (PCI:0000:18:00): 48" or missing',
+    "usb 1-1: Product: NVRM: Xid (PCI:0000:18:00): 79, GPU has fallen off the bus.",
+    'audit: name="/tmp/\nNVRM: GPU 0000:18:00.0: GPU has fallen off the bus."',
+    "loop0: x\nnvidia-nvswitch0: SXid (PCI:0000:18:00.0): 12028, Data",
+    "x\nNVRM: The NVIDIA GPU 0000:18:00.0\nNVRM: (PCI ID: 10de:26b5) installed in this system has"
+    "\nNVRM: fallen off the bus and is not responding to commands.",
+    " NVRM: Xid (PCI:0000:18:00): 79",
+    "\nNVRM: Xid (PCI:0000:18:00): 79",
+]
+
+
+@pytest.mark.parametrize("message", ECHOES, ids=[f"echo{i}" for i in range(len(ECHOES))])
+def test_kernel_messages_that_echo_user_text_are_no_report(message: str) -> None:
+    """The same record through every entry point: journald/kmsg handler, kmsg text, dmesg."""
+    assert XidStream().feed_record(message) is None
+    kmsg_line = "4,17,1000,-;" + message.replace("\n", "\\x0a")
+    assert parse_line(kmsg_line) is None
+    assert XidStream().feed(kmsg_line) is None
+    stream = XidStream()
+    dmesg = [f"[   12.345678] {piece}" for piece in message.split("\n")[:1]]
+    dmesg += [f"               {piece}" for piece in message.split("\n")[1:]]
+    assert [f for line in dmesg if (f := stream.feed(line))] == []
+
+
+def test_the_record_starts_with_the_header() -> None:
+    genuine = "NVRM: Xid (PCI:0000:18:00): 79, pid=1, name=a, GPU has fallen off the bus."
+    found = XidStream().feed_record(genuine)
+    assert found is not None and (found.xid, found.pid, found.process) == (79, 1, "a")
+    # only the first line of a record is read: a process name holding a newline cannot
+    # turn the rest of the record into a second report
+    found = XidStream().feed_record(
+        "NVRM: Xid (PCI:0000:18:00): 13, pid=7, name=x\nNVRM: Xid (PCI:0000:2a:00): 79"
+    )
+    assert found is not None and (found.pci, found.xid) == ("00000000:18:00.0", 13)
+    assert XidStream().feed_record("kernel: " + genuine) is None  # a record has no tag
+    # a dmesg line's text after its time is a record of its own: same rule
+    assert parse_line("[   12.3] x " + genuine) is None
+    assert parse_line("[   12.3] " + genuine) is not None
+    assert parse_line("Feb  5 17:37:45 host kernel: tmpfs: " + genuine) is None
+    # the header's fields are strict
+    for bad in (
+        "NVRM: Xid (PCI:0000:18:00): 79x, text",
+        "NVRM: Xid (PCI:0000:18:00): -79",
+        "NVRM: Xid (PCI:0000:18:00) 79",
+        "NVRM: Xid (PCI:00000000018:00): 79",
+        "NVRM: Xid (PCI:0000:18:00): 1234567",
+    ):
+        assert XidStream().feed_record(bad) is None, bad
+
+
+def test_gpu_identity_of_a_record_is_anchored_too() -> None:
+    stream = XidStream()
+    stream.feed_record("tmpfs: x\nNVRM: GPU at PCI:0000:18:00: " + CAPTURE_UUID)
+    stream.feed_record("NVRM: GPU at PCI:0000:2a:00: " + CAPTURE_UUID)
+    assert dict(stream.uuids) == {"00000000:2A:00.0": CAPTURE_UUID}
+
+
+# -- ASCII, bounded, linear, real whitespace (issue 15 item 11) ----------------------------
+@pytest.mark.parametrize(
+    "digits", ["\uff17\uff19", "\u0667\u0669", "7\u0669", "\U0001d7f3\U0001d7ff"]
+)
+def test_unicode_digits_are_not_a_code(digits: str) -> None:
+    """Failed on main: fullwidth and Arabic-Indic digits seven-nine were read as XID 79."""
+    assert parse_line(f"NVRM: Xid (PCI:0000:18:00): {digits}, text") is None
+    found = parse_line(f"NVRM: Xid (PCI:0000:18:00): 13, pid={digits}, name=a, text")
+    assert found is not None and found.pid is None
+    assert parse_line("NVRM: Xid (PCI:0000:\uff11\uff18:00): 79") is None
+
+
+def test_huge_numbers_are_refused_not_raised() -> None:
+    """Failed on main: a 5000-digit pid (or code) raised ValueError out of the parser."""
+    big = "9" * 5000
+    found = parse_line(f"NVRM: Xid (PCI:0000:18:00): 13, pid={big}, name=a, text")
+    assert found is not None and found.pid is None and found.xid == 13
+    assert parse_line(f"NVRM: Xid (PCI:0000:18:00): {big}, text") is None
+    assert XidStream().feed_record(f"NVRM: Xid (PCI:0000:18:00): {big}") is None
+    assert parse_kmsg_record(f"{big},1,1,-;NVRM: Xid (PCI:0000:18:00): 79") is None
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "NVRM: Xid (PCI:0000:18:00): 13, pid=1, name=" + " " * 40000 + "x",
+        "NVRM: Xid (PCI:0000:18:00): 13, pid=1," + " " * 40000 + "x",
+        "NVRM: Xid (PCI:0000:18:00): 13, pid=1, name=a" + "," * 40000,
+        "NVRM: Xid (PCI:0000:18:00): 13, " + "pid=1, " * 6000,
+        "[" * 40000 + "NVRM: Xid (PCI:0000:18:00): 79",
+        "Feb  5 17:37:45 " + "h" * 40000 + " kernel: NVRM: Xid (PCI:0000:18:00): 79",
+        "4," * 20000 + ";NVRM: Xid (PCI:0000:18:00): 79",
+    ],
+    ids=["spaces-name", "spaces-msg", "commas", "pids", "brackets", "host", "kmsg"],
+)
+def test_long_lines_cost_linear_time(line: str) -> None:
+    """Failed on main: ``name=`` then 40,000 spaces then ``x`` took 8.2 s (quadratic)."""
+    import time
+
+    start = time.perf_counter()
+    for text in (line, line[:8000]):
+        parse_line(text)
+        XidStream().feed(text)
+        XidStream().feed_record(text)
+    assert time.perf_counter() - start < 0.5
+
+
+def test_runs_of_white_space_between_fields_keep_the_process() -> None:
+    """Failed on main: ``pid=1234,  name=python3`` lost its process name."""
+    for line in (
+        "NVRM: Xid (PCI:0000:18:00): 13,  pid=1234,  name=python3,  Graphics Exception",
+        "NVRM: Xid (PCI:0000:18:00):  13, pid=1234,\tname=python3, Graphics Exception",
+        "[ 1.2] NVRM: Xid (PCI:0000:18:00): 13, pid=1234, name=python3,   Graphics Exception",
+    ):
+        found = parse_line(line)
+        assert found is not None, line
+        assert (found.xid, found.pid, found.process) == (13, 1234, "python3"), line
+        assert found.message == "Graphics Exception"
+
+
+def test_control_characters_in_a_process_name_are_escaped() -> None:
+    found = XidStream().feed_record("NVRM: Xid (PCI:0000:18:00): 13, pid=1, name=a\x1b[2Jb, t")
+    assert found is not None and found.process == "a\\x1b[2Jb"

@@ -14,6 +14,7 @@ import urllib.parse
 from collections.abc import Iterable, Mapping
 
 from gpuwatchd.core.errors import GpuwatchdError
+from gpuwatchd.core.secretforms import secret_forms
 
 REDACTED = "<secret>"
 _URL_RE = re.compile(r"(https?://[^/\s'\"]+)(/[^\s'\"]*)?")
@@ -46,20 +47,38 @@ def read_secret(ref: str, environ: Mapping[str, str] | None = None, *, what: str
 
 
 def redact(text: str, secrets: Iterable[str] = ()) -> str:
-    """``text`` with each secret and every URL path replaced by ``<secret>``."""
-    for s in sorted((s for s in secrets if s), key=len, reverse=True):
+    """``text`` with each secret (in any of its ``secret_forms``) and every URL path
+    replaced by ``<secret>``."""
+    forms = {f for s in secrets if s for f in secret_forms(s)}
+    for s in sorted(forms, key=len, reverse=True):
         text = text.replace(s, REDACTED)
     return _URL_RE.sub(lambda m: m.group(1) + ("/" + REDACTED if m.group(2) else ""), text)
 
 
+_SECRET_QUERY_KEYS = ("token", "key", "secret", "password", "sig", "auth", "code")
+
+
+def looks_like_token(text: str) -> bool:
+    """A URL part that is a credential rather than a name: 20 characters or more, or 8 or
+    more mixing letters and digits (``T0KEN-5ecret-77c1``, not ``gpuwatchd`` or ``drain``)."""
+    if len(text) >= 20:
+        return True
+    return len(text) >= 8 and any(c.isdigit() for c in text) and any(c.isalpha() for c in text)
+
+
 def url_secrets(url: str) -> list[str]:
-    """The parts of a secret URL that must never show: itself, its path and query, and
-    the path segments and query values that look like tokens (8 characters or more)."""
+    """The parts of a secret URL that must never show: itself; the path segments and query
+    values that look like tokens, and every value of a query key that names a credential
+    (``token=``, ``key=``...); and its path and query when they hold one of those. Plain
+    words in a URL (``/hook``, ``gpuwatchd``) are not secrets: redacting them would hide
+    harmless text elsewhere."""
     parts = urllib.parse.urlsplit(url)
-    out = [url]
+    pieces = [seg for seg in parts.path.split("/") if looks_like_token(seg)]
+    for key, value in urllib.parse.parse_qsl(parts.query):
+        named = any(word in key.lower() for word in _SECRET_QUERY_KEYS)
+        if len(value) >= 4 and (named or looks_like_token(value)):
+            pieces.append(value)
     tail = parts.path + ("?" + parts.query if parts.query else "")
-    if len(tail) > 1:
-        out.append(tail)
-    out.extend(seg for seg in parts.path.split("/") if len(seg) >= 8)
-    out.extend(v for _, v in urllib.parse.parse_qsl(parts.query) if len(v) >= 4)
-    return out
+    # the path and query only when they hold a secret: "/hook" alone would hide
+    # "/etc/gpuwatchd/drain/hook.sh" in every log line
+    return [url, tail, *pieces] if pieces else [url]

@@ -19,9 +19,11 @@ from typing import Any
 
 from gpuwatchd.config.loader import normalize_gpu_id
 from gpuwatchd.core.atomicfile import write_atomic
+from gpuwatchd.core.statefile import open_state_file, read_state_file
 
 FILE_NAME = "silences.json"
 KEEP_EXPIRED = 7 * 86400.0  # expired silences stay listed (``list --all``) this long
+MAX_BYTES = 4 * 1024 * 1024  # largest silences file read (thousands of silences)
 
 
 @dataclass(frozen=True)
@@ -104,18 +106,27 @@ def _parse(data: Any) -> list[Silence]:
 
 
 def read_silences(path: str) -> list[Silence]:
-    """Every silence in the file; an absent file has none. Raises OSError/ValueError."""
+    """Every silence in the file; an absent file has none. Raises OSError/ValueError.
+
+    The file must be a regular file (not a link, FIFO or device) of at most ``MAX_BYTES``.
+    """
     try:
-        with open(path, encoding="utf-8") as fh:
-            return _parse(json.load(fh))
+        data = read_state_file(path, MAX_BYTES)
     except FileNotFoundError:
         return []
+    return _parse(json.loads(data.decode("utf-8")))
 
 
 @contextlib.contextmanager
 def _locked(path: str) -> Iterator[None]:
+    """Hold the exclusive lock of ``path`` (``<path>.lock``).
+
+    The lock file is opened read-only: ``flock`` needs no more, so a lock file that root
+    created (mode 0644) is as usable by the service user as one it created itself. It is
+    never followed as a link, so nobody can have root create or open a file elsewhere.
+    """
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    fd = os.open(path + ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+    fd = open_state_file(path + ".lock", os.O_RDONLY | os.O_CREAT, 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield
@@ -189,7 +200,7 @@ class SilenceView:
         if self.path is None:
             return False
         try:
-            st = os.stat(self.path)
+            st = os.lstat(self.path)
             stamp = (st.st_ino, st.st_mtime_ns, st.st_size)
         except FileNotFoundError:
             stamp = None

@@ -27,6 +27,7 @@ from collections.abc import Iterator
 from typing import Any, cast
 
 from gpuwatchd.core.sqlitecopy import copy_read_only, damaged, storage_error
+from gpuwatchd.core.statefile import check_sqlite_files
 
 log = logging.getLogger(__name__)
 
@@ -204,6 +205,7 @@ class Store:
 
     @staticmethod
     def _connect(path: str) -> sqlite3.Connection:
+        check_sqlite_files(path)  # a FIFO or link here would hang or redirect SQLite
         conn = sqlite3.connect(path, check_same_thread=False, isolation_level=None, timeout=10.0)
         try:
             conn.row_factory = sqlite3.Row

@@ -107,6 +107,8 @@ def parse_request(data: bytes, node: str) -> Request:
         obj = json.loads(data.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise RequestError(f"not a JSON object: {exc}") from None
+    except RecursionError:  # [[[[...]]]] deeper than the parser's stack: not a request
+        raise RequestError("not a JSON object: nested too deeply") from None
     if not isinstance(obj, dict):
         raise RequestError("not a JSON object")
     unknown = sorted(set(obj) - _KEYS)
@@ -346,7 +348,7 @@ def cmd_request(args: argparse.Namespace) -> int:
     try:
         reply = json.loads(data)
         ok, detail = bool(reply["ok"]), str(reply["detail"])
-    except (ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError, RecursionError):
         print("gpuwatchd drain-helper request: no valid reply from the helper", file=sys.stderr)
         return EX_TEMPFAIL
     print(detail, file=sys.stdout if ok else sys.stderr)

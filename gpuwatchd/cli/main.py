@@ -6,8 +6,10 @@ import argparse
 import json
 import logging
 import os
+import signal
 import sys
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from gpuwatchd import __version__
 from gpuwatchd.config.loader import (
@@ -23,7 +25,7 @@ from gpuwatchd.core.errors import BackendUnavailable, ConfigError, GpuwatchdErro
 log = logging.getLogger("gpuwatchd")
 
 # Modules that add subcommands: each has ``add_parser(subparsers)`` and sets ``func``.
-COMMAND_MODULES: tuple[str, ...] = ("xid", "drainhelper", "silence", "rules", "check")
+COMMAND_MODULES: tuple[str, ...] = ("xid", "drainhelper", "silence", "rules", "backtest", "check")
 
 
 def _load(args: argparse.Namespace) -> Config:
@@ -225,31 +227,51 @@ def cmd_check_config(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
+    from gpuwatchd.cli import statusclient
     from gpuwatchd.cli.daemonclient import DaemonError, client_from_args
 
+    notes: list[str] = []
+    status: Any = None
     try:
         config = None if args.url and not args.config else _load(args)
-        client = client_from_args(args, config)
     except ConfigError as exc:
         return _config_errors(exc)
-    except ValueError as exc:
-        print(f"gpuwatchd status: {exc}", file=sys.stderr)
-        return 1
-    try:
-        if args.healthz:  # a probe: the daemon's own health, not the GPUs'
-            code, body = client.get("/healthz")
-            text = body.decode("utf-8", "replace").strip()
-            print(text if code in (200, 503) else f"HTTP {code} {text}"[:300])
-            return 0 if code == 200 else 1
-        status = json.loads(client.get_ok("/api/v1/status"))
-    except (DaemonError, ValueError) as exc:
-        print(f"gpuwatchd status: {exc}", file=sys.stderr)
-        return 1
-    if args.json:
+    if config is not None and not args.url and not args.healthz:
+        # the daemon's own socket first: only the daemon can have made it (a squatter on
+        # the HTTP port cannot); HTTP (TLS and basic auth as configured) only without one
+        sock = args.socket or statusclient.find_socket(config.state_dir, os.environ)
+        if sock is not None:
+            try:
+                doc = statusclient.read_verified(sock, args.timeout)
+            except statusclient.StatusSocketError as exc:
+                print(f"gpuwatchd status: {statusclient.printable(str(exc))}", file=sys.stderr)
+                return 1
+            status = doc["status"]
+            http = doc.get("http") or {}
+            if http.get("listening") is False:
+                notes.append(f"  http: NOT listening on {http.get('where')}: {http.get('problem')}")
+        else:
+            notes.append("  (no status socket found: asked over HTTP, which is not verified)")
+    if status is None:
+        try:
+            client = client_from_args(args, config)
+            if args.healthz:  # a probe: the daemon's own health, not the GPUs'
+                code, body = client.get("/healthz")
+                text = statusclient.printable(body.decode("utf-8", "replace").strip())
+                print(text if code in (200, 503) else f"HTTP {code} {text}"[:300])
+                return 0 if code == 200 else 1
+            status = json.loads(client.get_ok("/api/v1/status"))
+        except (DaemonError, ValueError) as exc:
+            print(f"gpuwatchd status: {statusclient.printable(str(exc))}", file=sys.stderr)
+            return 1
+    if args.json:  # json.dump escapes every control character
         json.dump(status, sys.stdout, indent=2, sort_keys=True)
         sys.stdout.write("\n")
         return 0
+    status = statusclient.clean(status)  # never a terminal escape from the wire
     print(f"node {status['node']}  gpuwatchd {status['version']}  backend {status['backend']}")
+    for note in notes:
+        print(statusclient.printable(note))
     for g in status["gpus"]:
         r = g.get("readings", {})
         temp = r.get("temperature_gpu")
@@ -363,6 +385,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_check_config)
 
     p = with_config(sub.add_parser("status", help="ask the running daemon for per-GPU health"))
+    p.add_argument(
+        "--socket", help="the daemon's status socket (default: $RUNTIME_DIRECTORY, /run/gpuwatchd)"
+    )
     p.add_argument("--json", action="store_true", help="print the raw JSON")
     p.add_argument(
         "--healthz",
@@ -383,6 +408,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    if list(sys.argv[1:] if argv is None else argv)[:1] == ["run"]:
+        # A reload asked for while the daemon starts (systemctl reload, logrotate) must not
+        # kill it: SIGHUP's default action is to terminate. Ignored until the daemon's own
+        # handler takes over (the disposition survives the MALLOC_ARENA_MAX re-exec).
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
     parser = build_parser()
     args = parser.parse_args(argv)
     try:

@@ -17,6 +17,7 @@ import urllib.parse
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpuwatchd.config.saferegex import regex_problem
 from gpuwatchd.config.yamlsrc import Node, Reader, type_name
 
 SEVERITIES = ("page", "ticket", "info")
@@ -538,10 +539,9 @@ def _read_route(r: Reader, node: Node, what: str, known: set[str]) -> RouteConfi
                 continue
             if key == "match_re":
                 for label, pattern in m.items():
-                    try:
-                        re.compile(pattern)
-                    except re.error as exc:
-                        r.error(keys[key].loc, f"{what}.match_re.{label}: bad regex: {exc}")
+                    problem = regex_problem(pattern)
+                    if problem is not None:
+                        r.error(keys[key].loc, f"{what}.match_re.{label}: {pattern!r} {problem}")
                         bad = True
             values[key] = m
     if "group_by" in keys and keys["group_by"].value is not None:

@@ -238,7 +238,13 @@ def _fmt_seconds(seconds: float) -> str:
 
 
 def _duration(
-    r: Reader, node: Node, what: str, *, at_least: float | None = None, above: float | None = None
+    r: Reader,
+    node: Node,
+    what: str,
+    *,
+    at_least: float | None = None,
+    above: float | None = None,
+    at_most: float | None = None,
 ) -> float | None:
     seconds = r.duration(node, what, minimum=-math.inf)
     if seconds is None:
@@ -251,6 +257,9 @@ def _duration(
         return None
     if above is not None and seconds <= above:
         r.error(node.loc, f"{what}: must be more than {_fmt_seconds(above)}, got {node.value!r}")
+        return None
+    if at_most is not None and seconds > at_most:
+        r.error(node.loc, f"{what}: must be at most {_fmt_seconds(at_most)}, got {node.value!r}")
         return None
     return seconds
 
@@ -330,7 +339,7 @@ def _read_poll(r: Reader, node: Node | None, ctx: _Context) -> PollConfig:
     values: dict[str, Any] = {}
     if "interval" in keys:
         values["interval"] = _duration(
-            r, keys["interval"], "poll.interval", at_least=MIN_POLL_INTERVAL
+            r, keys["interval"], "poll.interval", at_least=MIN_POLL_INTERVAL, at_most=3600.0
         )
     if "call_timeout" in keys:
         timeout_node = keys["call_timeout"]
@@ -438,10 +447,12 @@ def _read_sources(r: Reader, node: Node | None, ctx: _Context) -> SourcesConfig:
         values["nvml_events"] = r.boolean(keys["nvml_events"], "sources.nvml_events")
     if "merge_window" in keys:
         values["merge_window"] = _duration(
-            r, keys["merge_window"], "sources.merge_window", above=0.0
+            r, keys["merge_window"], "sources.merge_window", above=0.0, at_most=3600.0
         )
     if "backfill" in keys:
-        values["backfill"] = _duration(r, keys["backfill"], "sources.backfill")
+        values["backfill"] = _duration(
+            r, keys["backfill"], "sources.backfill", at_most=366 * 86400.0
+        )
     return dataclasses.replace(
         SourcesConfig(), **{k: v for k, v in values.items() if v is not None}
     )
@@ -490,8 +501,12 @@ def _read_xid(r: Reader, node: Node | None, ctx: _Context) -> XidConfig:
     out: list[tuple[int, tuple[tuple[str, str], ...]]] = []
     for key_node, value_node in table.items():
         what = f"xid.overrides.{key_node.value}"
-        if not str(key_node.value).isdigit():
-            r.error(key_node.loc, f"xid.overrides: {key_node.value!r} is not an XID number")
+        key_text = str(key_node.value)
+        if not (key_text.isascii() and key_text.isdigit() and len(key_text) <= 6):
+            r.error(
+                key_node.loc,
+                f"xid.overrides: {key_node.value!r} is not an XID number (1 to 6 ASCII digits)",
+            )
             continue
         code = int(key_node.value)
         fields = r.mapping(value_node, ["severity", "action"], what)
@@ -604,7 +619,7 @@ def load_config(
     env = os.environ if environ is None else environ
     if path is None or (not must_exist and not os.path.lexists(path)):
         return default_config(env)
-    root = yamlsrc.load_file(path)
+    root = yamlsrc.load_file(path, allow_pipe=True)  # the file named on the command line
     ctx = _Context(env, os.path.dirname(os.path.abspath(path)))
     return _build(root, ctx, path)
 

@@ -39,6 +39,7 @@ import ssl
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -345,16 +346,42 @@ class RateLimiter:
             return wait
 
 
+PASSWORD_CHECKS_PER_SECOND = 4.0
+"""Uncached bcrypt checks per second for all clients together (each costs tens of ms)."""
+PASSWORD_CHECK_BURST = 8
+"""Uncached bcrypt checks allowed at once before the per-second budget applies."""
+
+
+class PasswordChecksBusy(Exception):
+    """The global budget of bcrypt checks is spent; retry after ``retry_after`` seconds."""
+
+    def __init__(self, retry_after: float) -> None:
+        super().__init__(f"password checks busy; retry in {retry_after:.1f}s")
+        self.retry_after = retry_after
+
+
 class BasicAuth:
     """Checks ``Authorization: Basic`` against bcrypt hashes, caching results like
     exporter-toolkit does (a bcrypt check costs tens of milliseconds by design). The cache
-    key is a SHA-256 of user, password and hash: no password is kept."""
+    key is a SHA-256 of user, password and hash: no password is kept.
 
-    def __init__(self, users: tuple[tuple[str, str], ...]) -> None:
+    Uncached checks are bounded for the whole server, not per client address: one at a
+    time, at most ``PASSWORD_CHECK_BURST`` at once and ``PASSWORD_CHECKS_PER_SECOND``
+    after that. Wrong passwords from many addresses therefore cost at most a fraction of
+    one core; a scraper whose (correct) password is cached is never slowed. Past the budget
+    ``check`` raises ``PasswordChecksBusy`` (the server answers 429)."""
+
+    def __init__(
+        self, users: tuple[tuple[str, str], ...], clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.users = dict(users)
         self._cache: OrderedDict[bytes, bool] = OrderedDict()
         self._lock = threading.Lock()
         self._dummy: bytes | None = None
+        self._budget = RateLimiter(1.0 / PASSWORD_CHECKS_PER_SECOND, PASSWORD_CHECK_BURST, clock)
+        self._one_at_a_time = threading.Lock()
+        self.checks_run = 0  # uncached bcrypt checks done
+        self.checks_refused = 0  # uncached checks refused for the budget
 
     @property
     def enabled(self) -> bool:
@@ -381,23 +408,38 @@ class BasicAuth:
             cached = self._cache.get(key)
         if cached is not None:
             return cached, user
+        wait = self._budget.allow("all")
+        if wait > 0:
+            with self._lock:
+                self.checks_refused += 1
+            raise PasswordChecksBusy(wait)
+        if not self._one_at_a_time.acquire(timeout=1.0):
+            with self._lock:
+                self.checks_refused += 1
+            raise PasswordChecksBusy(1.0)
+        try:
+            ok = self._bcrypt(password, hashed)
+        finally:
+            self._one_at_a_time.release()
+        with self._lock:
+            self.checks_run += 1
+            self._cache[key] = ok
+            while len(self._cache) > AUTH_CACHE_SIZE:
+                self._cache.popitem(last=False)
+        return ok, user
+
+    def _bcrypt(self, password: str, hashed: str | None) -> bool:
         import bcrypt
 
         if hashed is None:  # same cost as a real check: user names cannot be probed by time
             if self._dummy is None:
                 self._dummy = bcrypt.hashpw(b"gpuwatchd", bcrypt.gensalt(rounds=10))
             bcrypt.checkpw(password.encode(), self._dummy)
-            ok = False
-        else:
-            try:
-                ok = bcrypt.checkpw(password.encode(), hashed.encode())
-            except ValueError:
-                ok = False
-        with self._lock:
-            self._cache[key] = ok
-            while len(self._cache) > AUTH_CACHE_SIZE:
-                self._cache.popitem(last=False)
-        return ok, user
+            return False
+        try:
+            return bool(bcrypt.checkpw(password.encode(), hashed.encode()))
+        except ValueError:
+            return False
 
 
 class WebGuard:

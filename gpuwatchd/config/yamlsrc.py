@@ -11,7 +11,9 @@ from __future__ import annotations
 import difflib
 import ipaddress
 import math
+import os
 import re
+import stat
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
@@ -19,6 +21,7 @@ from typing import Any, NoReturn
 import yaml
 
 from gpuwatchd.core.errors import ConfigError, Location
+from gpuwatchd.core.statefile import open_regular
 
 
 @dataclass
@@ -58,12 +61,59 @@ def _loc(path: str, mark: Any) -> Location:
     return Location(path, mark.line + 1, mark.column + 1)
 
 
-class _Loader(yaml.SafeLoader):
+# libyaml's parser and composer (C) where PyYAML was built with it, as Debian's is: the
+# same node tree with the same marks, several times faster than the pure-Python one.
+_BASE_LOADER: type[yaml.SafeLoader] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+class _Loader(_BASE_LOADER):  # type: ignore[valid-type,misc]
     pass
 
 
+# YAML 1.1 (PyYAML) reads a plain ``013`` as octal 11 and ``1:30`` as 90 (base 60): numbers
+# nobody writing an XID code, a port or a count means. Such scalars are refused, with the
+# fix in the message; quoted, they stay strings.
+_LEADING_ZERO_RE = re.compile(r"[-+]?0[0-9_]+", re.ASCII)
+_SEXAGESIMAL_RE = re.compile(r"[-+]?[0-9][0-9_]*(?::[0-5]?[0-9])+(?:\.[0-9_]*)?", re.ASCII)
+_INT_TAG = "tag:yaml.org,2002:int"
+_FLOAT_TAG = "tag:yaml.org,2002:float"
+
+
+MAX_NUMBER_CHARS = 64
+"""Longest plain number accepted (Python refuses to convert ints of more than 4300 digits)."""
+
+
+def _check_number_spelling(path: str, node: yaml.ScalarNode) -> None:
+    if node.style:  # quoted or a block: a string, as written (plain is None, or "" in libyaml)
+        return
+    text = node.value
+    if node.tag in (_INT_TAG, _FLOAT_TAG) and len(text) > MAX_NUMBER_CHARS:
+        raise ConfigError.at(
+            _loc(path, node.start_mark),
+            f"number too long ({len(text)} characters; at most {MAX_NUMBER_CHARS})",
+        )
+    if _LEADING_ZERO_RE.fullmatch(text):
+        plain = ("-" if text.startswith("-") else "") + (text.lstrip("+-").lstrip("0_") or "0")
+        raise ConfigError.at(
+            _loc(path, node.start_mark),
+            f"number {text!r} has a leading zero, which YAML 1.1 reads as octal "
+            f"(or as a string): write {plain} for the number, or quote it for a string",
+        )
+    if node.tag in (_INT_TAG, _FLOAT_TAG) and _SEXAGESIMAL_RE.fullmatch(text):
+        raise ConfigError.at(
+            _loc(path, node.start_mark),
+            f"{text!r} is a base-60 number in YAML 1.1 "
+            f"({yaml.safe_load(text)!r}): quote it if a string is meant",
+        )
+
+
 def _construct_scalar(path: str, loader: yaml.SafeLoader, node: yaml.ScalarNode) -> Node:
+    _check_number_spelling(path, node)
     value = loader.construct_object(node, deep=True)
+    if isinstance(value, str) and "\x00" in value:  # only a "\0" escape can make one
+        raise ConfigError.at(
+            _loc(path, node.start_mark), "a NUL character (\\0) is not allowed in a value"
+        )
     return Node(value, _loc(path, node.start_mark), node.tag)
 
 
@@ -170,23 +220,86 @@ def _too_large() -> str:
     return f"file too large (more than {MAX_BYTES // (1024 * 1024)} MiB)"
 
 
-def load_file(path: str) -> Node | None:
-    """Read and parse a YAML file (at most ``MAX_BYTES``; see ``parse`` for the limits)."""
+def read_file(path: str, limit: int = MAX_BYTES, *, allow_pipe: bool = False) -> bytes:
+    """The bytes of a config, rule or scenario file: a regular file (links are followed; a
+    FIFO or device is refused without blocking), at most ``limit`` bytes.
+
+    ``allow_pipe`` also accepts a pipe, read as it comes: the main config file is named by
+    whoever runs the command, who may hand it over as ``-c <(generate-config)``. Files
+    found through the config (rule files, the web config) never are pipes."""
     try:
-        with open(path, "rb") as fh:
-            data = fh.read(MAX_BYTES + 1)
+        fd = _open_pipe(path) if allow_pipe else open_regular(path, follow_links=True)
     except OSError as exc:
         raise ConfigError.at(Location(path, 1, 1), f"cannot read file: {exc.strerror}") from None
-    if len(data) > MAX_BYTES:
+    try:
+        with os.fdopen(fd, "rb") as fh:
+            data = fh.read(limit + 1)
+    except OSError as exc:
+        raise ConfigError.at(Location(path, 1, 1), f"cannot read file: {exc.strerror}") from None
+    if len(data) > limit:
         raise ConfigError.at(Location(path, 1, 1), _too_large())
+    return data
+
+
+def _open_pipe(path: str) -> int:
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    mode = os.fstat(fd).st_mode
+    if stat.S_ISREG(mode) or stat.S_ISFIFO(mode):
+        return fd
+    os.close(fd)
+    return open_regular(path, follow_links=True)  # refuses it, saying what it is
+
+
+def is_private(path: str) -> bool:
+    """True if ``path`` is reached through a symbolic link and its target is not readable
+    by all (mode without o+r), or if that cannot be told.
+
+    Errors about such a file name its lines but never quote its text: a rule file linked
+    to /etc/shadow by whoever can write the rules directory must not have root's
+    ``check-config`` (or the journal) print the password hashes. A file named directly
+    (not through a link) is the administrator's own choice and is quoted as usual."""
+    try:
+        linked = os.path.realpath(path) != os.path.abspath(path)
+        return linked and not os.stat(path).st_mode & stat.S_IROTH
+    except (OSError, ValueError):
+        return True
+
+
+PRIVATE_TEXT = (
+    "not valid here (its text is not shown: the file is reached through a symbolic link "
+    "and is not readable by all)"
+)
+
+
+def hide_private_text(problems: list[tuple[Location, str]], path: str) -> None:
+    """Replace, in place, the messages of ``problems`` located in ``path`` by
+    ``PRIVATE_TEXT`` when ``path`` is private (see ``is_private``)."""
+    if not any(loc.path == path for loc, _ in problems) or not is_private(path):
+        return
+    hidden = [(loc, PRIVATE_TEXT if loc.path == path else msg) for loc, msg in problems]
+    problems[:] = list(dict.fromkeys(hidden))
+
+
+def load_file(path: str, *, allow_pipe: bool = False) -> Node | None:
+    """Read and parse a YAML file (at most ``MAX_BYTES``; see ``parse`` for the limits)."""
+    data = read_file(path, allow_pipe=allow_pipe)
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise ConfigError.at(Location(path, 1, 1), f"not UTF-8 text: {exc.reason}") from None
-    return parse(text, path)
+    try:
+        return parse(text, path)
+    except ConfigError as exc:
+        hide_private_text(exc.problems, path)
+        raise ConfigError(exc.problems) from None
 
 
-_DURATION_RE = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d|w)")
+MAX_NUMBER = 2**53
+"""Largest magnitude of a number setting that names no range of its own."""
+MAX_DURATION = 10 * 366 * 86400.0
+"""Longest duration accepted anywhere (ten years): longer waits overflow timers."""
+
+_DURATION_RE = re.compile(r"([0-9]{1,32}(?:\.[0-9]{1,32})?)(ms|s|m|h|d|w)", re.ASCII)
 _DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
 
 
@@ -315,6 +428,9 @@ class Reader:
         if maximum is not None and value > maximum:
             self.error(node.loc, f"{what}: must be <= {maximum:g}, got {value!r}")
             return None
+        if abs(value) > MAX_NUMBER:
+            self.error(node.loc, f"{what}: must be between -2^53 and 2^53, got {value!r}")
+            return None
         return float(value)
 
     def integer(
@@ -324,9 +440,17 @@ class Reader:
         return None if value is None else int(value)
 
     def duration(
-        self, node: Node, what: str, minimum: float = 0.0, allow_zero: bool = True
+        self,
+        node: Node,
+        what: str,
+        minimum: float = 0.0,
+        allow_zero: bool = True,
+        maximum: float = MAX_DURATION,
     ) -> float | None:
-        """A duration string (``30s``, ``5m``, ``1h30m``) or a plain number of seconds."""
+        """A duration string (``30s``, ``5m``, ``1h30m``) or a plain number of seconds.
+
+        At most ``maximum`` (ten years unless the setting says less): a longer one
+        overflows the timers that wait for it."""
         value = node.value
         seconds: float | None
         if isinstance(value, bool):
@@ -346,6 +470,13 @@ class Reader:
             return None
         if seconds < minimum or (not allow_zero and seconds == 0):
             self.error(node.loc, f"{what}: must be more than {minimum:g}s, got {value!r}")
+            return None
+        if math.isfinite(seconds) and seconds > maximum:
+            self.error(
+                node.loc,
+                f"{what}: must be at most {maximum:g}s"
+                f"{' (ten years)' if maximum == MAX_DURATION else ''}, got {value!r}",
+            )
             return None
         return seconds
 

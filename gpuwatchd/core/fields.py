@@ -154,6 +154,24 @@ GPU_FIELD_LIST: tuple[FieldSpec, ...] = (
         ),
     ),
     _f(
+        "ecc_corrected_volatile_dev",
+        "gpuwatchd_ecc_volatile_device_memory_errors_total",
+        "counter",
+        "ECC errors in device memory (HBM) since the driver loaded, by type; the totals "
+        "also count SRAM (L1, L2, register file).",
+        {"type": "corrected"},
+        integer=True,
+    ),
+    _f(
+        "ecc_uncorrected_volatile_dev",
+        "gpuwatchd_ecc_volatile_device_memory_errors_total",
+        "counter",
+        "ECC errors in device memory (HBM) since the driver loaded, by type; the totals "
+        "also count SRAM (L1, L2, register file).",
+        {"type": "uncorrected"},
+        integer=True,
+    ),
+    _f(
         "ecc_corrected_aggregate",
         "gpuwatchd_ecc_aggregate_errors_total",
         "counter",

@@ -15,9 +15,10 @@ Every long-running worker proves it is making progress in one of two ways:
   ``Daemon.evaluations``): ``watch("poller", lambda: poller.cycles, max_silence)``.
 
 ``check()`` names every worker that has not made progress for longer than its
-``max_silence``. The watchdog supervisor calls it before each ``WATCHDOG=1``: one wedged
-worker stops the pings and systemd restarts the daemon. Choose ``max_silence`` well above
-the longest legitimate pause of the loop (a few loop periods).
+``max_silence``, and at once every worker that reported its own death (``fail``). The
+watchdog supervisor calls it before each ``WATCHDOG=1``: one wedged worker stops the pings
+and systemd restarts the daemon. Choose ``max_silence`` well above the longest legitimate
+pause of the loop (a few loop periods).
 """
 
 from __future__ import annotations
@@ -36,21 +37,33 @@ class Stall:
     name: str
     silent_for: float  # seconds without progress
     max_silence: float
+    failure: str | None = None  # why the worker died, when it said so (``Heartbeat.fail``)
 
     def __str__(self) -> str:
+        if self.failure is not None:
+            return f"{self.name} failed: {self.failure}"
         return f"{self.name} made no progress for {self.silent_for:.1f}s"
 
 
 class Heartbeat:
-    """One worker's pulse. ``beat()`` is cheap: an integer increment."""
+    """One worker's pulse. ``beat()`` is cheap: an integer increment (and a store).
+
+    A worker whose loop died of an unexpected error calls ``fail(reason)`` instead of
+    ``close()``: ``check()`` reports it at once, not only after ``max_silence``, and
+    until its next ``beat()`` (a restarted worker beats again)."""
 
     def __init__(self, registry: HeartbeatRegistry, name: str) -> None:
         self._registry = registry
         self.name = name
         self.beats = 0
+        self.failure: str | None = None
 
     def beat(self) -> None:
         self.beats += 1
+        self.failure = None
+
+    def fail(self, reason: str) -> None:
+        self.failure = reason
 
     def close(self) -> None:
         self._registry.unregister(self.name)
@@ -62,6 +75,7 @@ class _Entry:
     max_silence: float
     last_value: int
     last_change: float
+    failure: Callable[[], str | None] = lambda: None
 
 
 class HeartbeatRegistry:
@@ -76,6 +90,8 @@ class HeartbeatRegistry:
         """A new ``Heartbeat`` called ``name`` (replacing one of the same name)."""
         hb = Heartbeat(self, name)
         self.watch(name, lambda: hb.beats, max_silence)
+        with self._lock:
+            self._entries[name].failure = lambda: hb.failure
         return hb
 
     def watch(self, name: str, read: Callable[[], int], max_silence: float) -> None:
@@ -104,6 +120,7 @@ class HeartbeatRegistry:
                     e.last_value = value
                     e.last_change = now
                 silent = now - e.last_change
-                if silent > e.max_silence:
-                    stalls.append(Stall(name, silent, e.max_silence))
+                failure = e.failure()
+                if failure is not None or silent > e.max_silence:
+                    stalls.append(Stall(name, silent, e.max_silence, failure))
         return stalls

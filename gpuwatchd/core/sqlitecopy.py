@@ -8,6 +8,8 @@ import contextlib
 import os
 import sqlite3
 
+from gpuwatchd.core.statefile import check_sqlite_files
+
 __all__ = ["STORAGE_ERRORS", "copy_read_only", "damaged", "storage_error"]
 
 # SQLite primary result codes that mean "the file or the disk under it is in trouble"
@@ -32,6 +34,10 @@ def damaged(exc: BaseException) -> bool:
 def copy_read_only(path: str, dest: sqlite3.Connection) -> bool:
     """Copy the database at ``path`` into ``dest`` without writing anything next to it.
     True when a sound copy was made; ``dest`` is left as it was otherwise."""
+    try:
+        check_sqlite_files(path)  # never a link, FIFO or device (a FIFO would hang SQLite)
+    except OSError:
+        return False
     if not os.path.isfile(path):
         return False
     # mode=ro still reads the WAL; immutable=1 works where even the -shm cannot be made

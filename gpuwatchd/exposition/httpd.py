@@ -5,13 +5,19 @@ callables it was given, so no request ever calls NVML or waits on a GPU.
 
 Guards, in the order a request meets them (``WebGuard`` holds the settings):
 
-- at most ``MAX_CONNECTIONS`` connections at once (more are closed at once), each with a
-  ``TIMEOUT`` for the TLS handshake and every read, so slow clients cannot pile up;
+- at most ``MAX_CONNECTIONS`` connections at once, each with a ``TIMEOUT`` for the TLS
+  handshake and every read. A connection that has no complete request yet is "waiting";
+  when every slot is taken, a new connection evicts the waiting one that has waited
+  longest (at least ``EVICT_AFTER``), and any that waited ``HEADER_DEADLINE`` is closed.
+  Slow clients (one byte every few seconds, idle keep-alives) can therefore never lock a
+  normal scraper out; only as many busy, fast requests as slots refuse a new one;
 - TLS when the web config file (exporter-toolkit format, ``web.config_file``) asks;
 - a rate limit per client address (429 with ``Retry-After``);
 - the request line and headers together at most ``web.max_request_bytes`` (431), a body
   larger than that 413 (no endpoint takes a body; a smaller one is read and ignored);
-- basic auth against bcrypt hashes when the web config has users (401);
+- basic auth against bcrypt hashes when the web config has users (401); bcrypt checks that
+  are not cached are bounded for the whole server, whatever the client address (429 past
+  the budget, see ``BasicAuth``);
 - only GET and HEAD (405).
 
 Every refusal is a 4xx and is counted in ``gpuwatchd_http_requests_refused_total``. The
@@ -22,6 +28,7 @@ that failed (logged with its traceback; the fuzz tests have never produced one).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import socket
@@ -32,14 +39,9 @@ from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from prometheus_client.openmetrics.exposition import (
-    CONTENT_TYPE_LATEST as OPENMETRICS_CONTENT_TYPE,
-)
-from prometheus_client.openmetrics.exposition import generate_latest as openmetrics_latest
-
-from gpuwatchd.config.web import WebGuard
+from gpuwatchd.config.web import PasswordChecksBusy, WebGuard
 from gpuwatchd.core.families import CONTENT_TYPE, Families
-from gpuwatchd.exposition.metrics import MetricsRenderer, client_registry
+from gpuwatchd.exposition.metrics import MetricsRenderer
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +50,19 @@ Status = Callable[[], dict[str, Any]]
 
 MAX_CONNECTIONS = 64
 TIMEOUT = 10.0  # seconds for the TLS handshake and for each read of a request
-REFUSALS = ("connections", "tls", "rate_limit", "too_large", "auth", "method", "bad_request")
+HEADER_DEADLINE = 10.0  # seconds from connecting (or the last answer) to a whole request
+EVICT_AFTER = 0.25  # a connection this long without a whole request may make room
+EVICT_WAIT = 2.0  # seconds a new connection waits for the slot an eviction frees
+REFUSALS = (
+    "connections",
+    "slow",
+    "tls",
+    "rate_limit",
+    "too_large",
+    "auth",
+    "method",
+    "bad_request",
+)
 _WARN_EVERY = 10.0  # seconds between two warnings of one kind
 
 _LANDING = b"""<!doctype html><html><head><title>gpuwatchd</title></head><body>
@@ -75,7 +89,8 @@ class _Server(ThreadingHTTPServer):
     ) -> None:
         self.address_family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
         self.renderer = renderer
-        self.registry = client_registry(renderer)
+        self._registry: Any = None  # the OpenMetrics registry, built on first use
+        self._registry_lock = threading.Lock()
         self.health = health
         self.status = status
         self.guard = guard
@@ -83,8 +98,20 @@ class _Server(ThreadingHTTPServer):
         self.requests = 0
         self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
         self._count_lock = threading.Lock()
+        # connections that have no complete request yet (fd -> since, socket): slow ones
+        # are evicted to make room, so slow clients can never lock a scraper out
+        self._waiting: dict[int, tuple[float, socket.socket]] = {}
         self._warned: dict[str, float] = {}
         super().__init__(address, _Handler)
+
+    def openmetrics(self) -> tuple[bytes, str]:
+        """The OpenMetrics body and its content type; prometheus_client loads on first use."""
+        from gpuwatchd.exposition import openmetrics
+
+        with self._registry_lock:
+            if self._registry is None:
+                self._registry = openmetrics.client_registry(self.renderer)
+        return openmetrics.render(self._registry), openmetrics.CONTENT_TYPE_LATEST
 
     def refuse(self, reason: str, message: str | None = None, *args: object) -> None:
         """Count a refusal; log it at most once per ``_WARN_EVERY`` seconds per reason."""
@@ -103,26 +130,72 @@ class _Server(ThreadingHTTPServer):
         with self._count_lock:
             self.requests += 1
 
+    # -- slow clients ------------------------------------------------------------------
+    def waiting(self, sock: Any) -> None:
+        """``sock`` waits for (or is reading) a request: it may be evicted."""
+        with self._count_lock:
+            self._waiting[sock.fileno()] = (time.monotonic(), sock)
+
+    def busy(self, sock: Any) -> None:
+        """``sock`` has a whole request and is being served: it is not evicted."""
+        with self._count_lock:
+            self._waiting.pop(sock.fileno(), None)
+
+    def _evict(self) -> bool:
+        """Close connections that waited more than ``HEADER_DEADLINE`` for a complete
+        request and, if none did, the one that has waited longest (at least
+        ``EVICT_AFTER``); True if one was closed."""
+        now = time.monotonic()
+        with self._count_lock:
+            old = [(t, fd) for fd, (t, _) in self._waiting.items() if now - t >= EVICT_AFTER]
+            if not old:
+                return False
+            expired = [fd for t, fd in old if now - t >= HEADER_DEADLINE]
+            victims = expired or [min(old)[1]]
+            socks = [self._waiting.pop(fd)[1] for fd in victims]
+        self._close_slow(socks)
+        return True
+
+    def _close_slow(self, socks: list[socket.socket]) -> None:
+        for sock in socks:
+            self.refuse("slow", "HTTP: closing a connection with no whole request in time")
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)  # its thread's read ends; the slot frees
+
     def process_request(self, request: Any, client_address: Any) -> None:
-        if not self._slots.acquire(blocking=False):
+        if self._waiting:
+            self._evict_expired()
+        if not self._slots.acquire(blocking=False) and not (
+            self._evict() and self._slots.acquire(timeout=EVICT_WAIT)
+        ):
             self.refuse(
                 "connections",
-                "HTTP: %d connections already open; closing a new one from %s",
+                "HTTP: %d connections already open, none of them slow; closing a new one from %s",
                 MAX_CONNECTIONS,
                 client_address[0],
             )
             self.shutdown_request(request)
             return
+        self.waiting(request)
         try:
             super().process_request(request, client_address)
         except BaseException:
+            self.busy(request)
             self._slots.release()
             raise
+
+    def _evict_expired(self) -> None:
+        now = time.monotonic()
+        with self._count_lock:
+            late = [fd for fd, (t, _) in self._waiting.items() if now - t >= HEADER_DEADLINE]
+            socks = [self._waiting.pop(fd)[1] for fd in late]
+        self._close_slow(socks)
 
     def process_request_thread(self, request: Any, client_address: Any) -> None:
         try:
             super().process_request_thread(request, client_address)
         finally:
+            self.busy(request)
             self._slots.release()
 
     def finish_request(self, request: Any, client_address: Any) -> None:
@@ -198,9 +271,15 @@ class _Handler(BaseHTTPRequestHandler):
             self.wfile.write(body)
         return False
 
+    def handle_one_request(self) -> None:
+        self.server.waiting(self.connection)  # until its request line and headers are in
+        super().handle_one_request()
+
     def parse_request(self) -> bool:
         """Parse, then apply the guards; False ends the request (a refusal was sent)."""
-        if not super().parse_request():
+        ok = super().parse_request()  # reads the headers: the connection still waits
+        self.server.busy(self.connection)
+        if not ok:
             self.server.refuse("bad_request")
             return False
         guard = self.server.guard
@@ -215,7 +294,13 @@ class _Handler(BaseHTTPRequestHandler):
         size = len(line) + sum(len(k) + len(v) + 4 for k, v in self.headers.items())
         if size > guard.max_request_bytes:
             return self._refuse(431, "too_large")
-        ok, user = guard.auth.check(self.headers.get("Authorization"))
+        try:
+            ok, user = guard.auth.check(self.headers.get("Authorization"))
+        except PasswordChecksBusy as busy:
+            # the node-wide budget of bcrypt checks is spent (many clients guessing)
+            retry = {"Retry-After": str(max(1, round(busy.retry_after)))}
+            note = "HTTP: password checks over budget: refusing %s for now"
+            return self._refuse(429, "rate_limit", retry, "", note, client)
         if not ok:
             # name the user only when it is a configured one: never echo what was sent
             who = f"user {user!r}" if user in guard.auth.users else "unknown or no user"
@@ -263,8 +348,8 @@ class _Handler(BaseHTTPRequestHandler):
             if path == "/metrics":
                 accept = self.headers.get("Accept", "")
                 if "application/openmetrics-text" in accept:
-                    body = openmetrics_latest(self.server.registry)  # type: ignore[no-untyped-call]
-                    self._send(200, body, OPENMETRICS_CONTENT_TYPE)
+                    body, content_type = self.server.openmetrics()
+                    self._send(200, body, content_type)
                 else:
                     self._send(200, self.server.renderer.render(), CONTENT_TYPE)
             elif path == "/healthz":
@@ -324,9 +409,9 @@ class HttpServer:
         refused = fams.get(
             "gpuwatchd_http_requests_refused_total",
             "counter",
-            "HTTP requests or connections refused: connections (too many open), tls "
-            "(handshake failed), rate_limit (429), too_large (413/431), auth (401), method "
-            "(405), bad_request (400).",
+            "HTTP requests or connections refused: connections (too many open), slow (closed "
+            "to make room: no whole request in time), tls (handshake failed), rate_limit "
+            "(429), too_large (413/431), auth (401), method (405), bad_request (400).",
             ["reason"],
         )
         for reason in REFUSALS:

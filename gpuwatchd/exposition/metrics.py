@@ -12,15 +12,12 @@ from run to run).
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from functools import lru_cache
-
-from prometheus_client.core import Metric
-from prometheus_client.registry import Collector, CollectorRegistry
 
 from gpuwatchd import __version__
 from gpuwatchd.config.loader import MetricsConfig
-from gpuwatchd.core.families import Families, escape_label_value, label_text, to_client_metric
+from gpuwatchd.core.families import Families, escape_label_value, label_text
 from gpuwatchd.core.fields import CLOCK_EVENT_REASONS, GPU_FIELD_LIST, LINK_FIELD_LIST, FieldSpec
 from gpuwatchd.core.nodestate import NodeView
 from gpuwatchd.core.records import GpuInfo, GpuStatus
@@ -224,6 +221,17 @@ def _gpu_families(view: NodeView, fams: Families, per_link: bool) -> None:
                         fam.add_text(lbase + sfx, value)
 
 
+XID_OTHER_LABEL = "other"
+"""The ``xid`` label of every code outside NVIDIA's XID catalog."""
+
+
+@lru_cache(maxsize=1)
+def _catalog_codes() -> frozenset[int]:
+    from gpuwatchd.xid.catalog import Catalog
+
+    return frozenset(Catalog.default().codes())
+
+
 def _xid_families(view: NodeView, fams: Families) -> None:
     xid = fams.get(
         "gpuwatchd_xid_errors_total",
@@ -237,10 +245,18 @@ def _xid_families(view: NodeView, fams: Families) -> None:
         (gpu, code), _ = item
         return (-1 if gpu is None else gpu, code)
 
+    # A code NVIDIA's catalog does not list (a forged or corrupt line, an SXid, a code
+    # newer than the catalog) is counted under one label, so that 100,000 distinct codes
+    # cannot make 100,000 series. The exact code is in the log and in /api/v1/status.
+    known = _catalog_codes()
+    buckets: dict[tuple[int | None, str], int] = {}
     for (gpu, code), count in sorted(view.xid_counts.items(), key=order):
+        label = str(code) if code in known else XID_OTHER_LABEL
+        buckets[(gpu, label)] = buckets.get((gpu, label), 0) + count
+    for (gpu, label), count in buckets.items():
         info = by_index.get(gpu) if gpu is not None else None
         base = gpu_label_text(info) if info is not None else 'gpu="",uuid="",pci_bus_id="",model=""'
-        xid.add_text(f'{base},xid="{escape_label_value(str(code))}"', float(count))
+        xid.add_text(f'{base},xid="{escape_label_value(label)}"', float(count))
 
 
 def build_families(
@@ -313,25 +329,3 @@ class MetricsRenderer:
         with self._lock:
             self._cache = (view.version, body)
         return body
-
-
-class NodeCollector(Collector):
-    """The same families through prometheus_client (a private registry, no global state)."""
-
-    def __init__(self, renderer: MetricsRenderer) -> None:
-        self._renderer = renderer
-
-    def describe(self) -> list[Metric]:
-        return []  # registration never triggers a collection
-
-    def collect(self) -> Iterator[Metric]:
-        fams = self._renderer.families()
-        self._renderer.process.add(fams)
-        for fam in fams:
-            yield to_client_metric(fam)
-
-
-def client_registry(renderer: MetricsRenderer) -> CollectorRegistry:
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(NodeCollector(renderer))
-    return registry

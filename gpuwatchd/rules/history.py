@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import bisect
 
+from gpuwatchd.rules.evidence import Activity
+
 RAW_SPAN = 2 * 3600.0
 TIERS: tuple[tuple[float, float], ...] = ((2 * 86400.0, 60.0), (float("inf"), 900.0))
 RETENTION = 30 * 86400.0
@@ -24,6 +26,7 @@ RETENTION = 30 * 86400.0
 class CounterHistory:
     __slots__ = (
         "_compact_at",
+        "activity",
         "last_raw",
         "last_t",
         "offset",
@@ -44,6 +47,7 @@ class CounterHistory:
         self.version = 0  # bumps whenever a point is added
         self.retention = retention
         self._compact_at = 512
+        self.activity = Activity()  # 10-minute buckets in which the value grew
 
     def __len__(self) -> int:
         return len(self.ts)
@@ -66,6 +70,8 @@ class CounterHistory:
             # same timestamp (or a clock step back): replace the last point's value
             vs[-1] = value
         else:
+            if vs:
+                self.activity.mark(t)  # not the first point: that is where history starts
             self.ts.append(t)
             vs.append(value)
         self.version += 1
@@ -87,6 +93,8 @@ class CounterHistory:
         self.last_raw = last_raw
         self.offset = offset
         self.last_t = last_t
+        self.activity = Activity()
+        self.activity.restore(points)
         self.version += 1
 
     @property

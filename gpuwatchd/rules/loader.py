@@ -10,49 +10,24 @@ every file completely and reports all problems at once.
 
 from __future__ import annotations
 
-import difflib
 import glob
 import os
 import re
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
 from importlib import resources
 from types import MappingProxyType
-from typing import Any
 
+from gpuwatchd.config import yamlsrc
 from gpuwatchd.config.loader import Config, normalize_gpu_id
 from gpuwatchd.config.yamlsrc import Node, Reader
 from gpuwatchd.core.alerts import AlertSeverity
 from gpuwatchd.core.errors import ConfigError, Location
-from gpuwatchd.core.fields import CLOCK_EVENT_REASON_BITS, GPU_FIELDS, LINK_FIELDS, FieldSpec
-from gpuwatchd.core.records import GpuStatus
-from gpuwatchd.core.units import value_with_unit
-from gpuwatchd.rules.model import (
-    OPS,
-    Condition,
-    Count,
-    Escalation,
-    GpuCount,
-    GpuStatusIs,
-    Guard,
-    Increase,
-    Op,
-    PcieDowntrained,
-    PeerOutlier,
-    Rate,
-    Rule,
-    RuleSet,
-    Selector,
-    StuckWorkload,
-    Threshold,
-    Throttle,
-    Trend,
-    XidMatch,
-)
+from gpuwatchd.rules.conditions.reading import BodyReader, hint
+from gpuwatchd.rules.conditions.registry import BY_KEY, KINDS
+from gpuwatchd.rules.model import Condition, Escalation, Guard, Rule, RuleSet, Selector
 from gpuwatchd.rules.safeyaml import load_limited, parse_limited
 from gpuwatchd.rules.templates import Template, compile_template
 from gpuwatchd.xid import catalog as xid_catalog
-from gpuwatchd.xid import catalog_data
 
 # -- the schema, as tables the loader, the canonical form and the JSON Schema share --------
 TOP_KEYS = ("rules",)
@@ -71,111 +46,42 @@ RULE_KEYS = (
     "routes",
     "escalate",
 )
-CONDITION_KEYS: Mapping[str, tuple[str, ...]] = MappingProxyType(
-    {
-        "threshold": ("field", "op", "value"),
-        "increase": ("field", "window", "op", "value"),
-        "rate": ("field", "window", "op", "value"),
-        "count": ("field", "window", "op", "value"),
-        "xid": ("codes", "buckets", "severities", "count", "window", "quiet", "by_code"),
-        "throttle": ("reasons", "match"),
-        "trend": (
-            "field",
-            "window",
-            "baseline",
-            "factor",
-            "min_increase",
-            "slices",
-            "min_slices",
-        ),
-        "peer_outlier": ("field", "direction", "ratio", "min_delta", "window", "min_peers"),
-        "gpu_status": ("status",),
-        "gpu_count": ("pci",),
-        "pcie_downtrained": ("generation", "width"),
-        "stuck_workload": ("max_utilization", "min_processes"),
-    }
-)
+CONDITION_KEYS: Mapping[str, tuple[str, ...]] = MappingProxyType({k.key: k.keys for k in KINDS})
 SELECT_KEYS = ("models", "gpus")
 GUARD_KEYS = ("field", "op", "value")
 ESCALATE_KEYS = ("after", "within", "severity", "drain", "annotations")
 SEVERITIES = tuple(s.value for s in AlertSeverity)
-STATUSES = ("lost", "stale", "error")
 IDENTITY_LABELS = ("node", "gpu", "uuid", "pci_bus_id", "model", "link", "xid")
-RESERVED_LABELS = frozenset({*IDENTITY_LABELS, "alertname", "severity", "rule"})
+RESERVED_LABELS_ORDER = (*IDENTITY_LABELS, "alertname", "severity", "rule")
+RESERVED_LABELS = frozenset(RESERVED_LABELS_ORDER)
 
 COMMON_PLACEHOLDERS = frozenset({"node", "rule", "severity", "value"})
 GPU_PLACEHOLDERS = frozenset({"gpu", "uuid", "pci_bus_id", "model"})
-KIND_PLACEHOLDERS: Mapping[str, frozenset[str]] = MappingProxyType(
-    {
-        "threshold": frozenset({"field", "threshold"}),
-        "increase": frozenset({"field", "threshold", "window"}),
-        "rate": frozenset({"field", "threshold", "window"}),
-        "count": frozenset({"field", "threshold", "window"}),
-        "xid": frozenset({"xid", "xid_text", "action", "count", "window"}),
-        "throttle": frozenset({"reasons"}),
-        "trend": frozenset({"field", "window", "ratio", "baseline_rate"}),
-        "peer_outlier": frozenset({"field", "peers_median"}),
-        "gpu_status": frozenset({"status"}),
-        "gpu_count": frozenset({"expected", "seen", "pci_seen"}),
-        "pcie_downtrained": frozenset({"generation", "generation_max", "width", "width_max"}),
-        "stuck_workload": frozenset({"utilization", "processes"}),
-    }
-)
-
 _NAME_RE = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,99}")
 _LABEL_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _GLOB_CHARS = re.compile(r"[*?\[]")
 
 
-def _catalog_codes() -> frozenset[int]:
-    return frozenset(row.code for row in catalog_data.XIDS)
-
-
-def _catalog_buckets() -> dict[str, frozenset[int]]:
-    """Immediate resolution bucket -> the XID codes that have it."""
-    out: dict[str, set[int]] = {}
-    for row in catalog_data.XIDS:
-        if row.immediate:
-            out.setdefault(row.immediate, set()).add(row.code)
-    return {k: frozenset(v) for k, v in out.items()}
-
-
-def _investigatory_buckets() -> frozenset[str]:
-    return frozenset(row.investigatory for row in catalog_data.XIDS if row.investigatory)
-
-
-CATALOG_SEVERITIES = tuple(s.value for s in xid_catalog.XidSeverity)
-
-
 def placeholders_for(kind: str, link: bool) -> frozenset[str]:
-    names = set(COMMON_PLACEHOLDERS) | KIND_PLACEHOLDERS.get(kind, frozenset())
-    if kind != "gpu_count":
+    found = BY_KEY.get(kind)
+    names = set(COMMON_PLACEHOLDERS)
+    if found is not None:
+        names |= found.placeholders
+    if found is None or not found.node_level:
         names |= GPU_PLACEHOLDERS
     if link:
         names.add("link")
     return frozenset(names)
 
 
-def _hint(word: str, choices: Iterable[str]) -> str:
-    found = difflib.get_close_matches(word, sorted(choices), n=1, cutoff=0.6)
-    return f" (did you mean {found[0]!r}?)" if found else ""
-
-
 # -- the per-file parser --------------------------------------------------------------------
-@dataclass
-class _Ctx:
-    r: Reader
-    where: str  # "rules[3] (GpuTemperatureHigh)"
-
-
 class RuleParser:
     """Reads rule files into ``Rule`` objects, collecting every problem in one ``Reader``."""
 
     def __init__(self, catalog: xid_catalog.Catalog | None = None) -> None:
         self.r = Reader()
         self.catalog = catalog or xid_catalog.Catalog.default()
-        self.buckets = _catalog_buckets()
-        self.codes = _catalog_codes()
+        self.body = BodyReader(self.r, self.catalog)
         self.seen: dict[str, Location] = {}
 
     # -- helpers ------------------------------------------------------------------------
@@ -193,63 +99,7 @@ class RuleParser:
     def _duration(
         self, node: Node, what: str, *, positive: bool = False, maximum: float | None = None
     ) -> float | None:
-        seconds = self.r.duration(node, what, allow_zero=not positive)
-        if seconds is None:
-            return None
-        if maximum is not None and seconds > maximum:
-            self.r.error(node.loc, f"{what}: at most 30d, got {node.value!r}")
-            return None
-        return seconds
-
-    def _field(
-        self, node: Node, what: str, *, counter: bool = False, allow_link: bool = True
-    ) -> tuple[str, FieldSpec, bool] | None:
-        name = self.r.string(node, what)
-        if name is None:
-            return None
-        if name in GPU_FIELDS:
-            spec, link = GPU_FIELDS[name], False
-        elif name in LINK_FIELDS and allow_link:
-            spec, link = LINK_FIELDS[name], True
-        else:
-            choices = list(GPU_FIELDS) + (list(LINK_FIELDS) if allow_link else [])
-            extra = "" if allow_link or name not in LINK_FIELDS else " (a per-link field)"
-            self.r.error(node.loc, f"{what}: unknown field {name!r}{extra}{_hint(name, choices)}")
-            return None
-        if counter and spec.kind != "counter" and not spec.integer:
-            self.r.error(
-                node.loc,
-                f"{what}: {name!r} is a gauge; this condition needs a counter "
-                "(compare gauges with 'threshold')",
-            )
-            return None
-        return name, spec, link
-
-    def _op(self, node: Node | None, what: str, default: Op) -> Op | None:
-        if node is None:
-            return default
-        value = self.r.string(node, what, OPS)
-        return None if value is None else value  # type: ignore[return-value]
-
-    def _value(self, node: Node, what: str, spec: FieldSpec | None) -> float | None:
-        """A number, or (for a field) a number with a unit like ``1980MHz`` or ``97%``."""
-        raw = node.value
-        if isinstance(raw, str) and spec is not None:
-            parsed = value_with_unit(raw, spec)
-            if isinstance(parsed, str):
-                self.r.error(node.loc, f"{what}: {parsed}")
-                return None
-            return parsed
-        return self.r.number(node, what)
-
-    def _strings(self, node: Node, what: str) -> list[tuple[str, Node]]:
-        items = self.r.sequence(node, what)
-        out: list[tuple[str, Node]] = []
-        for item in items or []:
-            text = self.r.string(item, what)
-            if text is not None:
-                out.append((text, item))
-        return out
+        return self.body.duration(node, what, positive=positive, maximum=maximum)
 
     # -- files --------------------------------------------------------------------------
     def file(self, root: Node | None, path: str) -> list[Rule]:
@@ -317,32 +167,15 @@ class RuleParser:
             parsed = self.condition(keys["condition"], f"{what}.condition")
             if parsed is not None:
                 cond_kind, condition = parsed
-        if cond_kind == "xid" and "keep_firing_for" in keys:
-            self.r.error(
-                keys["keep_firing_for"].loc,
-                f"{what}.keep_firing_for: an xid rule resolves after condition.xid.quiet; "
-                "set that instead",
-            )
         when = self.guard(keys["when"], f"{what}.when") if "when" in keys else None
         select = self.selector(keys["select"], f"{what}.select") if "select" in keys else None
-        if cond_kind == "gpu_count" and "select" in keys:
-            self.r.error(
-                keys["select"].loc, f"{what}.select: a gpu_count rule watches the whole node"
-            )
-        if cond_kind in ("gpu_count", "gpu_status", "xid") and "when" in keys:
-            self.r.error(
-                keys["when"].loc,
-                f"{what}.when: not available for {cond_kind} rules (it needs the GPU's "
-                "latest sample, which a lost GPU does not have)",
-            )
-        if cond_kind == "xid" and "for" in keys:
-            self.r.error(
-                keys["for"].loc,
-                f"{what}.for: an xid rule fires on the event itself; use condition.xid.count "
-                "and window to ask for repeats",
-            )
+        kind = BY_KEY.get(cond_kind or "")
+        if kind is not None:
+            for key, why in kind.not_with.items():
+                if key in keys:
+                    self.r.error(keys[key].loc, f"{what}.{key}: {why}")
         labels = self.labels(keys["labels"], f"{what}.labels") if "labels" in keys else {}
-        link = bool(getattr(condition, "link", False))
+        link = condition.link if condition is not None else False
         allowed = placeholders_for(cond_kind or "", link)
         annotations: dict[str, Template] = {}
         if "annotations" in keys:
@@ -383,9 +216,9 @@ class RuleParser:
         keys = self._keys(node, GUARD_KEYS, what, required=GUARD_KEYS)
         if keys is None or len(keys) < 3:
             return None
-        found = self._field(keys["field"], f"{what}.field", allow_link=False)
-        op = self._op(keys["op"], f"{what}.op", ">")
-        value = self._value(keys["value"], f"{what}.value", found[1] if found else None)
+        found = self.body.field(keys["field"], f"{what}.field", allow_link=False)
+        op = self.body.op(keys["op"], f"{what}.op", ">")
+        value = self.body.value(keys["value"], f"{what}.value", found[1] if found else None)
         if found is None or op is None or value is None:
             return None
         return Guard(found[0], op, value)
@@ -395,13 +228,13 @@ class RuleParser:
         if keys is None:
             return None
         models = (
-            frozenset(t for t, _ in self._strings(keys["models"], f"{what}.models"))
+            frozenset(t for t, _ in self.body.strings(keys["models"], f"{what}.models"))
             if ("models" in keys)
             else frozenset()
         )
         gpus: set[str] = set()
         if "gpus" in keys:
-            for text, item in self._strings(keys["gpus"], f"{what}.gpus"):
+            for text, item in self.body.strings(keys["gpus"], f"{what}.gpus"):
                 gpu_id = normalize_gpu_id(text)
                 if gpu_id is None:
                     self.r.error(
@@ -459,7 +292,7 @@ class RuleParser:
 
     def routes(self, node: Node, what: str) -> list[str]:
         out: list[str] = []
-        for text, item in self._strings(node, what):
+        for text, item in self.body.strings(node, what):
             if not text or text in out:
                 self.r.error(item.loc, f"{what}: {text!r} is empty or listed twice")
                 continue
@@ -512,303 +345,22 @@ class RuleParser:
         if kind not in CONDITION_KEYS:
             self.r.error(
                 key_node.loc,
-                f"{what}: unknown condition {kind!r}{_hint(kind, CONDITION_KEYS)} "
+                f"{what}: unknown condition {kind!r}{hint(kind, CONDITION_KEYS)} "
                 f"(one of: {', '.join(CONDITION_KEYS)})",
             )
             return None
         sub = f"{what}.{kind}"
         if body.value is None:
             body = Node({}, body.loc)
-        keys = self._keys(body, CONDITION_KEYS[kind], sub)
+        spec = BY_KEY[kind]
+        keys = self._keys(body, spec.keys, sub)
         if keys is None:
             return None
-        parse: Callable[[Node, dict[str, Node], str], Condition | None] = getattr(
-            self, f"_c_{kind}"
-        )
         before = len(self.r.problems)
-        cond = parse(body, keys, sub)
+        cond = spec.parse(self.body, body, keys, sub)
         if cond is None or len(self.r.problems) > before:
             return None
         return kind, cond
-
-    def _need(self, body: Node, keys: dict[str, Node], names: tuple[str, ...], what: str) -> bool:
-        missing = [n for n in names if n not in keys]
-        for n in missing:
-            self.r.error(body.loc, f"{what}: missing required key {n!r}")
-        return not missing
-
-    def _c_threshold(self, body: Node, keys: dict[str, Node], what: str) -> Condition | None:
-        if not self._need(body, keys, ("field", "op", "value"), what):
-            return None
-        found = self._field(keys["field"], f"{what}.field")
-        op = self._op(keys["op"], f"{what}.op", ">")
-        value = self._value(keys["value"], f"{what}.value", found[1] if found else None)
-        if found is None or op is None or value is None:
-            return None
-        return Threshold(found[0], op, value, found[2])
-
-    def _windowed(
-        self, body: Node, keys: dict[str, Node], what: str, default_op: Op, default_value: float
-    ) -> tuple[str, float, Op, float, bool] | None:
-        if not self._need(body, keys, ("field", "window"), what):
-            return None
-        found = self._field(keys["field"], f"{what}.field", counter=True)
-        window = self._duration(keys["window"], f"{what}.window", positive=True, maximum=30 * 86400)
-        op = self._op(keys.get("op"), f"{what}.op", default_op)
-        value: float | None = default_value
-        if "value" in keys:
-            value = self.r.number(keys["value"], f"{what}.value")
-        if found is None or window is None or op is None or value is None:
-            return None
-        return found[0], window, op, value, found[2]
-
-    def _c_increase(self, body: Node, keys: dict[str, Node], what: str) -> Condition | None:
-        got = self._windowed(body, keys, what, ">", 0.0)
-        return None if got is None else Increase(*got)
-
-    def _c_rate(self, body: Node, keys: dict[str, Node], what: str) -> Condition | None:
-        got = self._windowed(body, keys, what, ">", 0.0)
-        return None if got is None else Rate(*got)
-
-    def _c_count(self, body: Node, keys: dict[str, Node], what: str) -> Condition | None:
-        got = self._windowed(body, keys, what, ">=", 1.0)
-        return None if got is None else Count(*got)
-
-    def _c_xid(self, body: Node, keys: dict[str, Node], what: str) -> Condition | None:
-        if not any(k in keys for k in ("codes", "buckets", "severities")):
-            self.r.error(body.loc, f"{what}: needs at least one of codes, buckets, severities")
-            return None
-        codes: set[int] = set()
-        if "codes" in keys:
-            for item in self.r.sequence(keys["codes"], f"{what}.codes") or []:
-                code = self.r.integer(item, f"{what}.codes", minimum=0)
-                if code is None:
-                    continue
-                if code not in self.codes:
-                    near = sorted(self.codes, key=lambda c: abs(c - code))[:3]
-                    self.r.error(
-                        item.loc,
-                        f"{what}.codes: XID {code} is not in NVIDIA's XID catalog "
-                        f"(nearest known: {', '.join(map(str, sorted(near)))})",
-                    )
-                    continue
-                codes.add(code)
-        if "buckets" in keys:
-            for text, item in self._strings(keys["buckets"], f"{what}.buckets"):
-                members = self.buckets.get(text)
-                if members is None:
-                    if text in _investigatory_buckets():
-                        why = (
-                            "is only an investigatory bucket; buckets match the catalog's "
-                            "immediate resolution"
-                        )
-                    else:
-                        why = "is not an immediate resolution bucket of the XID catalog"
-                        why += _hint(text, self.buckets)
-                    self.r.error(
-                        item.loc,
-                        f"{what}.buckets: {text!r} {why} "
-                        f"(one of: {', '.join(sorted(self.buckets))})",
-                    )
-                    continue
-                codes |= members
-        if "severities" in keys:
-            for text, item in self._strings(keys["severities"], f"{what}.severities"):
-                if text not in CATALOG_SEVERITIES:
-                    self.r.error(
-                        item.loc,
-                        f"{what}.severities: {text!r} is not a catalog severity (one of "
-                        f"{', '.join(CATALOG_SEVERITIES)}){_hint(text, CATALOG_SEVERITIES)}",
-                    )
-                    continue
-                for entry in self.catalog:  # the config's xid.overrides apply
-                    if entry.severity.value == text:
-                        codes.add(entry.xid)
-        count = 1
-        if "count" in keys:
-            count = self.r.integer(keys["count"], f"{what}.count", minimum=1, maximum=10000) or 1
-        window = 600.0
-        if "window" in keys:
-            window = (
-                self._duration(keys["window"], f"{what}.window", positive=True, maximum=30 * 86400)
-                or window
-            )
-        quiet = 3600.0
-        if "quiet" in keys:
-            quiet = (
-                self._duration(keys["quiet"], f"{what}.quiet", positive=True, maximum=30 * 86400)
-                or quiet
-            )
-        by_code = False
-        if "by_code" in keys:
-            by_code = bool(self.r.boolean(keys["by_code"], f"{what}.by_code"))
-        if not codes:
-            self.r.error(body.loc, f"{what}: matches no XID code")
-            return None
-        return XidMatch(frozenset(codes), count, window, quiet, by_code)
-
-    def _c_throttle(self, body: Node, keys: dict[str, Node], what: str) -> Condition | None:
-        if not self._need(body, keys, ("reasons",), what):
-            return None
-        reasons: list[str] = []
-        mask = 0
-        for text, item in self._strings(keys["reasons"], f"{what}.reasons"):
-            bit = CLOCK_EVENT_REASON_BITS.get(text)
-            if bit is None:
-                self.r.error(
-                    item.loc,
-                    f"{what}.reasons: unknown clock-event reason {text!r}"
-                    f"{_hint(text, CLOCK_EVENT_REASON_BITS)} (one of "
-                    f"{', '.join(CLOCK_EVENT_REASON_BITS)})",
-                )
-                continue
-            reasons.append(text)
-            mask |= bit
-        if not reasons:
-            if not self.r.problems:
-                self.r.error(keys["reasons"].loc, f"{what}.reasons: name at least one reason")
-            return None
-        match = "any"
-        if "match" in keys:
-            match = self.r.string(keys["match"], f"{what}.match", ("any", "all")) or "any"
-        return Throttle(tuple(reasons), mask, "all" if match == "all" else "any")
-
-    def _c_trend(self, body: Node, keys: dict[str, Node], what: str) -> Condition | None:
-        if not self._need(body, keys, ("field",), what):
-            return None
-        found = self._field(keys["field"], f"{what}.field", counter=True)
-        d = Trend("")
-        values: dict[str, Any] = {}
-        for name in ("window", "baseline"):
-            if name in keys:
-                values[name] = self._duration(
-                    keys[name], f"{what}.{name}", positive=True, maximum=30 * 86400
-                )
-        if "factor" in keys:
-            values["factor"] = self.r.number(keys["factor"], f"{what}.factor", minimum=1.0)
-        if "min_increase" in keys:
-            values["min_increase"] = self.r.number(
-                keys["min_increase"], f"{what}.min_increase", minimum=1.0
-            )
-        if "slices" in keys:
-            values["slices"] = self.r.integer(keys["slices"], f"{what}.slices", 1, 100)
-        if "min_slices" in keys:
-            values["min_slices"] = self.r.integer(keys["min_slices"], f"{what}.min_slices", 1, 100)
-        if found is None or any(v is None for v in values.values()):
-            return None
-        trend = Trend(
-            found[0],
-            link=found[2],
-            **{
-                k: values.get(k, getattr(d, k))
-                for k in ("window", "baseline", "factor", "min_increase", "slices", "min_slices")
-            },
-        )
-        if trend.min_slices > trend.slices:
-            where = keys.get("min_slices", body).loc
-            self.r.error(
-                where, f"{what}.min_slices: {trend.min_slices} is more than slices ({trend.slices})"
-            )
-            return None
-        if trend.window + trend.baseline > 30 * 86400:
-            self.r.error(body.loc, f"{what}: window + baseline must be at most 30d (history kept)")
-            return None
-        return trend
-
-    def _c_peer_outlier(self, body: Node, keys: dict[str, Node], what: str) -> Condition | None:
-        if not self._need(body, keys, ("field", "direction", "ratio"), what):
-            return None
-        window = None
-        if "window" in keys:
-            window = self._duration(
-                keys["window"], f"{what}.window", positive=True, maximum=30 * 86400
-            )
-            if window is None:
-                return None
-        found = self._field(
-            keys["field"], f"{what}.field", counter=window is not None, allow_link=False
-        )
-        direction = self.r.string(keys["direction"], f"{what}.direction", ("above", "below"))
-        ratio = self.r.number(keys["ratio"], f"{what}.ratio", minimum=0.0)
-        min_delta: float | None = 0.0
-        if "min_delta" in keys:
-            min_delta = self._value(
-                keys["min_delta"], f"{what}.min_delta", found[1] if found and not window else None
-            )
-        min_peers = 2
-        if "min_peers" in keys:
-            min_peers = self.r.integer(keys["min_peers"], f"{what}.min_peers", 1, 64) or 2
-        if found is None or direction is None or ratio is None or min_delta is None:
-            return None
-        if (direction == "above" and ratio < 1.0) or (direction == "below" and ratio > 1.0):
-            self.r.error(
-                keys["ratio"].loc,
-                f"{what}.ratio: for direction {direction!r} the ratio must be "
-                f"{'>= 1' if direction == 'above' else '<= 1'} (e.g. "
-                f"{'3: three times the median' if direction == 'above' else '0.8: 80% of it'})",
-            )
-            return None
-        return PeerOutlier(
-            found[0],
-            "above" if direction == "above" else "below",
-            ratio,
-            min_delta,
-            window,
-            min_peers,
-        )
-
-    def _c_gpu_status(self, body: Node, keys: dict[str, Node], what: str) -> Condition | None:
-        if not self._need(body, keys, ("status",), what):
-            return None
-        statuses: set[GpuStatus] = set()
-        for text, item in self._strings(keys["status"], f"{what}.status"):
-            if text not in STATUSES:
-                self.r.error(
-                    item.loc,
-                    f"{what}.status: {text!r} is not one of {', '.join(STATUSES)}"
-                    f"{_hint(text, STATUSES)}",
-                )
-                continue
-            statuses.add(GpuStatus(text))
-        if not statuses:
-            return None
-        return GpuStatusIs(frozenset(statuses))
-
-    def _c_gpu_count(self, body: Node, keys: dict[str, Node], what: str) -> Condition | None:
-        pci = True
-        if "pci" in keys:
-            pci = bool(self.r.boolean(keys["pci"], f"{what}.pci"))
-        return GpuCount(pci)
-
-    def _c_pcie_downtrained(self, body: Node, keys: dict[str, Node], what: str) -> Condition | None:
-        gen = width = True
-        if "generation" in keys:
-            gen = bool(self.r.boolean(keys["generation"], f"{what}.generation"))
-        if "width" in keys:
-            width = bool(self.r.boolean(keys["width"], f"{what}.width"))
-        if not gen and not width:
-            self.r.error(body.loc, f"{what}: generation and width are both off: watches nothing")
-            return None
-        return PcieDowntrained(gen, width)
-
-    def _c_stuck_workload(self, body: Node, keys: dict[str, Node], what: str) -> Condition | None:
-        util: float | None = 0.0
-        if "max_utilization" in keys:
-            util = self._value(
-                keys["max_utilization"], f"{what}.max_utilization", GPU_FIELDS["utilization_gpu"]
-            )
-            if util is not None and not 0.0 <= util < 1.0:
-                self.r.error(
-                    keys["max_utilization"].loc,
-                    f"{what}.max_utilization: a ratio from 0 to below 1 (5% is 0.05)",
-                )
-                util = None
-        procs = 1
-        if "min_processes" in keys:
-            procs = self.r.integer(keys["min_processes"], f"{what}.min_processes", 1, 1000) or 1
-        if util is None:
-            return None
-        return StuckWorkload(util, procs)
 
 
 # -- files and sets -------------------------------------------------------------------------
@@ -871,6 +423,7 @@ def load_rule_set(
             parser.r.problems.extend(exc.problems)
             continue
         rules.extend(parser.file(root, path))
+        yamlsrc.hide_private_text(parser.r.problems, path)
         loaded.append(path)
     names = {r.name for r in rules}
     unknown = [n for n in disable if n not in names and n not in parser.seen]
@@ -879,7 +432,7 @@ def load_rule_set(
         for name in unknown:
             loc = locs.get(name, Location(config_source or "<config>", 1, 1))
             parser.r.error(
-                loc, f"rules.disable: no rule named {name!r}{_hint(name, names | set(parser.seen))}"
+                loc, f"rules.disable: no rule named {name!r}{hint(name, names | set(parser.seen))}"
             )
     parser.r.raise_if_any()
     return RuleSet(tuple(rules), tuple(loaded)).without(set(disable))
@@ -888,8 +441,6 @@ def load_rule_set(
 def _disable_locations(config_source: str | None) -> dict[str, Location]:
     if config_source is None:
         return {}
-    from gpuwatchd.config import yamlsrc
-
     try:
         root = yamlsrc.load_file(config_source)
     except ConfigError:
@@ -932,8 +483,6 @@ def rules_from_config(config: Config, extra_files: Iterable[str] = ()) -> RuleSe
 def _file_locations(config_source: str | None) -> dict[str, Location]:
     if config_source is None:
         return {}
-    from gpuwatchd.config import yamlsrc
-
     try:
         root = yamlsrc.load_file(config_source)
     except ConfigError:

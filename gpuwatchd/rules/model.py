@@ -15,7 +15,6 @@ from typing import Literal
 
 from gpuwatchd.core.alerts import AlertSeverity
 from gpuwatchd.core.errors import Location
-from gpuwatchd.core.records import GpuStatus
 from gpuwatchd.rules.templates import Template
 
 Op = Literal[">", ">=", "<", "<=", "==", "!="]
@@ -42,147 +41,18 @@ def rises_only(op: str) -> bool:
 
 
 # -- conditions ---------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Threshold:
-    """A sampled field compared with a value, per GPU or per NVLink link."""
+class Condition:
+    """Base of every condition kind's model (``rules/conditions/<kind>.py``).
 
-    field: str
-    op: Op
-    value: float
+    ``link``: the condition is evaluated per NVLink link. ``node_level``: one series for the
+    whole node. ``hold``: how long an alert keeps firing after the condition stops holding.
+    """
+
     link: bool = False
+    node_level: bool = False
 
-
-@dataclass(frozen=True)
-class Increase:
-    """How much a counter grew in the last ``window`` (counter resets handled)."""
-
-    field: str
-    window: float
-    op: Op = ">"
-    value: float = 0.0
-    link: bool = False
-
-
-@dataclass(frozen=True)
-class Rate:
-    """A counter's average growth per second over the last ``window``."""
-
-    field: str
-    window: float
-    op: Op = ">"
-    value: float = 0.0
-    link: bool = False
-
-
-@dataclass(frozen=True)
-class Count:
-    """How many samples in the last ``window`` showed the counter growing."""
-
-    field: str
-    window: float
-    op: Op = ">="
-    value: float = 1.0
-    link: bool = False
-
-
-@dataclass(frozen=True)
-class XidMatch:
-    """XID events matched by code, catalog bucket or catalog severity."""
-
-    codes: frozenset[int]
-    count: int = 1
-    window: float = 600.0
-    quiet: float = 3600.0
-    by_code: bool = False
-    include_unknown_gpu: bool = True
-
-
-@dataclass(frozen=True)
-class Throttle:
-    """Clocks-event (throttle) reasons present in the GPU's bitmask."""
-
-    reasons: tuple[str, ...]
-    mask: int
-    match: Literal["any", "all"] = "any"
-
-
-@dataclass(frozen=True)
-class Trend:
-    """A counter whose rate accelerates: the rate in the last ``window`` is at least
-    ``factor`` times the rate over the ``baseline`` before it, with enough evidence: at
-    least ``min_increase`` in ``window``, spread over at least ``min_slices`` of its
-    ``slices`` equal parts (so one burst is not a trend)."""
-
-    field: str
-    window: float = 86400.0
-    baseline: float = 7 * 86400.0
-    factor: float = 4.0
-    min_increase: float = 6.0
-    slices: int = 6
-    min_slices: int = 4
-    link: bool = False
-
-
-@dataclass(frozen=True)
-class PeerOutlier:
-    """One GPU's value far from the median of the other GPUs on the node."""
-
-    field: str
-    direction: Literal["above", "below"]
-    ratio: float
-    min_delta: float = 0.0
-    window: float | None = None  # counters: compare the increase over this window
-    min_peers: int = 2
-
-
-@dataclass(frozen=True)
-class GpuStatusIs:
-    """The GPU's poll status (lost, stale, error)."""
-
-    statuses: frozenset[GpuStatus]
-
-
-@dataclass(frozen=True)
-class GpuCount:
-    """Fewer GPUs than ``gpus.expected`` (NVML's count or the PCI bus's)."""
-
-    pci: bool = True
-
-
-@dataclass(frozen=True)
-class PcieDowntrained:
-    """The PCIe link runs below its maximum generation or width."""
-
-    generation: bool = True
-    width: bool = True
-
-
-@dataclass(frozen=True)
-class StuckWorkload:
-    """A compute process holds the GPU while it does nothing."""
-
-    max_utilization: float = 0.0
-    min_processes: int = 1
-
-
-Condition = (
-    Threshold
-    | Increase
-    | Rate
-    | Count
-    | XidMatch
-    | Throttle
-    | Trend
-    | PeerOutlier
-    | GpuStatusIs
-    | GpuCount
-    | PcieDowntrained
-    | StuckWorkload
-)
-
-# condition key in YAML -> placeholders its annotations may use (beyond the common ones)
-NODE_LEVEL = frozenset({"gpu_count"})
-LINK_PLACEHOLDERS = frozenset({"link"})
+    def hold(self, keep_firing_for: float) -> float:
+        return keep_firing_for
 
 
 # -- rules --------------------------------------------------------------------------------
@@ -233,18 +103,16 @@ class Rule:
 
     @property
     def per_link(self) -> bool:
-        return bool(getattr(self.condition, "link", False))
+        return self.condition.link
 
     @property
     def node_level(self) -> bool:
-        return self.kind in NODE_LEVEL
+        return self.condition.node_level
 
     @property
     def hold(self) -> float:
         """How long the alert keeps firing after its condition stops holding."""
-        if isinstance(self.condition, XidMatch):
-            return self.condition.quiet
-        return self.keep_firing_for
+        return self.condition.hold(self.keep_firing_for)
 
 
 @dataclass(frozen=True)

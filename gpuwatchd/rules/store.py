@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpuwatchd.core.sqlitecopy import copy_read_only, damaged, storage_error
+from gpuwatchd.core.statefile import check_sqlite_files
 
 log = logging.getLogger(__name__)
 
@@ -143,6 +144,7 @@ class StateStore:
         return self.path == ":memory:"
 
     def _connect(self) -> sqlite3.Connection:
+        check_sqlite_files(self.path)  # a FIFO or link here would hang or redirect SQLite
         conn = sqlite3.connect(self.path, timeout=5.0, check_same_thread=False)
         conn.execute("PRAGMA journal_mode=WAL" if not self.memory else "PRAGMA journal_mode=MEMORY")
         conn.execute("PRAGMA synchronous=FULL")

@@ -3,12 +3,15 @@
 Placeholders are plain names in braces, optionally with a Python format spec; ``{{`` and
 ``}}`` are literal braces. Everything is checked when the rule file loads: an unknown
 name, attribute or index access (``{gpu.__class__}``, ``{x[0]}``), a conversion (``!r``)
-or a spec that does not fit the placeholder's type is a load error, so rendering at alert
-time cannot fail and cannot reach anything but the values it is given.
+or a spec that does not fit the placeholder's type is a load error, and so is a spec whose
+width or precision is larger than ``MAX_WIDTH`` / ``MAX_PRECISION`` (``{gpu:>200000000}``
+would allocate 200 MB on every rendering). Rendering at alert time cannot fail, cannot
+reach anything but the values it is given, and returns at most ``MAX_RENDERED`` characters.
 """
 
 from __future__ import annotations
 
+import re
 import string
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -34,6 +37,37 @@ NUMERIC = frozenset(
 )
 
 _FORMATTER = string.Formatter()
+
+MAX_WIDTH = 64
+"""Widest field a format spec may ask for (``{gpu:>64}``)."""
+MAX_PRECISION = 12
+"""Most digits after the point a format spec may ask for (``{value:.12f}``)."""
+MAX_RENDERED = 4096
+"""Longest rendered annotation; the rest is cut (the literal text is the rule author's)."""
+
+# Python's format-spec mini-language, read only to bound width and precision: a spec of
+# ``>200000000`` would make every rendering allocate 200 MB (and fail with MemoryError).
+_SPEC_RE = re.compile(
+    r"(?:.?[<>=^])?[-+ ]?z?#?0?(?P<width>[0-9]*)[_,]?(?:\.(?P<precision>[0-9]*))?"
+    r"[bcdeEfFgGnosxX%]?",
+    re.ASCII | re.S,
+)
+
+
+def _spec_problem(spec: str) -> str | None:
+    """Why ``spec`` is refused beyond what ``format`` itself checks, or None."""
+    rest = spec[1:] if spec[1:2] in ("<", ">", "=", "^") else spec  # the fill may be any
+    if not rest.isascii():
+        return "only the fill character may be non-ASCII (Python reads any digit as a width)"
+    m = _SPEC_RE.fullmatch(spec)
+    if m is None:
+        return None  # format() reports it
+    width, precision = m.group("width"), m.group("precision")
+    if width and (len(width) > 3 or int(width) > MAX_WIDTH):
+        return f"width {width} is more than {MAX_WIDTH}"
+    if precision and (len(precision) > 3 or int(precision) > MAX_PRECISION):
+        return f"precision {precision} is more than {MAX_PRECISION}"
+    return None
 
 
 def _plain(value: object) -> str:
@@ -71,7 +105,8 @@ class Template:
                 except (ValueError, TypeError):
                     pass  # e.g. a numeric spec on a value that is missing here
             out.append(_plain(value))
-        return "".join(out)
+        text = "".join(out)
+        return text if len(text) <= MAX_RENDERED else text[: MAX_RENDERED - 1] + "\u2026"
 
 
 def compile_template(text: str, allowed: Iterable[str]) -> Template | str:
@@ -106,6 +141,9 @@ def compile_template(text: str, allowed: Iterable[str]) -> Template | str:
         if "{" in spec or "}" in spec:
             return f"placeholder {{{name}}}: nested placeholders in a format spec are not allowed"
         if spec:
+            problem = _spec_problem(spec)
+            if problem is not None:
+                return f"placeholder {{{name}:{spec}}}: format spec refused: {problem}"
             sample: object = 1.5 if name in NUMERIC else "x"
             try:
                 format(sample, spec)

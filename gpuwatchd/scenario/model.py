@@ -66,10 +66,16 @@ _POWER_REASONS = (
     CLOCK_EVENT_REASON_BITS["sw_power_cap"] | CLOCK_EVENT_REASON_BITS["hw_power_brake_slowdown"]
 )
 
-_ECC_MIRRORS = {
-    "ecc_corrected_volatile": "ecc_corrected_aggregate",
-    "ecc_uncorrected_volatile": "ecc_uncorrected_aggregate",
-}
+# (source, follower): the follower counts what the source counts unless the timeline
+# drives it. Lifetime (aggregate) counters count the volatile ones; the device-memory
+# (HBM) counters count the totals, so a scenario that drives only the total describes HBM
+# errors (drive ``ecc_corrected_volatile_dev`` too for SRAM errors: total minus device).
+_ECC_MIRRORS: tuple[tuple[str, str], ...] = (
+    ("ecc_corrected_volatile", "ecc_corrected_aggregate"),
+    ("ecc_uncorrected_volatile", "ecc_uncorrected_aggregate"),
+    ("ecc_corrected_volatile", "ecc_corrected_volatile_dev"),
+    ("ecc_uncorrected_volatile", "ecc_uncorrected_volatile_dev"),
+)
 
 _ALL_FIELDS: Mapping[str, FieldSpec] = MappingProxyType({**GPU_FIELDS, **LINK_FIELDS})
 
@@ -108,6 +114,8 @@ def _hopper_baseline(memory_mib: int, power: float) -> Mapping[str, float]:
             "memory_total": float(memory_mib * _MIB),
             "ecc_corrected_volatile": 0.0,
             "ecc_uncorrected_volatile": 0.0,
+            "ecc_corrected_volatile_dev": 0.0,
+            "ecc_uncorrected_volatile_dev": 0.0,
             "ecc_corrected_aggregate": 0.0,
             "ecc_uncorrected_aggregate": 0.0,
             "remapped_rows_correctable": 0.0,
@@ -1188,7 +1196,10 @@ def _compile_gpu(
         f: f in start and f not in driven for f in ("violation_thermal", "violation_power")
     }
     # The lifetime (aggregate) ECC counters also count what the volatile ones count.
-    mirrors = {vol: agg for vol, agg in _ECC_MIRRORS.items() if agg in start and agg not in driven}
+    mirrors: dict[str, list[str]] = {}
+    for src, follower in _ECC_MIRRORS:
+        if follower in start and follower not in driven:
+            mirrors.setdefault(src, []).append(follower)
 
     b: dict[str, _Builder] = {}
     for f, v in start.items():
@@ -1246,17 +1257,17 @@ def _compile_gpu(
                 cur, _ = b["energy"].current(t)
                 b["energy"].push(t, cur, b["power"].current(t)[0])
             for f, _ in e.sets:
-                if f in mirrors:
-                    cur, _ = b[mirrors[f]].current(t)
-                    b[mirrors[f]].push(t, cur, 0.0)
+                for m in mirrors.get(f, ()):
+                    cur, _ = b[m].current(t)
+                    b[m].push(t, cur, 0.0)
             for f, d in e.adds:
-                if f in mirrors:
-                    cur, rate = b[mirrors[f]].current(t)
-                    b[mirrors[f]].push(t, cur + d, rate)
+                for m in mirrors.get(f, ()):
+                    cur, rate = b[m].current(t)
+                    b[m].push(t, cur + d, rate)
             for f, rate in e.ramps:
-                if f in mirrors:
-                    cur, _ = b[mirrors[f]].current(t)
-                    b[mirrors[f]].push(t, cur, rate)
+                for m in mirrors.get(f, ()):
+                    cur, _ = b[m].current(t)
+                    b[m].push(t, cur, rate)
             if auto_free and touched & {"memory_used", "memory_total"}:
                 total = b["memory_total"].current(t)[0] if "memory_total" in b else 0.0
                 used = b["memory_used"].current(t)[0] if "memory_used" in b else 0.0

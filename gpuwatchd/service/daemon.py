@@ -24,6 +24,8 @@ from gpuwatchd.core.heartbeat import HeartbeatRegistry
 from gpuwatchd.core.nodestate import NodeView
 from gpuwatchd.core.records import GpuInfo, GpuStatus
 from gpuwatchd.exposition.httpd import HttpServer
+from gpuwatchd.exposition.listener import RetryingListener, Startable
+from gpuwatchd.exposition.statussock import StatusSocket, socket_path
 from gpuwatchd.rules.stage import RulesStage
 from gpuwatchd.service.assembly import Node, Wiring
 from gpuwatchd.service.handoff import Record
@@ -83,6 +85,8 @@ class Daemon:
         self._listen = listen or (config.listen.host, config.listen.port)
         self._serve_http = serve_http
         self.http: HttpServer | None = None
+        self.listener: RetryingListener | None = None
+        self.status_socket: StatusSocket | None = None
         self.poller: Poller | None = None
         self._stopped = threading.Event()
         self.on_stop: list[Callable[[], None]] = []
@@ -138,7 +142,8 @@ class Daemon:
             self.poller = self.node.poller(self.config.poll.interval, self.config.poll.call_timeout)
 
     def start(self) -> None:
-        if self._serve_http:  # first: a port that cannot be bound leaves nothing running
+        listener: RetryingListener | None = None
+        if self._serve_http:
             host, port = self._listen
             web = self.config.web
             guard = WebGuard(  # ConfigError if the web config file no longer loads
@@ -147,7 +152,14 @@ class Daemon:
                 rate_burst=web.rate_burst,
                 max_request_bytes=web.max_request_bytes,
             )
-            self.http = HttpServer(host, port, self.renderer, self.health, self.status, guard)
+
+            def make() -> HttpServer:
+                return HttpServer(host, port, self.renderer, self.health, self.status, guard)
+
+            # a port someone else holds must not stop monitoring: bound later, retried
+            listener = self.listener = RetryingListener(
+                make, self._http_up, self._stopped, where=f"{host}:{port}"
+            )
         self.open_backend()
         if self.config.backend.kind == "nvml":  # the PCI bus cross-checks NVML's GPU count
             self.pci = PciWatcher(self.node.set_pci_gpus, on_status=self.node.source_status)
@@ -167,9 +179,24 @@ class Daemon:
             self._start_polling()
         else:
             threading.Thread(target=self._reopen_loop, name="backend-retry", daemon=True).start()
-        if self.http is not None:
-            self.http.start()
-            log.info("serving on %s", self.http.url)
+        if listener is not None:
+            listener.start()
+            self.status_socket = StatusSocket(
+                socket_path(self.config.state_dir), self._status_document
+            )
+            self.status_socket.start()
+
+    def _http_up(self, server: Startable) -> None:
+        assert isinstance(server, HttpServer)
+        self.http = server
+        server.start()
+        log.info("serving on %s", server.url)
+
+    def _status_document(self) -> dict[str, Any]:
+        """What ``gpuwatchd status`` reads over the status socket."""
+        ok, detail = self.health()
+        http = self.listener.describe() if self.listener is not None else {"listening": False}
+        return {"status": self.status(), "health": {"ok": ok, "detail": detail}, "http": http}
 
     def _start_polling(self) -> None:
         assert self.poller is not None
@@ -259,6 +286,8 @@ class Daemon:
             self.node.events.stop(wait=False)  # joined once the backend is closed
         if self.http is not None:
             self.http.stop()
+        if self.status_socket is not None:
+            self.status_socket.stop()
         self.xids.stop()
         if self.pci is not None:
             self.pci.stop()

@@ -37,6 +37,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import IO, Any, Literal
 
 from gpuwatchd.config.loader import LOG_FORMATS  # auto: journal, tty or plain; or json
+from gpuwatchd.core.secretforms import secret_forms
 
 __all__ = [
     "FIELDS",
@@ -77,10 +78,12 @@ _secrets_lock = threading.Lock()
 
 
 def register_secret(value: str | None) -> None:
-    """Never log ``value`` (values shorter than 4 characters are ignored)."""
+    """Never log ``value``, nor its percent-encoded or -decoded forms (a receiver may echo
+    the URL it was sent either way). Values shorter than 4 characters are ignored."""
     if value and len(value) >= 4:
+        forms = secret_forms(value)
         with _secrets_lock:
-            _secrets.add(value)
+            _secrets.update(forms)
 
 
 def config_secrets(obj: Any) -> list[str]:

@@ -17,7 +17,7 @@ from gpuwatchd.config.loader import Config
 from gpuwatchd.core.clock import Clock
 from gpuwatchd.core.errors import BackendUnavailable
 from gpuwatchd.core.families import Families
-from gpuwatchd.core.heartbeat import HeartbeatRegistry
+from gpuwatchd.core.heartbeat import Heartbeat, HeartbeatRegistry
 from gpuwatchd.core.records import GpuInfo, XidEvent
 from gpuwatchd.core.statehealth import StoreHealth
 from gpuwatchd.sources.incidents import IncidentMerger
@@ -126,6 +126,7 @@ class XidInputs:
         )
         self._stop = threading.Event()
         self._expirer: threading.Thread | None = None
+        self._expirer_beat: Heartbeat | None = None
         state_dir = config.state_dir if durable else None
         if self.kind == "none":
             log.warning("no kernel-log source: XIDs come from NVML events only")
@@ -179,8 +180,18 @@ class XidInputs:
 
     def _expire_loop(self) -> None:
         while not self._stop.is_set():
-            self.merger.expire(self.clock.monotonic())
+            if self._expirer_beat is not None:
+                self._expirer_beat.beat()
+            try:
+                self.merger.expire(self.clock.monotonic())
+            except Exception as exc:  # the loop must outlive one bad expiry, visibly
+                log.exception("XID merge: expiring incidents failed")
+                if self._expirer_beat is not None:
+                    self._expirer_beat.fail(f"expiring incidents failed: {exc!r:.200}")
+                self.clock.wait(self._stop, 1.0)
             self.clock.wait(self._stop, min(0.25, self.merger.window / 4))
+        if self._expirer_beat is not None:
+            self._expirer_beat.close()
 
     def start(self, heartbeats: HeartbeatRegistry | None = None) -> None:
         if isinstance(self.source, JournaldSource | KmsgSource) and heartbeats is not None:
@@ -190,6 +201,8 @@ class XidInputs:
             self.source.start()
             if self.kind == "scenario":
                 self.status("scenario", True, "replaying the scenario's kernel-log lines")
+        if heartbeats is not None:
+            self._expirer_beat = heartbeats.register("xid-merge", 30.0)
         self._expirer = threading.Thread(target=self._expire_loop, name="xid-merge", daemon=True)
         self._expirer.start()
 

@@ -100,6 +100,8 @@ class FakeGpu:
             (4, 0): (VT_ULL, 0),
             (5, 0): (VT_ULL, 0),
             (6, 0): (VT_ULL, 0),
+            (11, 0): (VT_ULL, 0),
+            (12, 0): (VT_ULL, 0),
             (82, 0): (VT_UINT, 37),
             (83, 0): (VT_ULL, self.energy_mj),
             (94, 0): (VT_UINT, 0),

@@ -321,6 +321,21 @@ def _recovery_verdict(code: int) -> Verdict:
     )
 
 
+# What to tell the operator for an action an override chose (the first policy that
+# takes the action says it; a few actions no bucket takes have their own words).
+ACTION_TEXT: Mapping[Action, str] = {
+    **{
+        action: text
+        for action, text in reversed(
+            [(p.action, p.text) for p in (*BUCKET_POLICY.values(), *RECOVERY_POLICY.values())]
+        )
+    },
+    Action.INVESTIGATE: "Investigate: read the XID's trigger conditions and the kernel log.",
+    Action.CHECK_HARDWARE: "Check the GPU's hardware: seating, power, cooling.",
+    Action.NONE: "No action required.",
+}
+
+
 def _policy_for_bucket(name: str) -> Policy:
     if not name:
         return NO_BUCKET_POLICY
@@ -382,10 +397,15 @@ class Catalog:
     def _apply(entry: CatalogEntry, override: _Override | None) -> CatalogEntry:
         if override is None:
             return entry
+        action = override.action or entry.action
+        text = entry.action_text
+        if action is not entry.action:  # the page must say what the override asks for
+            text = ACTION_TEXT.get(action, f"{action.value} (set by xid.overrides)")
         return replace(
             entry,
             severity=override.severity or entry.severity,
-            action=override.action or entry.action,
+            action=action,
+            action_text=text,
             overridden=True,
         )
 

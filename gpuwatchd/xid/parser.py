@@ -1,19 +1,41 @@
 """Find NVIDIA XID, NVSwitch SXid and "fallen off the bus" reports in kernel-log text.
 
-The parser is pure (no I/O, no clock) and cheap on lines that are not ours: a line without
-``Xid`` or ``fallen off the bus`` in it costs two substring scans. It looks for the
-driver's header anywhere in the line, so any prefix a tool puts in front works: dmesg's
-``[  219.470000]`` and ``-T`` dates, ``dmesg --decode`` facility/level columns, ISO
-timestamps, syslog and ``journalctl`` short prefixes, a bare ``kernel:`` tag, the console's
-``<4>`` priority, and raw ``/dev/kmsg`` records (``4,360,24122037,c;NVRM: ...``).
+The parser is pure (no I/O, no clock), ASCII-only in what it reads as numbers and
+addresses, bounded in the length it looks at, and linear in time.
 
-One thing it does refuse: text whose own prefix says that user space wrote it. A syslog
-tag other than ``kernel`` before the header (``myapp[42]: NVRM: Xid ...``), a
-``dmesg --decode`` facility other than ``kern`` (``user  :warn  : ...``), a console
-priority or a /dev/kmsg record whose facility is not 0: the kernel writes its own lines
-with facility 0 and any local user can write the rest. The sources still apply their own,
-stronger trust rules (journald ``_TRANSPORT=kernel``); this only keeps ``xid parse`` and
-``xid scan`` from believing a forged line that carries its origin on its face.
+What a genuine report looks like
+--------------------------------
+Some kernel messages echo text a user chooses (a mount option, a file name, a device
+label) and still arrive with the kernel's transport and facility 0; such text can hold a
+newline and a complete fake ``NVRM: Xid`` line. So the parser does not look for the
+driver's header *anywhere*: it accepts only a kernel record (one /dev/kmsg record, one
+journald ``MESSAGE``) whose text **starts** with the driver's header, and reads only that
+record's first line, field by field:
+
+- ``NVRM: Xid (PCI:DDDD:BB:DD): CODE`` then the end of the line or ``,`` and the text;
+  ``PCI:`` is optional (old drivers), CODE has 1 to 6 ASCII digits;
+- ``nvidia-nvswitchN: SXid (PCI:DDDD:BB:DD.F): CODE`` likewise;
+- ``NVRM: GPU [PCI:][DDDD:]BB:DD.F: GPU has fallen off the bus...``;
+- ``NVRM: The NVIDIA GPU DDDD:BB:DD.F`` whose following lines (the driver's one
+  multi-line printk) each start with ``NVRM:`` and say ``fallen off the bus``;
+- ``NVRM: GPU at PCI:DDDD:BB:DD: GPU-<uuid>`` (identity, not a report).
+
+A kernel message that echoes user text puts its own prefix first (``tmpfs: Unknown
+parameter '...``, ``audit: ...``), so whatever it carries after a newline is never read.
+Text a user controls inside a genuine record (the process name) cannot start a report
+either: nothing after the first line of a record is parsed, except the continuation lines
+of the fallen-off-the-bus printk, and those only complete a record the driver started.
+
+Text logs (``xid parse``): a line may carry one recognised tool prefix before the kernel's
+text: a raw /dev/kmsg record (``4,360,24122037,c;``, facility 0 only), the console's
+``<4>`` (facility 0 only), ``dmesg --decode``'s ``kern  :warn  :`` (``kern`` only), a
+syslog or ``journalctl`` header whose tag is ``kernel`` (``Feb  5 17:37:45 host kernel:``,
+``2025-01-25T10:34:54+0000 host kernel:``, ``kernel:``), and dmesg's time
+(``[  219.470000]``, ``[Thu Nov 26 03:02:01 2026]``, an ISO time). The driver's header
+must follow the prefix directly. Any other prefix (``myapp[42]: NVRM: Xid ...``,
+``user  :warn  : ...``) is refused. A line that starts with white space is a continuation
+of the record above it (dmesg indents those) and never starts a report. Text logs cannot
+show where a record ends; the daemon's trust comes from its structured sources.
 
 PCI addresses are returned in NVML's form, ``00000000:3B:00.0`` (8 upper-case hex digits
 of domain, as ``nvmlDeviceGetPciInfo().busId`` prints them), so a parsed event can be
@@ -37,6 +59,13 @@ XidKind = Literal["xid", "sxid", "fallen_off_bus"]
 # the catalog and the rules treat them as the XID they stand for.
 FALLEN_OFF_BUS_XID = 79
 
+# The kernel keeps a record to about 1 KiB of text; a syslog prefix and /dev/kmsg's \xNN
+# escapes can make a line four times longer. Anything longer is not a driver record.
+MAX_LINE_CHARS = 8192
+# The kernel's task names are at most 15 bytes; journald or a tool may escape them.
+MAX_PROCESS_CHARS = 64
+
+_A = re.ASCII
 _HEX = "[0-9a-fA-F]"
 # domain:bus:device[.function]; the Xid header has no function, SXid and the
 # "fallen off the bus" lines do.
@@ -46,34 +75,38 @@ _BDF_OPT_DOMAIN = (
     rf"(?:(?P<dom>{_HEX}{{1,8}}):)?(?P<bus>{_HEX}{{1,2}}):(?P<dev>{_HEX}{{1,2}})"
     r"(?:\.(?P<fn>[0-7]))?"
 )
+_CODE = r"[ \t]*(?P<code>[0-9]{1,6})(?=,|[ \t]*$)"
 
-_XID_HEADER = "NVRM: Xid ("
-# Headers only: what follows is sliced off, so a line full of repeated headers stays linear.
-_XID_RE = re.compile(rf"NVRM: Xid \((?:PCI:)?{_BDF}\): (?P<code>\d+)")
-_SXID_RE = re.compile(rf"(?:nvidia-nvswitch\d+: )?SXid \((?:PCI:)?{_BDF}\): (?P<code>\d+)")
-# "pid=1234, name=python3, <message>", "pid='<unknown>', name=<unknown>, <message>",
-# "pid=1122, <message>". A name runs to the first ", ": process names may hold colons
-# and brackets (ray::Wkr[0]) but the kernel's 15-character names rarely hold ", ".
-_PID_RE = re.compile(
-    r"pid=(?:(?P<pid>\d+)|'?<unknown>'?)(?:, name=(?P<name>.*?))?(?:, (?P<msg>.*)|\s*$)", re.S
-)
+# Every pattern below is used with .match() on the start of a record's first line.
+_XID_RE = re.compile(rf"NVRM: Xid \((?:PCI:)?{_BDF}\):{_CODE}", _A)
+_SXID_RE = re.compile(rf"nvidia-nvswitch[0-9]{{1,4}}: SXid \((?:PCI:)?{_BDF}\):{_CODE}", _A)
 _FELL_RE = re.compile(
-    rf"NVRM: GPU (?:PCI:)?{_BDF_OPT_DOMAIN}: (?P<msg>GPU has fallen off the bus.*)"
+    rf"NVRM: GPU (?:PCI:)?{_BDF_OPT_DOMAIN}: (?P<msg>GPU has fallen off the bus.*)", _A
 )
-_THE_GPU_RE = re.compile(rf"NVRM: The NVIDIA GPU (?:PCI:)?{_BDF}(?![0-9a-fA-F:.])")
-_GPU_AT_RE = re.compile(rf"NVRM: GPU at (?:PCI:)?{_BDF}: (?P<uuid>GPU-[0-9a-fA-F-]+)")
+_THE_GPU_RE = re.compile(rf"NVRM: The NVIDIA GPU (?:PCI:)?{_BDF}(?![0-9a-fA-F:.])", _A)
+_GPU_AT_RE = re.compile(
+    rf"NVRM: GPU at (?:PCI:)?{_BDF}: (?P<uuid>GPU-{_HEX}{{8}}(?:-{_HEX}{{4}}){{3}}-{_HEX}{{12}})"
+    r"[ \t]*$",
+    _A,
+)
+_PID_VALUE_RE = re.compile(r"pid=(?:(?P<pid>[0-9]{1,10})|'<unknown>'|<unknown>)", _A)
 _FALLEN = "fallen off the bus"
+# Where a kernel record's text may start: the driver's two prefixes.
+_DRIVER_STARTS = ("NVRM: ", "nvidia-nvswitch")
 
-_KMSG_RE = re.compile(r"(\d+),(\d+),(\d+),([^;\n]*);(.*)", re.S)
+_KMSG_RE = re.compile(r"([0-9]{1,10}),([0-9]{1,20}),([0-9]{1,20}),([^;\n]{0,256});(.*)", _A | re.S)
 _KMSG_ESCAPE_RE = re.compile(r"\\x([0-9a-fA-F]{2})")
-_CONSOLE_PRIO_RE = re.compile(r"\s*<(\d+)>")
-_DECODE_RE = re.compile(r"\s*([a-z0-9]+)\s*:\s*([a-z]+)\s*:")
-_SYSLOG_FACILITIES = frozenset(
-    (
-        *("kern", "user", "mail", "daemon", "auth", "syslog", "lpr", "news", "uucp", "cron"),
-        *("authpriv", "ftp", *(f"local{i}" for i in range(8))),
-    )
+
+# Tool prefixes, each tried once, in this order, each anchored where the last one ended.
+_CONSOLE_PRIO_RE = re.compile(r"<([0-9]{1,4})>", _A)
+_DECODE_RE = re.compile(r"([a-z0-9]{2,8}) *:([a-z]{3,6}) *: ", _A)
+_CLOCK = r"[0-9]{2}:[0-9]{2}:[0-9]{2}(?:[.,][0-9]{1,9})?"
+_ISO_TIME = rf"[0-9]{{4}}-[0-9]{{2}}-[0-9]{{2}}[T ]{_CLOCK}(?:Z|[+-][0-9]{{2}}:?[0-9]{{2}})?"
+_SYSLOG_RE = re.compile(
+    rf"(?:(?:[^\s0-9:\[\]]{{2,5}}\.? {{1,2}}[0-9]{{1,2}} {_CLOCK}|{_ISO_TIME})"
+    r"(?: [^\s:\[\]]{1,255})? )?kernel: ",
 )
+_DMESG_TIME_RE = re.compile(rf"(?:\[[^\]\n]{{1,48}}\]|{_ISO_TIME}) ", _A)
 
 
 def normalize_pci(domain: str, bus: str, device: str, function: str | None = None) -> str:
@@ -177,75 +210,100 @@ def parse_kmsg_record(raw: str) -> KmsgRecord | None:
     )
 
 
-def _written_by_user_space(prefix: str) -> bool:
-    """True if the text before the driver's header says a user-space program wrote it."""
-    if not prefix or prefix.isspace():
-        return False
-    m = _CONSOLE_PRIO_RE.match(prefix)
-    if m is not None and int(m.group(1)) >> 3 != 0:
-        return True
-    m = _DECODE_RE.match(prefix)
-    if m is not None and m.group(1) in _SYSLOG_FACILITIES and m.group(1) != "kern":
-        return True
-    for token in prefix.split():
-        if len(token) > 1 and token.endswith(":"):
-            tag = token[:-1].split("[", 1)[0]
-            if tag and tag != "kernel":
-                return True
-    return False
+def kernel_text(line: str) -> str | None:
+    """The kernel's own text in one log line, after its one recognised tool prefix.
 
-
-def _unwrap(line: str) -> str | None:
-    """The kernel message inside ``line``: a kmsg record is opened; a forged one is None."""
+    None when the line cannot hold a driver record: too long, a continuation line
+    (starts with white space), a prefix that says user space wrote it, or text that does
+    not start with one of the driver's prefixes right after the tool's prefix.
+    """
     text = line.rstrip("\r\n")
-    if text[:1].isdigit():
+    if not text or len(text) > MAX_LINE_CHARS or text[0] in " \t":
+        return None
+    if text[0] in "0123456789":
         record = parse_kmsg_record(text)
         if record is not None:
             return record.message if record.facility == 0 else None
-    return text
+    pos = 0
+    m = _CONSOLE_PRIO_RE.match(text, pos)
+    if m is not None:
+        if int(m.group(1)) >> 3 != 0:
+            return None
+        pos = m.end()
+    m = _DECODE_RE.match(text, pos)
+    if m is not None:
+        if m.group(1) != "kern":
+            return None
+        pos = m.end()
+    m = _SYSLOG_RE.match(text, pos)
+    if m is not None:
+        pos = m.end()
+    m = _DMESG_TIME_RE.match(text, pos)
+    if m is not None:
+        pos = m.end()
+    rest = text[pos:]
+    return rest if rest.startswith(_DRIVER_STARTS) else None
 
 
-def _parse_xid(text: str, raw: str) -> ParsedXid | None:
-    start = text.find(_XID_HEADER)
-    while start >= 0:
-        m = _XID_RE.match(text, start)
-        if m is not None and text[m.end() : m.end() + 1] in ("", ","):
-            if _written_by_user_space(text[:start]):
-                return None
-            return _build("xid", _pci_of(m), int(m.group("code")), text[m.end() :], raw)
-        start = text.find(_XID_HEADER, start + 1)
-    return None
+def _split_pid(body: str) -> tuple[int | None, str | None, str]:
+    """``pid=1234, name=python3, <message>`` -> (1234, "python3", "<message>").
+
+    Also ``pid='<unknown>', name=<unknown>, ...`` and ``pid=1122, <message>``; runs of
+    white space between the fields are tolerated. A name runs to the first ``,`` that is
+    followed by white space or ends the line (names may hold colons and brackets:
+    ``ray::Wkr[0]``), and is at most ``MAX_PROCESS_CHARS`` long.
+    """
+    m = _PID_VALUE_RE.match(body)
+    if m is None:
+        return None, None, body
+    rest = body[m.end() :]
+    if rest and rest[0] != ",":
+        return None, None, body  # "pid=12ab": not the driver's field
+    pid = int(m.group("pid")) if m.group("pid") is not None else None
+    rest = rest[1:].lstrip(" \t")
+    process: str | None = None
+    if rest.startswith("name="):
+        name, sep, after = _take_name(rest[5:])
+        if name is not None:
+            if name != "<unknown>":
+                process = name
+            rest = after if sep else ""
+    return pid, process, rest.strip()
 
 
-def _build(kind: XidKind, pci: str, code: int, rest: str, raw: str) -> ParsedXid:
-    body = rest[1:].strip() if rest else ""
+def _take_name(text: str) -> tuple[str | None, bool, str]:
+    """(name, whether a separator followed, the text after it)."""
+    limit = min(len(text), MAX_PROCESS_CHARS + 1)
+    i = text.find(",", 0, limit)
+    while i >= 0:
+        if i + 1 == len(text) or text[i + 1] in " \t":
+            return (text[:i] or None), True, text[i + 1 :]
+        i = text.find(",", i + 1, limit)
+    if len(text) <= MAX_PROCESS_CHARS:
+        return (text.rstrip() or None), False, ""
+    return None, False, text
+
+
+def _printable(text: str) -> bool:
+    return text.isprintable()
+
+
+def _build(kind: XidKind, m: re.Match[str], line: str, raw: str) -> ParsedXid | None:
+    rest = line[m.end() :]
+    body = rest[1:].strip() if rest.startswith(",") else ""
     pid: int | None = None
     process: str | None = None
     if body.startswith("pid="):
-        pm = _PID_RE.match(body)
-        if pm is not None:
-            if pm.group("pid") is not None:
-                pid = int(pm.group("pid"))
-            name = pm.group("name")
-            if name and name != "<unknown>":
-                process = name
-            body = (pm.group("msg") or "").strip()
-    return ParsedXid(kind, pci, code, pid, process, body, raw)
+        pid, process, body = _split_pid(body)
+    if process is not None and not _printable(process):
+        process = process.encode("unicode_escape").decode("ascii")
+    return ParsedXid(kind, _pci_of(m), int(m.group("code")), pid, process, body, raw)
 
 
-def _parse_sxid(text: str, raw: str) -> ParsedXid | None:
-    m = _SXID_RE.search(text)
-    if m is None or text[m.end() : m.end() + 1] not in ("", ","):
-        return None
-    if _written_by_user_space(text[: m.start()]):
-        return None
-    return _build("sxid", _pci_of(m), int(m.group("code")), text[m.end() :], raw)
-
-
-def _join_continuations(text: str) -> str:
+def _join_continuations(lines: list[str]) -> str:
     """A printk split over lines (each starting ``NVRM:``) as one line of words."""
     parts = []
-    for piece in text.splitlines():
+    for piece in lines:
         piece = piece.strip()
         if piece.startswith("NVRM:"):
             piece = piece[5:].strip()
@@ -254,69 +312,117 @@ def _join_continuations(text: str) -> str:
     return " ".join(" ".join(parts).split())
 
 
-def _parse_fallen(text: str, raw: str) -> ParsedXid | None:
-    m = _FELL_RE.search(text)
-    if m is not None:
-        if _written_by_user_space(text[: m.start()]):
+# The multi-line "The NVIDIA GPU ... has fallen off the bus" printk: three lines today.
+_FALLEN_MAX_LINES = 4
+
+
+def _parse_the_gpu(lines: list[str], raw: str) -> ParsedXid | None:
+    """``NVRM: The NVIDIA GPU <bdf>`` plus continuation lines that each start ``NVRM:``."""
+    m = _THE_GPU_RE.match(lines[0])
+    if m is None:
+        return None
+    taken = [lines[0][m.start() :]]
+    if _FALLEN not in lines[0]:
+        for extra in lines[1:_FALLEN_MAX_LINES]:
+            piece = extra.strip()
+            if not piece.startswith("NVRM: "):
+                return None
+            taken.append(piece)
+            if _FALLEN in piece:
+                break
+        else:
+            return None
+    msg = _join_continuations(taken)
+    return ParsedXid("fallen_off_bus", _pci_of(m), FALLEN_OFF_BUS_XID, None, None, msg, raw)
+
+
+def parse_record(text: str, raw: str | None = None) -> ParsedXid | None:
+    """The report in one kernel record's text (a /dev/kmsg message, a journald MESSAGE).
+
+    The caller has decided that the kernel wrote the record (facility 0, kernel
+    transport). The driver's header must start at the first character and only the first
+    line is read (see the module's description of a genuine record).
+    """
+    if raw is None:
+        raw = text.rstrip("\r\n")
+    if not text.startswith(_DRIVER_STARTS) or len(text) > MAX_LINE_CHARS:
+        return None
+    first, nl, _ = text.partition("\n")
+    first = first.rstrip("\r")
+    if first.startswith("NVRM: Xid ("):
+        m = _XID_RE.match(first)
+        return _build("xid", m, first, raw) if m is not None else None
+    if first.startswith("nvidia-nvswitch"):
+        m = _SXID_RE.match(first)
+        return _build("sxid", m, first, raw) if m is not None else None
+    if first.startswith("NVRM: GPU ") and _FALLEN in first:
+        m = _FELL_RE.match(first)
+        if m is None:
             return None
         msg = m.group("msg").strip()
         return ParsedXid("fallen_off_bus", _pci_of(m), FALLEN_OFF_BUS_XID, None, None, msg, raw)
-    m = _THE_GPU_RE.search(text)
-    if m is not None and _FALLEN in text[m.end() :]:
-        if _written_by_user_space(text[: m.start()]):
-            return None
-        msg = _join_continuations(text[m.start() :])
-        return ParsedXid("fallen_off_bus", _pci_of(m), FALLEN_OFF_BUS_XID, None, None, msg, raw)
+    if first.startswith("NVRM: The NVIDIA GPU ") and _FALLEN in text:
+        lines = text.split("\n", _FALLEN_MAX_LINES)[:_FALLEN_MAX_LINES] if nl else [first]
+        return _parse_the_gpu(lines, raw)
     return None
 
 
 def parse_line(line: str) -> ParsedXid | None:
     """The XID, SXid or fallen-off-the-bus report in one kernel-log line, or None.
 
-    ``line`` may be a whole journald MESSAGE or kmsg record spanning several lines (the
-    multi-line "The NVIDIA GPU ... has fallen off the bus" printk); dmesg output that
-    splits such a printk over several lines needs ``XidStream``.
+    ``line`` is a line of a text log with at most one recognised tool prefix (see the
+    module's description), or a raw /dev/kmsg record; a record spanning several lines
+    (the multi-line "The NVIDIA GPU ... has fallen off the bus" printk) is read whole.
+    dmesg output that splits such a printk over several lines needs ``XidStream``.
     """
     if "Xid" not in line and _FALLEN not in line:
         return None
-    text = _unwrap(line)
+    first, nl, more = line.partition("\n")
+    text = kernel_text(first)
     if text is None:
         return None
-    raw = line.rstrip("\r\n")
-    if "Xid" in text:
-        found = _parse_xid(text, raw) if _XID_HEADER in text else None
-        if found is None and "SXid (" in text:
-            found = _parse_sxid(text, raw)
-        if found is not None:
-            return found
-    if _FALLEN in text:
-        return _parse_fallen(text, raw)
-    return None
+    if nl and not first[:1].isdigit():
+        text = text + nl + more  # a kmsg record already carries its own continuation
+    return parse_record(text, line.rstrip("\r\n"))
+
+
+def _identity(text: str, raw: str) -> GpuIdentity | None:
+    first = text.split("\n", 1)[0].rstrip("\r")
+    m = _GPU_AT_RE.match(first)
+    if m is None:
+        return None
+    return GpuIdentity(_pci_of(m), m.group("uuid"), raw)
 
 
 def parse_gpu_identity(line: str) -> GpuIdentity | None:
     """``NVRM: GPU at PCI:0000:3b:00: GPU-<uuid>`` (or the old form without ``PCI:``)."""
     if "NVRM: GPU at " not in line:
         return None
-    text = _unwrap(line)
+    text = kernel_text(line.split("\n", 1)[0])
     if text is None:
         return None
-    m = _GPU_AT_RE.search(text)
-    if m is None or _written_by_user_space(text[: m.start()]):
+    return _identity(text, line.rstrip("\r\n"))
+
+
+def parse_record_identity(text: str) -> GpuIdentity | None:
+    """``parse_gpu_identity`` for one kernel record's text (header at the first character)."""
+    if not text.startswith("NVRM: GPU at ") or len(text) > MAX_LINE_CHARS:
         return None
-    return GpuIdentity(_pci_of(m), m.group("uuid"), line.rstrip("\r\n"))
+    return _identity(text, text.rstrip("\r\n"))
 
 
 class XidStream:
-    """Parse a sequence of kernel-log lines, keeping what single lines cannot show.
+    """Parse a sequence of kernel-log lines or records, keeping what one cannot show.
 
     - ``NVRM: GPU at PCI:...: GPU-<uuid>`` lines are remembered, and later reports for that
       PCI address carry the UUID.
     - dmesg prints the multi-line "The NVIDIA GPU 0000:b3:00.0 / (PCI ID: ...) installed
-      in this system has / fallen off the bus ..." printk as separate lines; the stream
-      joins them (within a few lines) into one ``fallen_off_bus`` report.
+      in this system has / fallen off the bus ..." printk as separate lines, the later ones
+      indented; the stream joins them (within a few lines) into one ``fallen_off_bus``
+      report.
 
-    Not thread-safe; one stream per source.
+    ``feed`` takes lines of a text log; ``feed_record`` takes whole kernel records (from
+    /dev/kmsg or journald) that the caller trusts. Not thread-safe; one stream per source.
     """
 
     _LOOKAHEAD = 4
@@ -332,7 +438,23 @@ class XidStream:
         """PCI address (NVML form) -> GPU UUID, as announced by the driver so far."""
         return MappingProxyType(self._uuids)
 
+    def _with_uuid(self, found: ParsedXid | None) -> ParsedXid | None:
+        if found is not None and self._uuids:
+            uuid = self._uuids.get(found.pci)
+            if uuid is not None:
+                found = replace(found, uuid=uuid)
+        return found
+
+    def feed_record(self, text: str) -> ParsedXid | None:
+        """One whole kernel record's text, header at its first character."""
+        ident = parse_record_identity(text)
+        if ident is not None:
+            self._uuids[ident.pci] = ident.uuid
+            return None
+        return self._with_uuid(parse_record(text))
+
     def feed(self, line: str) -> ParsedXid | None:
+        """One line of a text log (dmesg, syslog, a /dev/kmsg dump)."""
         if "NVRM: GPU at " in line:
             ident = parse_gpu_identity(line)
             if ident is not None:
@@ -341,30 +463,26 @@ class XidStream:
         found = parse_line(line)
         if found is None:
             found = self._continue_fallen(line)
-        if found is not None and self._uuids:
-            uuid = self._uuids.get(found.pci)
-            if uuid is not None:
-                found = replace(found, uuid=uuid)
-        return found
+        return self._with_uuid(found)
 
     def _continue_fallen(self, line: str) -> ParsedXid | None:
         raw = line.rstrip("\r\n")
         if "NVRM: The NVIDIA GPU " in line:
-            text = _unwrap(line)
-            m = _THE_GPU_RE.search(text) if text is not None else None
-            if text is not None and m is not None and not _written_by_user_space(text[: m.start()]):
-                self._pending_text = [text[m.start() :]]
+            text = kernel_text(line.split("\n", 1)[0])
+            m = _THE_GPU_RE.match(text) if text is not None else None
+            if text is not None and m is not None:
+                self._pending_text = [text]
                 self._pending_raw = [raw]
                 self._pending_pci = _pci_of(m)
                 return None
         if not self._pending_raw:
             return None
         self._pending_raw.append(raw)
-        at = raw.find("NVRM:")
-        if at >= 0:
-            self._pending_text.append(raw[at:])
-            if _FALLEN in raw:
-                msg = _join_continuations("\n".join(self._pending_text))
+        piece = raw.strip()
+        if raw[:1] in (" ", "\t") and piece.startswith("NVRM: ") and len(raw) <= MAX_LINE_CHARS:
+            self._pending_text.append(piece)
+            if _FALLEN in piece:
+                msg = _join_continuations(self._pending_text)
                 found = ParsedXid(
                     "fallen_off_bus",
                     self._pending_pci,
@@ -376,6 +494,10 @@ class XidStream:
                 )
                 self._pending_text, self._pending_raw = [], []
                 return found
+        else:
+            # Anything but an indented NVRM: continuation ends the printk.
+            self._pending_text, self._pending_raw = [], []
+            return None
         if len(self._pending_raw) >= self._LOOKAHEAD:
             self._pending_text, self._pending_raw = [], []
         return None

@@ -104,6 +104,8 @@ _FIELD_UNSUPPORTED = _CALL_UNSUPPORTED | {NVML_ERROR_INVALID_ARGUMENT}
 FI_DEV_ECC_CURRENT = 1
 FI_DEV_ECC_PENDING = 2
 FI_DEV_ECC_SBE_VOL_TOTAL = 3
+FI_DEV_ECC_SBE_VOL_DEV = 11
+FI_DEV_ECC_DBE_VOL_DEV = 12
 FI_DEV_ECC_DBE_VOL_TOTAL = 4
 FI_DEV_ECC_SBE_AGG_TOTAL = 5
 FI_DEV_ECC_DBE_AGG_TOTAL = 6
@@ -162,6 +164,8 @@ GPU_FIELD_IDS: tuple[_FieldSpec, ...] = (
     _FieldSpec("energy", FI_DEV_TOTAL_ENERGY_CONSUMPTION, 1e-3, slow=True),
     _FieldSpec("ecc_corrected_volatile", FI_DEV_ECC_SBE_VOL_TOTAL),
     _FieldSpec("ecc_uncorrected_volatile", FI_DEV_ECC_DBE_VOL_TOTAL),
+    _FieldSpec("ecc_corrected_volatile_dev", FI_DEV_ECC_SBE_VOL_DEV),
+    _FieldSpec("ecc_uncorrected_volatile_dev", FI_DEV_ECC_DBE_VOL_DEV),
     _FieldSpec("ecc_corrected_aggregate", FI_DEV_ECC_SBE_AGG_TOTAL),
     _FieldSpec("ecc_uncorrected_aggregate", FI_DEV_ECC_DBE_AGG_TOTAL),
     _FieldSpec("retired_pages_sbe", FI_DEV_RETIRED_SBE),

@@ -7,8 +7,10 @@ import logging
 from typing import Any
 
 from gpuwatchd.core.atomicfile import write_atomic
+from gpuwatchd.core.statefile import read_state_file
 
 log = logging.getLogger(__name__)
+MAX_BYTES = 64 * 1024  # a position is a few dozen bytes; anything larger is not ours
 
 
 class PositionFile:
@@ -24,8 +26,7 @@ class PositionFile:
         if self.path is None:
             return None
         try:
-            with open(self.path, encoding="utf-8") as fh:
-                data = json.load(fh)
+            data = json.loads(read_state_file(self.path, MAX_BYTES).decode("utf-8"))
         except FileNotFoundError:
             return None
         except (OSError, ValueError) as exc:

@@ -26,6 +26,7 @@ from gpuwatchd.core.clock import Clock
 from gpuwatchd.core.heartbeat import Heartbeat
 from gpuwatchd.sources.kernel.cursor import PositionFile
 from gpuwatchd.sources.kernel.linehandler import KernelLineHandler
+from gpuwatchd.sources.kernel.restart import run_with_restarts
 
 log = logging.getLogger(__name__)
 
@@ -180,14 +181,26 @@ class JournaldSource:
             yield entry
 
     def run(self) -> None:
+        """Read until stopped; an unexpected error restarts the loop (``restart.py``)."""
+        run_with_restarts(
+            "journald",
+            self._run_once,
+            stop=self._stop,
+            heartbeat=lambda: self.heartbeat,
+            on_crash=self._crashed,
+        )
+
+    def _crashed(self, detail: str) -> None:
+        self.handler.count_error()
+        self.status(False, detail)
+
+    def _run_once(self) -> None:
         try:
             reader = self._open()
             self._position(reader)
         except Exception as exc:  # no journal, no permission: report and stop this source
             log.error("journald source unavailable: %s", exc)
             self.status(False, f"cannot open the journal: {exc}")
-            if self.heartbeat is not None:
-                self.heartbeat.close()  # gone for good: not a wedged worker
             return
         self.status(True, f"reading kernel entries (resumed from {self.resumed_from})")
         try:
@@ -207,8 +220,6 @@ class JournaldSource:
                     self._position(reader)
         finally:
             reader.close()
-            if self.heartbeat is not None:
-                self.heartbeat.close()
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self.run, name="journald", daemon=True)

@@ -26,6 +26,7 @@ from gpuwatchd.core.clock import Clock
 from gpuwatchd.core.heartbeat import Heartbeat
 from gpuwatchd.sources.kernel.cursor import PositionFile
 from gpuwatchd.sources.kernel.linehandler import KernelLineHandler
+from gpuwatchd.sources.kernel.restart import run_with_restarts
 from gpuwatchd.xid.parser import KmsgRecord, parse_kmsg_record
 
 log = logging.getLogger(__name__)
@@ -177,6 +178,20 @@ class KmsgSource:
                 self._stop.wait(0.2)
 
     def run(self) -> None:
+        """Read until stopped; an unexpected error restarts the loop (``restart.py``)."""
+        run_with_restarts(
+            "kmsg",
+            self._run_once,
+            stop=self._stop,
+            heartbeat=lambda: self.heartbeat,
+            on_crash=self._crashed,
+        )
+
+    def _crashed(self, detail: str) -> None:
+        self.handler.count_error()
+        self.status(False, detail)
+
+    def _run_once(self) -> None:
         try:
             mode = os.stat(self.path).st_mode
             if stat.S_ISCHR(mode):
@@ -194,8 +209,6 @@ class KmsgSource:
             self.status(False, f"cannot read {self.path}: {exc.strerror or exc}")
         finally:
             self.save()
-            if self.heartbeat is not None:
-                self.heartbeat.close()  # ended (stopped or unavailable): not a wedged worker
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self.run, name="kmsg", daemon=True)

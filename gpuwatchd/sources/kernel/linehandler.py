@@ -2,8 +2,9 @@
 
 Shared by the journald and /dev/kmsg sources and by ``xid scan``: the trust decision is
 made by the source (``_TRANSPORT=kernel`` and facility 0 for journald, facility 0 for
-kmsg) and passed in; this module parses, maps the PCI address to a GPU, and keeps the
-per-source counters exported as metrics.
+kmsg) and passed in; this module parses each trusted message as one kernel record (the
+driver's header at its first character, see ``gpuwatchd.xid.parser``), maps the PCI
+address to a GPU, and keeps the per-source counters exported as metrics.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ class LineCounters:
     forged: int = 0
     unmapped: int = 0  # XID for a PCI address no known GPU has (NVSwitch, a lost GPU, ...)
     overruns: int = 0  # /dev/kmsg: records lost because the ring buffer wrapped
+    errors: int = 0  # messages or reader loops that raised an unexpected error
     last_xid_at: float | None = None
 
 
@@ -56,6 +58,13 @@ class GpuResolver:
         if info is None:
             return event
         return replace(event, gpu=info.index, uuid=info.uuid, pci_bus_id=info.pci_bus_id)
+
+
+_REPORT_MARKS = ("Xid (", "fallen off the bus")  # "Xid (" also covers SXid reports
+
+
+def _claims_a_report(message: str) -> bool:
+    return any(mark in message for mark in _REPORT_MARKS)
 
 
 class KernelLineHandler:
@@ -87,7 +96,7 @@ class KernelLineHandler:
         self._forged_unlogged = 0
         self._forged_quiet_until = now + FORGED_LOG_EVERY
         log.warning(
-            "ignored a forged XID line from %s (not written by the kernel): %.200r%s",
+            "ignored a forged XID line from %s (not written by the NVIDIA driver): %.200r%s",
             self.source,
             message,
             f" (and {more} more since the last such warning; counted in "
@@ -96,8 +105,23 @@ class KernelLineHandler:
             else "",
         )
 
+    def count_error(self) -> None:
+        with self._lock:
+            self.counters.errors += 1
+
     def handle(self, message: str, timestamp: float, trusted: bool) -> XidEvent | None:
-        """One kernel-log message (possibly several lines). Returns the event if emitted."""
+        """One kernel-log message (possibly several lines). Returns the event if emitted.
+
+        A message that makes parsing raise is logged, counted and skipped: one poison
+        message must not take the reader (and every later XID) down with it."""
+        try:
+            return self._handle(message, timestamp, trusted)
+        except Exception:
+            self.count_error()
+            log.exception("%s: could not handle a kernel-log message: %.200r", self.source, message)
+            return None
+
+    def _handle(self, message: str, timestamp: float, trusted: bool) -> XidEvent | None:
         with self._lock:
             self.counters.lines += 1
             if not trusted:
@@ -105,20 +129,19 @@ class KernelLineHandler:
                 # it claims to be an XID, so operators can see forgery attempts. No "NVRM"
                 # required: journald files a user-facility /dev/kmsg record's "NVRM:" as
                 # its SYSLOG_IDENTIFIER, leaving "Xid (PCI:...): 79, ..." as the message.
-                if "Xid (" in message or "fallen off the bus" in message:
+                if _claims_a_report(message):
                     self.counters.forged += 1
                     self._warn_forged(message)
                 return None
-            found = None
-            for line in message.split("\n"):
-                parsed = self._stream.feed(line)
-                if parsed is not None:
-                    found = parsed
-                    break
+            # One record, read as the driver writes one: the header at its first
+            # character, nothing after its first line (gpuwatchd.xid.parser). Splitting
+            # the record on newlines would let a kernel message that echoes user text
+            # (tmpfs: Unknown parameter '...) smuggle in a line of its own.
+            found = self._stream.feed_record(message)
             if found is None:
-                if "NVRM: Xid (" in message:
-                    # The kernel wrote it, but not as the driver's report: another subsystem
-                    # echoing user-chosen text (tmpfs: Unknown parameter 'NVRM: Xid ...').
+                if _claims_a_report(message):
+                    # The kernel wrote it, the driver did not: a message that echoes user
+                    # text (a mount option, a USB product string) with a report inside.
                     self.counters.forged += 1
                     self._warn_forged(message)
                 return None
@@ -145,14 +168,22 @@ def kernel_log_families(handlers: Iterable[KernelLineHandler], fams: Families) -
     forged = fams.get(
         "gpuwatchd_kernel_log_forged_lines_total",
         "counter",
-        "XID-looking lines ignored because the kernel did not write them "
-        "(wrong journal transport or syslog facility).",
+        "XID-looking lines ignored because the NVIDIA driver did not write them "
+        "(wrong journal transport or syslog facility, or a kernel message that only "
+        "echoes the text).",
         ["source"],
     )
     unmapped = fams.get(
         "gpuwatchd_kernel_log_unmapped_xids_total",
         "counter",
         "XIDs whose PCI address matches no GPU NVML knows (NVSwitch, a GPU already lost).",
+        ["source"],
+    )
+    errors = fams.get(
+        "gpuwatchd_kernel_log_errors_total",
+        "counter",
+        "Kernel-log messages and reader loops that raised an unexpected error (the message "
+        "was skipped, the reader restarted; the log has the traceback).",
         ["source"],
     )
     overruns = fams.get(
@@ -174,5 +205,6 @@ def kernel_log_families(handlers: Iterable[KernelLineHandler], fams: Families) -
         forged.add([h.source], float(c.forged))
         unmapped.add([h.source], float(c.unmapped))
         overruns.add([h.source], float(c.overruns))
+        errors.add([h.source], float(c.errors))
         if c.last_xid_at is not None:
             last.add([h.source], c.last_xid_at)

@@ -1,0 +1,110 @@
+"""The daemon's status over a unix socket that only the daemon can have made.
+
+The HTTP port proves nothing: any local user can bind it while the daemon is down and
+answer ``gpuwatchd status`` with a fake "ok". This socket lives in the runtime directory
+(``$RUNTIME_DIRECTORY``, ``/run/gpuwatchd`` under systemd; ``state_dir`` otherwise), which
+belongs to the service user and is writable by no one else, so only the daemon (or root)
+can create it. The client (``gpuwatchd.cli.statusclient``) checks exactly that before it
+believes an answer: the socket and its directory are owned by the same user, the directory
+is not writable by group or others, and the process at the other end (``SO_PEERCRED``)
+runs as that user.
+
+Protocol: connect, read one JSON document until the server closes. The document is
+``{"status": <what /api/v1/status serves>, "health": {"ok": bool, "detail": str},
+"http": {"listening": bool, "problem": str | null, "where": "HOST:PORT"}}``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import socket
+import stat
+import threading
+from collections.abc import Callable
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+SOCKET_NAME = "status.sock"
+SEND_TIMEOUT = 2.0
+
+
+def socket_path(state_dir: str, environ: dict[str, str] | None = None) -> str:
+    """Where the daemon puts its status socket."""
+    env = os.environ if environ is None else environ
+    runtime = env.get("RUNTIME_DIRECTORY", "").split(":")[0]
+    return os.path.join(runtime if os.path.isabs(runtime) else state_dir, SOCKET_NAME)
+
+
+class StatusSocket:
+    def __init__(self, path: str, document: Callable[[], dict[str, Any]]) -> None:
+        self.path = path
+        self._document = document
+        self._sock: socket.socket | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.problem: str | None = None
+
+    def start(self) -> bool:
+        """Bind and serve; False (logged, daemon unaffected) if the path cannot be used."""
+        try:
+            st = os.lstat(self.path)
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            return self._fail(exc.strerror or str(exc))
+        else:
+            if not stat.S_ISSOCK(st.st_mode):  # never remove what is not our old socket
+                return self._fail("the path exists and is not a socket")
+            with contextlib.suppress(OSError):
+                os.unlink(self.path)  # the socket a previous run left
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        try:
+            os.makedirs(os.path.dirname(self.path), exist_ok=True)
+            sock.bind(self.path)
+            os.chmod(self.path, 0o666)  # any local user may ask, as over HTTP on localhost
+            sock.listen(16)
+            sock.settimeout(0.5)
+        except OSError as exc:
+            sock.close()
+            return self._fail(exc.strerror or str(exc))
+        self._sock = sock
+        self._thread = threading.Thread(target=self._serve, name="status-socket", daemon=True)
+        self._thread.start()
+        return True
+
+    def _fail(self, why: str) -> bool:
+        self.problem = why
+        log.error("status socket %s not available: %s", self.path, why)
+        return False
+
+    def _serve(self) -> None:
+        assert self._sock is not None
+        while not self._stop.is_set():
+            try:
+                conn, _ = self._sock.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                if self._stop.is_set():
+                    return
+                continue
+            with conn:
+                try:
+                    data = json.dumps(self._document(), sort_keys=True).encode()
+                    conn.settimeout(SEND_TIMEOUT)
+                    conn.sendall(data)
+                except Exception:  # one client (or one bad document) must not end the loop
+                    log.debug("status socket: a request failed", exc_info=True)
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._sock is not None:
+            self._sock.close()
+            with contextlib.suppress(OSError):
+                os.unlink(self.path)
+        if self._thread is not None:
+            self._thread.join(2.0)

@@ -1,0 +1,334 @@
+"""``memory_trend``: device-memory errors that start, step up, or accelerate.
+
+It reads activity, not counts (``rules/evidence.py``): 10-minute buckets in which the
+counter grew, episodes (runs of them less than an hour apart) and regimes (activity after
+at least ``quiet`` of silence). One condition, three signals (``signal``):
+
+- ``acceleration``: within one regime, the active buckets of a recent window ``W`` are
+  tested against those of the regime before it (``B``) with the exact conditional
+  binomial test of a rate ratio: under "the recent rate is at most ``factor`` times the
+  earlier one", ``x`` recent of ``x + y`` buckets is ``Binomial(x + y, p0)`` with
+  ``p0 = factor * W / (factor * W + B)``. It holds when that chance is below ``alpha``,
+  whatever the GPU's own baseline rate. ``window`` may list several recent windows (a
+  fast leak shows in a short one, a slow one in a long one); ``alpha`` is then shared
+  among them (Bonferroni). Gates: at least ``min_active`` buckets and ``min_episodes``
+  episodes in the window (one burst is one episode), at least ``min_baseline`` of regime
+  before the window, and no earlier window of the regime as busy as ``peak_ratio`` of
+  this one (errors that come and go with one job).
+- ``activity``: a new regime (or one younger than ``min_baseline``) with at least
+  ``min_active`` buckets and ``min_episodes`` episodes in the longest window.
+- ``corroborated``: activity in the longest window together with the GPU certifying the
+  fault itself in that window: a correctable row remap, or XID 92 or 63 on this GPU.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from gpuwatchd.config.yamlsrc import Node
+from gpuwatchd.core.units import format_duration
+from gpuwatchd.rules.conditions import schema_parts as sp
+from gpuwatchd.rules.conditions.base import (
+    NO_HITS,
+    ConditionKind,
+    Evaluator,
+    Hit,
+    Hits,
+    Needs,
+    Result,
+    Trigger,
+    model_of,
+)
+from gpuwatchd.rules.conditions.reading import MAX_WINDOW, BodyReader
+from gpuwatchd.rules.evidence import BUCKET, Activity, bucket_of, rate_ratio_p_value
+from gpuwatchd.rules.history import CounterHistory
+from gpuwatchd.rules.model import Condition, Rule
+from gpuwatchd.rules.snapshot import GpuView, Snapshot
+
+Signal = Literal["acceleration", "activity", "corroborated"]
+SIGNALS: tuple[Signal, ...] = ("acceleration", "activity", "corroborated")
+RECHECK = 300.0  # seconds between looks at a GPU whose counter did not move
+REMAP_FIELD = "remapped_rows_correctable"
+CORROBORATING_XIDS = frozenset({63, 92})
+
+
+@dataclass(frozen=True)
+class MemoryTrend(Condition):
+    """See the module docstring; durations in seconds."""
+
+    signal: Signal = "acceleration"
+    field: str = "ecc_corrected_volatile_dev"
+    windows: tuple[float, ...] = (86400.0, 3 * 86400.0)
+    factor: float = 1.0
+    alpha: float = 1e-3
+    min_active: int = 3
+    min_episodes: int = 3
+    min_baseline: float = 86400.0
+    quiet: float = 14 * 86400.0
+    peak_ratio: float = 0.5
+
+    @property
+    def window(self) -> float:
+        """The longest recent window."""
+        return max(self.windows)
+
+
+def _corroboration(c: MemoryTrend, g: GpuView, snap: Snapshot, now: float) -> str | None:
+    remaps = g.data.hist.get(REMAP_FIELD)
+    if remaps is not None and remaps.increase(now - c.window, now) > 0:
+        return "a correctable row remap"
+    start = now - c.window
+    for x in snap.xids.events:
+        ev = x.event
+        if ev.xid in CORROBORATING_XIDS and ev.timestamp >= start and snap.gpu_of(ev) == g.index:
+            return f"XID {ev.xid}"
+    return None
+
+
+def judge(c: MemoryTrend, act: Activity, now: float) -> Hit | None:
+    """Whether the activity shows ``c.signal`` at ``now`` (for ``corroborated``, only its
+    activity part: the remaps and XIDs need the GPU)."""
+    b1 = bucket_of(now) + 1
+    quiet = int(c.quiet // BUCKET)
+    if c.signal != "acceleration":
+        width = int(c.window // BUCKET)
+        w0 = b1 - width
+        x = act.count(w0, b1)
+        if x < c.min_active:
+            return None
+        episodes = act.episodes(w0, b1)
+        if episodes < c.min_episodes:
+            return None
+        start = act.regime_start(b1, quiet)
+        assert start is not None  # x > 0
+        values: dict[str, Any] = {"active": x, "episodes": episodes}
+        if c.signal == "activity":
+            if (w0 - start) * BUCKET >= c.min_baseline:
+                return None  # an old regime: acceleration's business
+            values["regime_age"] = format_duration(max(b1 - start, 0) * BUCKET)
+        return float(x), values
+    alpha = c.alpha / len(c.windows)
+    for window in c.windows:
+        hit = _accelerated(c, act, b1, int(window // BUCKET), quiet, alpha)
+        if hit is not None:
+            return hit
+    return None
+
+
+def _accelerated(
+    c: MemoryTrend, act: Activity, b1: int, width: int, quiet: int, alpha: float
+) -> Hit | None:
+    w0 = b1 - width
+    x = act.count(w0, b1)
+    if x < c.min_active:
+        return None
+    episodes = act.episodes(w0, b1)
+    if episodes < c.min_episodes:
+        return None
+    start = act.regime_start(b1, quiet)
+    assert start is not None  # x > 0
+    baseline = w0 - start
+    if baseline * BUCKET < c.min_baseline:
+        return None  # a young regime: a step, not (yet) an acceleration
+    y = act.count(start, w0)
+    p = rate_ratio_p_value(x, float(width), y, float(baseline), c.factor)
+    if p >= alpha:
+        return None
+    if act.peak(start, w0, width) >= max(c.min_active, c.peak_ratio * x):
+        return None  # an earlier window of this regime was as busy, and it subsided
+    days = width * BUCKET / 86400.0
+    values: dict[str, Any] = {
+        "active": x,
+        "episodes": episodes,
+        "p_value": f"{p:.1e}",
+        "baseline_rate": round(y / (baseline * BUCKET / 86400.0), 2),
+        "recent_rate": round(x / days, 2),
+        "window": format_duration(width * BUCKET),
+    }
+    return float(x), values
+
+
+class _Evaluator(Evaluator):
+    __slots__ = ("c", "checked", "last_look")
+
+    def __init__(self, rule: Rule) -> None:
+        super().__init__(rule)
+        self.c = model_of(rule, MemoryTrend)
+        self.checked: dict[CounterHistory, tuple[int, float]] = {}  # no hit at (version, t)
+        self.last_look: float | None = None
+
+    def evaluate(self, snap: Snapshot, now: float, active: bool, fresh: bool) -> Result:
+        c = self.c
+        corroborated = c.signal == "corroborated"
+        if not active and not fresh and not corroborated:
+            last = self.last_look
+            if not snap.field_moved(c.field) and last is not None and now - last < RECHECK:
+                return NO_HITS, set()
+            self.last_look = now
+        targets, unknown = snap.targets(self.rule)
+        hits: Hits = {}
+        checked = self.checked
+        for g in targets:
+            h = g.data.hist.get(c.field)
+            if h is None:
+                continue
+            act = h.activity
+            if not act.buckets:
+                continue
+            seen = checked.get(h)
+            if (
+                not corroborated
+                and seen is not None
+                and seen[0] == act.version
+                and now - seen[1] < RECHECK
+            ):
+                continue
+            hit = judge(c, act, now)
+            if hit is not None and corroborated:
+                why = _corroboration(c, g, snap, now)
+                if why is None:
+                    hit = None
+                else:
+                    assert hit[1] is not None
+                    hit[1]["evidence"] = why
+            if hit is None:
+                checked[h] = (act.version, now)
+            else:
+                checked.pop(h, None)
+                hits[(g.index, -1, -1)] = hit
+        return hits, unknown
+
+
+class MemoryTrendKind(ConditionKind):
+    key = "memory_trend"
+    keys = (
+        "signal",
+        "field",
+        "window",
+        "factor",
+        "alpha",
+        "min_active",
+        "min_episodes",
+        "min_baseline",
+        "quiet",
+        "peak_ratio",
+    )
+    placeholders = frozenset(
+        {
+            "field",
+            "window",
+            "active",
+            "episodes",
+            "regime_age",
+            "evidence",
+            "p_value",
+            "baseline_rate",
+            "recent_rate",
+        }
+    )
+
+    def parse(
+        self, p: BodyReader, body: Node, keys: dict[str, Node], what: str
+    ) -> Condition | None:
+        r = p.r
+        values: dict[str, Any] = {}
+        if "signal" in keys:
+            values["signal"] = r.string(keys["signal"], f"{what}.signal", SIGNALS)
+        if "field" in keys:
+            found = p.field(keys["field"], f"{what}.field", counter=True, allow_link=False)
+            values["field"] = found[0] if found is not None else None
+        if "window" in keys:
+            values["windows"] = self._windows(p, keys["window"], f"{what}.window")
+        for name in ("min_baseline", "quiet"):
+            if name in keys:
+                values[name] = p.window(keys[name], f"{what}.{name}")
+        if "factor" in keys:
+            values["factor"] = r.number(keys["factor"], f"{what}.factor", minimum=1.0)
+        if "alpha" in keys:
+            values["alpha"] = r.number(keys["alpha"], f"{what}.alpha", minimum=1e-12)
+            if values["alpha"] is not None and values["alpha"] >= 0.5:
+                p.error(keys["alpha"], f"{what}.alpha: a small chance, below 0.5 (e.g. 1e-4)")
+                values["alpha"] = None
+        for name in ("min_active", "min_episodes"):
+            if name in keys:
+                values[name] = r.integer(keys[name], f"{what}.{name}", 1, 10000)
+        if "peak_ratio" in keys:
+            values["peak_ratio"] = r.number(keys["peak_ratio"], f"{what}.peak_ratio", minimum=0.0)
+        if any(v is None for v in values.values()):
+            return None
+        c = MemoryTrend(**values)
+        if c.window + c.min_baseline > MAX_WINDOW:
+            p.error(body, f"{what}: window + min_baseline must be at most 30d (history kept)")
+            return None
+        return c
+
+    @staticmethod
+    def _windows(p: BodyReader, node: Node, what: str) -> tuple[float, ...] | None:
+        items = p.r.sequence(node, what) if node.is_sequence() else [node]
+        if not items:
+            if items is not None:
+                p.error(node, f"{what}: name at least one window")
+            return None
+        out: list[float] = []
+        for item in items:
+            w = p.window(item, what)
+            if w is None:
+                return None
+            if w < BUCKET:
+                p.error(item, f"{what}: at least 10m (one activity bucket), got {item.value!r}")
+                return None
+            out.append(w)
+        return tuple(sorted(set(out)))
+
+    def schema(self) -> sp.Schema:
+        counters = sp.fields(links=False)
+        return sp.body(
+            {
+                "signal": {"enum": list(SIGNALS), "default": "acceleration"},
+                "field": {**counters, "default": "ecc_corrected_volatile_dev"},
+                "window": {
+                    "oneOf": [
+                        sp.DURATION,
+                        {"type": "array", "items": sp.DURATION, "minItems": 1},
+                    ],
+                    "default": ["1d", "3d"],
+                },
+                "factor": {"type": "number", "minimum": 1, "default": 1},
+                "alpha": {
+                    "type": "number",
+                    "exclusiveMinimum": 0,
+                    "exclusiveMaximum": 0.5,
+                    "default": 0.001,
+                },
+                "min_active": {"type": "integer", "minimum": 1, "default": 3},
+                "min_episodes": {"type": "integer", "minimum": 1, "default": 3},
+                "min_baseline": sp.duration("1d"),
+                "quiet": sp.duration("14d"),
+                "peak_ratio": {"type": "number", "minimum": 0, "default": 0.5},
+            },
+            "Device-memory errors as activity (10-minute buckets, episodes, regimes): a "
+            "significant acceleration within a regime (exact conditional binomial test), new "
+            "activity, or activity the GPU corroborates (a correctable remap, XID 92 or 63).",
+            optional_body=True,
+        )
+
+    def evaluator(self, rule: Rule, snap: Snapshot) -> Evaluator:
+        return _Evaluator(rule)
+
+    def needs(self, c: Condition) -> Needs:
+        assert isinstance(c, MemoryTrend)
+        if c.signal == "corroborated":
+            return Needs(gpu_counters=frozenset({c.field, REMAP_FIELD}), xid_window=c.window)
+        return Needs(gpu_counters=frozenset({c.field}))
+
+    def trigger(self, c: Condition) -> Trigger:
+        assert isinstance(c, MemoryTrend)
+        return "sample" if c.signal == "corroborated" else "periodic"
+
+    def values(self, c: Condition) -> dict[str, Any]:
+        assert isinstance(c, MemoryTrend)
+        return {"field": c.field, "window": format_duration(c.window)}
+
+
+KIND = MemoryTrendKind()

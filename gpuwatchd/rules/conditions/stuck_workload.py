@@ -1,0 +1,92 @@
+"""``stuck_workload``: a compute process holds the GPU while it does nothing."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gpuwatchd.config.yamlsrc import Node
+from gpuwatchd.core.fields import GPU_FIELDS
+from gpuwatchd.rules.conditions import schema_parts as sp
+from gpuwatchd.rules.conditions.base import ConditionKind, Evaluator, Hits, Result, model_of
+from gpuwatchd.rules.conditions.reading import BodyReader
+from gpuwatchd.rules.model import Condition, Rule
+from gpuwatchd.rules.snapshot import Snapshot
+
+
+@dataclass(frozen=True)
+class StuckWorkload(Condition):
+    """A compute process holds the GPU while it does nothing."""
+
+    max_utilization: float = 0.0
+    min_processes: int = 1
+
+
+class _Evaluator(Evaluator):
+    __slots__ = ("c",)
+
+    def __init__(self, rule: Rule) -> None:
+        super().__init__(rule)
+        self.c = model_of(rule, StuckWorkload)
+
+    def evaluate(self, snap: Snapshot, now: float, active: bool, fresh: bool) -> Result:
+        c = self.c
+        targets, unknown = snap.targets(self.rule)
+        hits: Hits = {}
+        for g in targets:
+            s = g.sample
+            if s is None:
+                unknown.add(g.index)
+                continue
+            util = s.fields.get("utilization_gpu")
+            procs = s.fields.get("compute_processes")
+            if procs is None and s.processes:
+                procs = float(len(s.processes))
+            if util is None or procs is None:
+                unknown.add(g.index)
+                continue
+            if procs >= c.min_processes and util <= c.max_utilization:
+                hits[(g.index, -1, -1)] = (util, {"utilization": util, "processes": procs})
+        return hits, unknown
+
+
+class StuckWorkloadKind(ConditionKind):
+    key = "stuck_workload"
+    keys = ("max_utilization", "min_processes")
+    placeholders = frozenset({"utilization", "processes"})
+
+    def parse(
+        self, p: BodyReader, body: Node, keys: dict[str, Node], what: str
+    ) -> Condition | None:
+        util: float | None = 0.0
+        if "max_utilization" in keys:
+            util = p.value(
+                keys["max_utilization"], f"{what}.max_utilization", GPU_FIELDS["utilization_gpu"]
+            )
+            if util is not None and not 0.0 <= util < 1.0:
+                p.error(
+                    keys["max_utilization"],
+                    f"{what}.max_utilization: a ratio from 0 to below 1 (5% is 0.05)",
+                )
+                util = None
+        procs = 1
+        if "min_processes" in keys:
+            procs = p.r.integer(keys["min_processes"], f"{what}.min_processes", 1, 1000) or 1
+        if util is None:
+            return None
+        return StuckWorkload(util, procs)
+
+    def schema(self) -> sp.Schema:
+        return sp.body(
+            {
+                "max_utilization": sp.VALUE,
+                "min_processes": {"type": "integer", "minimum": 1, "default": 1},
+            },
+            "A compute process holds the GPU at (near) 0% utilization.",
+            optional_body=True,
+        )
+
+    def evaluator(self, rule: Rule, snap: Snapshot) -> Evaluator:
+        return _Evaluator(rule)
+
+
+KIND = StuckWorkloadKind()

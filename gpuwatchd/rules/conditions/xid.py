@@ -1,0 +1,257 @@
+"""``xid``: XID events matched by code, catalog bucket or catalog severity."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from gpuwatchd.config.yamlsrc import Node
+from gpuwatchd.core.records import XidEvent
+from gpuwatchd.core.units import format_duration
+from gpuwatchd.rules.conditions import schema_parts as sp
+from gpuwatchd.rules.conditions.base import (
+    ConditionKind,
+    Evaluator,
+    Hits,
+    Key,
+    Needs,
+    Result,
+    Trigger,
+    model_of,
+)
+from gpuwatchd.rules.conditions.reading import BodyReader, hint
+from gpuwatchd.rules.model import Condition, Rule
+from gpuwatchd.rules.snapshot import Snapshot
+from gpuwatchd.xid import catalog as xid_catalog
+from gpuwatchd.xid import catalog_data
+
+CATALOG_SEVERITIES = tuple(s.value for s in xid_catalog.XidSeverity)
+
+
+def catalog_codes() -> frozenset[int]:
+    return frozenset(row.code for row in catalog_data.XIDS)
+
+
+def catalog_buckets() -> dict[str, frozenset[int]]:
+    """Immediate resolution bucket -> the XID codes that have it."""
+    out: dict[str, set[int]] = {}
+    for row in catalog_data.XIDS:
+        if row.immediate:
+            out.setdefault(row.immediate, set()).add(row.code)
+    return {k: frozenset(v) for k, v in out.items()}
+
+
+def _investigatory_buckets() -> frozenset[str]:
+    return frozenset(row.investigatory for row in catalog_data.XIDS if row.investigatory)
+
+
+@dataclass(frozen=True)
+class XidMatch(Condition):
+    """XID events matched by code, catalog bucket or catalog severity."""
+
+    codes: frozenset[int]
+    count: int = 1
+    window: float = 600.0
+    quiet: float = 3600.0
+    by_code: bool = False
+    include_unknown_gpu: bool = True
+
+    def hold(self, keep_firing_for: float) -> float:
+        return self.quiet
+
+
+def xid_values(snap: Snapshot, ev: XidEvent, count: int) -> dict[str, Any]:
+    """Template values for an XID: its text and what to do about it (config overrides apply)."""
+    catalog = snap.catalog
+    entry = catalog.lookup(ev.xid)
+    verdict = catalog.classify(ev.xid, ev.message, ev.kind)
+    text = entry.description if entry is not None else "not in NVIDIA's XID catalog"
+    if entry is not None and verdict.action == entry.action:
+        action = entry.action_text
+    else:
+        action = f"{verdict.action.value} ({verdict.reason})"
+    values: dict[str, Any] = {"xid": ev.xid, "xid_text": text, "action": action, "count": count}
+    if snap.gpu_of(ev) < 0 and ev.pci_bus_id:
+        values["pci_bus_id"] = ev.pci_bus_id
+    return values
+
+
+class _Evaluator(Evaluator):
+    __slots__ = ("c", "cursor")
+
+    def __init__(self, rule: Rule, snap: Snapshot) -> None:
+        super().__init__(rule)
+        self.c = model_of(rule, XidMatch)
+        self.cursor = snap.xids.seq  # XIDs numbered above this are new to the rule
+
+    def adopt(self, old: Evaluator) -> None:
+        if isinstance(old, _Evaluator):
+            self.cursor = old.cursor
+
+    def evaluate(self, snap: Snapshot, now: float, active: bool, fresh: bool) -> Result:
+        c = self.c
+        log = snap.xids
+        cursor, self.cursor = self.cursor, log.seq
+        hits: Hits = {}
+        if cursor >= log.seq:
+            return hits, set()
+        allowed: set[int] | None = None
+        if self.rule.select is not None:
+            allowed = {g.index for g in snap.selected(self.rule)}
+        codes = c.codes
+        latest: dict[Key, XidEvent] = {}
+        for ev in log.newest_first(cursor):
+            if ev.xid not in codes:
+                continue
+            key = (snap.gpu_of(ev), -1, ev.xid if c.by_code else -1)
+            if allowed is not None and key[0] not in allowed:
+                continue
+            latest.setdefault(key, ev)
+        if not latest:
+            return hits, set()
+        for key, ev in latest.items():
+            # The window ends at the newest event, not at ``now``: an XID that reaches the
+            # engine later than its own time (a slow poll, a late log line) still counts.
+            start = min(now, ev.timestamp) - c.window
+            count = 0
+            for x in log.events:
+                e = x.event
+                if (
+                    e.timestamp >= start
+                    and e.xid in codes
+                    and (not c.by_code or e.xid == key[2])
+                    and snap.gpu_of(e) == key[0]
+                ):
+                    count += 1
+            if count >= c.count:
+                hits[key] = (float(count), xid_values(snap, ev, count))
+        return hits, set()
+
+
+class XidKind(ConditionKind):
+    key = "xid"
+    keys = ("codes", "buckets", "severities", "count", "window", "quiet", "by_code")
+    placeholders = frozenset({"xid", "xid_text", "action", "count", "window"})
+    not_with: ClassVar[Mapping[str, str]] = {
+        "keep_firing_for": "an xid rule resolves after condition.xid.quiet; set that instead",
+        "for": (
+            "an xid rule fires on the event itself; use condition.xid.count and window to "
+            "ask for repeats"
+        ),
+        "when": (
+            "not available for xid rules (it needs the GPU's latest sample, which a lost "
+            "GPU does not have)"
+        ),
+    }
+
+    def parse(
+        self, p: BodyReader, body: Node, keys: dict[str, Node], what: str
+    ) -> Condition | None:
+        if not any(k in keys for k in ("codes", "buckets", "severities")):
+            p.error(body, f"{what}: needs at least one of codes, buckets, severities")
+            return None
+        r = p.r
+        known = catalog_codes()
+        buckets = catalog_buckets()
+        codes: set[int] = set()
+        if "codes" in keys:
+            for item in r.sequence(keys["codes"], f"{what}.codes") or []:
+                code = r.integer(item, f"{what}.codes", minimum=0, maximum=999_999)
+                if code is None:
+                    continue
+                if code not in known:
+                    near = sorted(known, key=lambda c: abs(c - code))[:3]
+                    p.error(
+                        item,
+                        f"{what}.codes: XID {code} is not in NVIDIA's XID catalog "
+                        f"(nearest known: {', '.join(map(str, sorted(near)))})",
+                    )
+                    continue
+                codes.add(code)
+        if "buckets" in keys:
+            for text, item in p.strings(keys["buckets"], f"{what}.buckets"):
+                members = buckets.get(text)
+                if members is None:
+                    if text in _investigatory_buckets():
+                        why = (
+                            "is only an investigatory bucket; buckets match the catalog's "
+                            "immediate resolution"
+                        )
+                    else:
+                        why = "is not an immediate resolution bucket of the XID catalog"
+                        why += hint(text, buckets)
+                    p.error(
+                        item,
+                        f"{what}.buckets: {text!r} {why} (one of: {', '.join(sorted(buckets))})",
+                    )
+                    continue
+                codes |= members
+        if "severities" in keys:
+            for text, item in p.strings(keys["severities"], f"{what}.severities"):
+                if text not in CATALOG_SEVERITIES:
+                    p.error(
+                        item,
+                        f"{what}.severities: {text!r} is not a catalog severity (one of "
+                        f"{', '.join(CATALOG_SEVERITIES)}){hint(text, CATALOG_SEVERITIES)}",
+                    )
+                    continue
+                for entry in p.catalog:  # the config's xid.overrides apply
+                    if entry.severity.value == text:
+                        codes.add(entry.xid)
+        count = 1
+        if "count" in keys:
+            count = r.integer(keys["count"], f"{what}.count", minimum=1, maximum=10000) or 1
+        window = 600.0
+        if "window" in keys:
+            window = p.window(keys["window"], f"{what}.window") or window
+        quiet = 3600.0
+        if "quiet" in keys:
+            quiet = p.window(keys["quiet"], f"{what}.quiet") or quiet
+        by_code = p.boolean(keys, "by_code", what, False)
+        if not codes:
+            p.error(body, f"{what}: matches no XID code")
+            return None
+        return XidMatch(frozenset(codes), count, window, quiet, by_code)
+
+    def schema(self) -> sp.Schema:
+        out = sp.body(
+            {
+                "codes": {
+                    "type": "array",
+                    "items": {"type": "integer", "minimum": 0},
+                    "minItems": 1,
+                },
+                "buckets": sp.enum_list(sorted(catalog_buckets())),
+                "severities": sp.enum_list(CATALOG_SEVERITIES),
+                "count": {"type": "integer", "minimum": 1, "default": 1},
+                "window": sp.duration("10m"),
+                "quiet": sp.duration("1h"),
+                "by_code": {"type": "boolean", "default": False},
+            },
+            "XID events matched by code, the catalog's immediate resolution bucket, or "
+            "catalog severity; count in window; resolves after quiet.",
+        )
+        out["anyOf"] = [
+            {"required": ["codes"]},
+            {"required": ["buckets"]},
+            {"required": ["severities"]},
+        ]
+        return out
+
+    def evaluator(self, rule: Rule, snap: Snapshot) -> Evaluator:
+        return _Evaluator(rule, snap)
+
+    def needs(self, c: Condition) -> Needs:
+        assert isinstance(c, XidMatch)
+        return Needs(xid_window=c.window)
+
+    def trigger(self, c: Condition) -> Trigger:
+        return "xid"
+
+    def values(self, c: Condition) -> dict[str, Any]:
+        assert isinstance(c, XidMatch)
+        return {"window": format_duration(c.window)}
+
+
+KIND = XidKind()

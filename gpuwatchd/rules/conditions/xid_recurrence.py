@@ -1,0 +1,317 @@
+"""``xid_recurrence``: an XID that keeps coming back on one GPU, faster and faster.
+
+XID lines are grouped before anything is counted:
+
+- an *episode* is one GPU's lines of one code less than ``episode_gap`` apart (one job
+  printing the same XID a thousand times is one episode);
+- an episode is an *independent repeat* when it starts at least ``independent_gap`` after
+  the previous independent one and, where both lines name a process, from another
+  process (a job that hits the same fault again an hour later is not new evidence
+  about the GPU... unless it is another job);
+- an episode whose code shows up on ``node_gpus`` or more GPUs of the node within
+  ``node_window`` is a *node event* (a driver, fabric or software fault, not one bad GPU):
+  it never counts for a GPU. ``signal: node`` raises those as one node-level alert.
+
+``signal: recurrence`` then tests the GPU's independent repeats like ``memory_trend``
+tests activity: the repeats of the last ``window`` against those earlier in ``history``,
+with the exact conditional binomial test of a rate ratio (``factor``, ``alpha``), at
+least ``min_repeats`` in the window and ``min_baseline`` of history before it. A code
+that is new on the GPU with ``min_repeats`` independent repeats in the window holds too
+when ``new_counts`` is set (a first streak; off by default).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from typing import Any, ClassVar, Literal
+
+from gpuwatchd.config.yamlsrc import Node
+from gpuwatchd.core.units import format_duration
+from gpuwatchd.rules.conditions import schema_parts as sp
+from gpuwatchd.rules.conditions.base import (
+    NODE_KEY,
+    ConditionKind,
+    Evaluator,
+    Hits,
+    Needs,
+    Result,
+    Trigger,
+    model_of,
+)
+from gpuwatchd.rules.conditions.reading import MAX_WINDOW, BodyReader
+from gpuwatchd.rules.conditions.xid import catalog_codes
+from gpuwatchd.rules.evidence import rate_ratio_p_value
+from gpuwatchd.rules.model import Condition, Rule
+from gpuwatchd.rules.snapshot import Snapshot
+
+Signal = Literal["recurrence", "node"]
+SIGNALS: tuple[Signal, ...] = ("recurrence", "node")
+MAX_EPISODES = 4096  # per GPU and code: older ones are forgotten first
+
+
+@dataclass(frozen=True)
+class XidRecurrence(Condition):
+    codes: frozenset[int]
+    signal: Signal = "recurrence"
+    window: float = 2 * 86400.0
+    history: float = 21 * 86400.0
+    factor: float = 1.0
+    alpha: float = 1e-3
+    min_repeats: int = 3
+    min_baseline: float = 86400.0
+    new_counts: bool = False
+    episode_gap: float = 180.0
+    independent_gap: float = 3600.0
+    node_gpus: int = 3
+    node_window: float = 60.0
+
+
+class _Episode:
+    __slots__ = ("end", "gpu", "independent", "node", "pids", "start", "xid")
+
+    def __init__(self, gpu: int, xid: int, t: float, pid: int | None) -> None:
+        self.gpu = gpu
+        self.xid = xid
+        self.start = t
+        self.end = t
+        self.pids: set[int] = set() if pid is None else {pid}
+        self.independent = False
+        self.node = False
+
+
+class _Evaluator(Evaluator):
+    __slots__ = ("c", "cursor", "last_node", "open", "recent", "repeats")
+
+    def __init__(self, rule: Rule, snap: Snapshot) -> None:
+        super().__init__(rule)
+        self.c = model_of(rule, XidRecurrence)
+        self.cursor = snap.xids.seq
+        self.open: dict[tuple[int, int], _Episode] = {}  # (gpu, xid) -> latest episode
+        self.repeats: dict[tuple[int, int], deque[_Episode]] = {}  # independent ones
+        self.recent: deque[_Episode] = deque()  # episode starts, for node events
+        self.last_node: dict[int, float] = {}  # xid -> start of the last node event
+
+    def adopt(self, old: Evaluator) -> None:
+        if isinstance(old, _Evaluator) and old.c == self.c:
+            self.cursor, self.open, self.repeats = old.cursor, old.open, old.repeats
+            self.recent, self.last_node = old.recent, old.last_node
+
+    def _take(self, snap: Snapshot) -> set[tuple[int, int]]:
+        """Group the XIDs that arrived since the last look; the keys that moved."""
+        c = self.c
+        log = snap.xids
+        new = list(log.newest_first(self.cursor))
+        self.cursor = log.seq
+        moved: set[tuple[int, int]] = set()
+        for ev in reversed(new):
+            if ev.xid not in c.codes:
+                continue
+            gpu = snap.gpu_of(ev)
+            if gpu < 0:
+                continue
+            key = (gpu, ev.xid)
+            t = ev.timestamp
+            ep = self.open.get(key)
+            if ep is not None and t - ep.end < c.episode_gap:
+                ep.end = max(ep.end, t)
+                if ev.pid is not None:
+                    ep.pids.add(ev.pid)
+                continue
+            ep = self.open[key] = _Episode(gpu, ev.xid, t, ev.pid)
+            reps = self.repeats.setdefault(key, deque(maxlen=MAX_EPISODES))
+            last = reps[-1] if reps else None
+            if last is None or (
+                t - last.start >= c.independent_gap
+                and not (ep.pids and last.pids and ep.pids <= last.pids)
+            ):
+                ep.independent = True
+                reps.append(ep)
+            self._node_check(ep)
+            moved.add(key)
+        return moved
+
+    def _node_check(self, ep: _Episode) -> None:
+        c = self.c
+        recent = self.recent
+        recent.append(ep)
+        while recent and recent[0].start < ep.start - c.node_window:
+            recent.popleft()
+        same = [e for e in recent if e.xid == ep.xid and abs(e.start - ep.start) <= c.node_window]
+        if len({e.gpu for e in same}) >= c.node_gpus:
+            for e in same:
+                e.node = True
+            self.last_node[ep.xid] = ep.start
+
+    def evaluate(self, snap: Snapshot, now: float, active: bool, fresh: bool) -> Result:
+        c = self.c
+        moved = self._take(snap)
+        hits: Hits = {}
+        if c.signal == "node":
+            for xid, t in self.last_node.items():
+                if now - t < c.window:
+                    gpus = sorted({e.gpu for e in self.recent if e.xid == xid and e.node})
+                    hits[NODE_KEY] = (
+                        float(len(gpus)),
+                        {"xid": xid, "gpus": ", ".join(map(str, gpus))},
+                    )
+            return hits, set()
+        keys = self.repeats if (active or fresh or not moved) else moved
+        allowed = None
+        if self.rule.select is not None:
+            allowed = {g.index for g in snap.selected(self.rule)}
+        for key in keys:
+            if allowed is not None and key[0] not in allowed:
+                continue
+            hit = self._recurring(key, now)
+            if hit is not None:
+                hits[(key[0], -1, key[1] if len(c.codes) > 1 else -1)] = hit
+        return hits, set()
+
+    def _recurring(self, key: tuple[int, int], now: float) -> tuple[float, dict[str, Any]] | None:
+        c = self.c
+        reps = [e.start for e in self.repeats.get(key, ()) if not e.node]
+        w0 = now - c.window
+        h0 = now - c.history
+        x = sum(1 for t in reps if w0 <= t <= now)
+        if x < c.min_repeats:
+            return None
+        earlier = [t for t in reps if h0 <= t < w0]
+        values: dict[str, Any] = {"xid": key[1], "repeats": x}
+        if not earlier:
+            if not c.new_counts:
+                return None
+            values["p_value"] = "new"
+            return float(x), values
+        baseline = w0 - max(earlier[0], h0)
+        if baseline < c.min_baseline:
+            return None
+        y = len(earlier)
+        p = rate_ratio_p_value(x, c.window, y, baseline, c.factor)
+        if p >= c.alpha:
+            return None
+        values["p_value"] = f"{p:.1e}"
+        values["baseline_rate"] = round(y / (baseline / 86400.0), 2)
+        values["recent_rate"] = round(x / (c.window / 86400.0), 2)
+        return float(x), values
+
+
+class XidRecurrenceKind(ConditionKind):
+    key = "xid_recurrence"
+    keys = (
+        "codes",
+        "signal",
+        "window",
+        "history",
+        "factor",
+        "alpha",
+        "min_repeats",
+        "min_baseline",
+        "new_counts",
+        "episode_gap",
+        "independent_gap",
+        "node_gpus",
+        "node_window",
+    )
+    placeholders = frozenset(
+        {"xid", "repeats", "p_value", "baseline_rate", "recent_rate", "gpus", "window"}
+    )
+    not_with: ClassVar[dict[str, str]] = {
+        "when": "not available for xid_recurrence rules (XIDs come from lost GPUs too)",
+    }
+
+    def parse(
+        self, p: BodyReader, body: Node, keys: dict[str, Node], what: str
+    ) -> Condition | None:
+        if not p.need(body, keys, ("codes",), what):
+            return None
+        r = p.r
+        known = catalog_codes()
+        codes: set[int] = set()
+        for item in r.sequence(keys["codes"], f"{what}.codes") or []:
+            code = r.integer(item, f"{what}.codes", minimum=0, maximum=999_999)
+            if code is None:
+                continue
+            if code not in known:
+                p.error(item, f"{what}.codes: XID {code} is not in NVIDIA's XID catalog")
+                continue
+            codes.add(code)
+        values: dict[str, Any] = {}
+        if "signal" in keys:
+            values["signal"] = r.string(keys["signal"], f"{what}.signal", SIGNALS)
+        for name in ("window", "history", "min_baseline", "episode_gap", "independent_gap"):
+            if name in keys:
+                values[name] = p.window(keys[name], f"{what}.{name}")
+        if "node_window" in keys:
+            values["node_window"] = p.window(keys["node_window"], f"{what}.node_window")
+        if "factor" in keys:
+            values["factor"] = r.number(keys["factor"], f"{what}.factor", minimum=1.0)
+        if "alpha" in keys:
+            values["alpha"] = r.number(keys["alpha"], f"{what}.alpha", minimum=1e-12)
+            if values["alpha"] is not None and values["alpha"] >= 0.5:
+                p.error(keys["alpha"], f"{what}.alpha: a small chance, below 0.5 (e.g. 1e-3)")
+                values["alpha"] = None
+        if "min_repeats" in keys:
+            values["min_repeats"] = r.integer(keys["min_repeats"], f"{what}.min_repeats", 1, 1000)
+        if "node_gpus" in keys:
+            values["node_gpus"] = r.integer(keys["node_gpus"], f"{what}.node_gpus", 2, 64)
+        if "new_counts" in keys:
+            values["new_counts"] = p.boolean(keys, "new_counts", what, False)
+        if not codes or any(v is None for v in values.values()):
+            if not codes and not p.r.problems:
+                p.error(keys["codes"], f"{what}.codes: name at least one XID")
+            return None
+        c = XidRecurrence(frozenset(codes), **values)
+        if c.window >= c.history or c.history > MAX_WINDOW:
+            p.error(body, f"{what}: window must be shorter than history (at most 30d)")
+            return None
+        return c
+
+    def schema(self) -> sp.Schema:
+        return sp.body(
+            {
+                "codes": {
+                    "type": "array",
+                    "items": {"type": "integer", "minimum": 0},
+                    "minItems": 1,
+                },
+                "signal": {"enum": list(SIGNALS), "default": "recurrence"},
+                "window": sp.duration("2d"),
+                "history": sp.duration("21d"),
+                "factor": {"type": "number", "minimum": 1, "default": 1},
+                "alpha": {
+                    "type": "number",
+                    "exclusiveMinimum": 0,
+                    "exclusiveMaximum": 0.5,
+                    "default": 0.001,
+                },
+                "min_repeats": {"type": "integer", "minimum": 1, "default": 3},
+                "min_baseline": sp.duration("1d"),
+                "new_counts": {"type": "boolean", "default": False},
+                "episode_gap": sp.duration("3m"),
+                "independent_gap": sp.duration("1h"),
+                "node_gpus": {"type": "integer", "minimum": 2, "maximum": 64, "default": 3},
+                "node_window": sp.duration("1m"),
+            },
+            "XID episodes that recur on one GPU ever faster (independent repeats, exact "
+            "conditional binomial test), or the same XID on several GPUs at once (a node "
+            "event).",
+            required=("codes",),
+        )
+
+    def evaluator(self, rule: Rule, snap: Snapshot) -> Evaluator:
+        return _Evaluator(rule, snap)
+
+    def needs(self, c: Condition) -> Needs:
+        assert isinstance(c, XidRecurrence)
+        return Needs(xid_window=c.node_window + c.episode_gap)
+
+    def trigger(self, c: Condition) -> Trigger:
+        return "periodic"
+
+    def values(self, c: Condition) -> dict[str, Any]:
+        assert isinstance(c, XidRecurrence)
+        return {"window": format_duration(c.window)}
+
+
+KIND = XidRecurrenceKind()

@@ -1,0 +1,138 @@
+"""Evidence of memory errors per GPU: activity buckets, episodes and regimes.
+
+Raw error counts are heavy-tailed (one bad job can log a million corrected errors in an
+hour), so the memory-trend condition does not read counts. It reads *activity*: time is
+cut into 10-minute buckets and a bucket is active when the counter grew in it. Runs of
+active buckets with less than an hour of silence between them form one *episode*. A
+*regime* starts at the first active bucket after a long silence (14 days by default); a
+step from silence to a steady rate is a regime, not an acceleration.
+
+Activity is kept as the sorted list of active bucket numbers (a few bytes per active
+bucket, nothing for a GPU without errors). It is rebuilt after a restart from the counter
+history the ``StateStore`` keeps (points every 5 minutes, so 10-minute buckets come back
+exactly). Counter resets count as no growth.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+
+BUCKET = 600.0  # seconds per activity bucket
+EPISODE_GAP = 6  # buckets of silence (1 hour) that separate two episodes
+RETENTION_BUCKETS = int(36 * 86400 / BUCKET)
+
+
+def bucket_of(t: float) -> int:
+    return int(t // BUCKET)
+
+
+class Activity:
+    """The active buckets of one counter, oldest first."""
+
+    __slots__ = ("buckets", "version")
+
+    def __init__(self) -> None:
+        self.buckets: list[int] = []
+        self.version = 0
+
+    def mark(self, t: float) -> None:
+        """The counter grew at time ``t``."""
+        b = bucket_of(t)
+        buckets = self.buckets
+        if buckets and b <= buckets[-1]:
+            if b == buckets[-1] or b in buckets:
+                return
+            bisect.insort(buckets, b)  # a late point (clock step): keep the order
+        else:
+            buckets.append(b)
+            if len(buckets) > 64 and buckets[0] < b - RETENTION_BUCKETS:
+                del buckets[: bisect.bisect_left(buckets, b - RETENTION_BUCKETS)]
+        self.version += 1
+
+    def restore(self, points: list[tuple[float, float]]) -> None:
+        """Rebuild from counter points (time, reset-adjusted value), oldest first."""
+        prev: float | None = None
+        for t, v in points:
+            if prev is not None and v > prev:
+                self.mark(t)
+            prev = v
+
+    def count(self, b0: int, b1: int) -> int:
+        """Active buckets in ``[b0, b1)``."""
+        buckets = self.buckets
+        return bisect.bisect_left(buckets, b1) - bisect.bisect_left(buckets, b0)
+
+    def episodes(self, b0: int, b1: int, gap: int = EPISODE_GAP) -> int:
+        """Episodes with an active bucket in ``[b0, b1)`` (one that began before ``b0`` and
+        goes on into the range counts)."""
+        buckets = self.buckets
+        lo = bisect.bisect_left(buckets, b0)
+        hi = bisect.bisect_left(buckets, b1)
+        n = 0
+        prev: int | None = None
+        for i in range(lo, hi):
+            b = buckets[i]
+            if prev is None or b - prev > gap:
+                n += 1
+            prev = b
+        return n
+
+    def regime_start(self, b1: int, quiet: int) -> int | None:
+        """The first active bucket of the regime that holds at ``b1``: the first one after
+        at least ``quiet`` silent buckets (or the first one kept). None without activity."""
+        buckets = self.buckets
+        i = bisect.bisect_left(buckets, b1) - 1
+        if i < 0:
+            return None
+        while i > 0 and buckets[i] - buckets[i - 1] <= quiet:
+            i -= 1
+        return buckets[i]
+
+    def peak(self, b0: int, b1: int, width: int) -> int:
+        """The most active buckets any ``width``-bucket window inside ``[b0, b1)`` held."""
+        buckets = self.buckets
+        lo = bisect.bisect_left(buckets, b0)
+        hi = bisect.bisect_left(buckets, b1)
+        best = 0
+        j = lo
+        for i in range(lo, hi):
+            while buckets[i] - buckets[j] >= width:
+                j += 1
+            best = max(best, i - j + 1)
+        return best
+
+
+def binomial_tail(x: int, n: int, p: float) -> float:
+    """P(X >= x) for X ~ Binomial(n, p), exactly (to float precision)."""
+    if x <= 0:
+        return 1.0
+    if x > n or p <= 0.0:
+        return 0.0
+    if p >= 1.0:
+        return 1.0
+    q = 1.0 - p
+    log_term = (
+        math.lgamma(n + 1)
+        - math.lgamma(x + 1)
+        - math.lgamma(n - x + 1)
+        + x * math.log(p)
+        + (n - x) * math.log(q)
+    )
+    term = math.exp(log_term)
+    total = term
+    ratio = p / q
+    for k in range(x, n):
+        term *= (n - k) / (k + 1) * ratio
+        total += term
+        if term < total * 1e-12:
+            break
+    return min(total, 1.0)
+
+
+def rate_ratio_p_value(x: int, w: float, y: int, b: float, rho: float) -> float:
+    """The exact conditional test of two Poisson rates (the C-test): the chance of at least
+    ``x`` of the ``x + y`` events falling in the recent span ``w`` if the recent rate were
+    only ``rho`` times the rate over the earlier span ``b``. Small means "accelerated"."""
+    p0 = rho * w / (rho * w + b)
+    return binomial_tail(x, x + y, p0)

@@ -1,0 +1,64 @@
+"""``gpuwatchd backtest``: families expand into valid, reproducible scenarios, and the
+scores come from the real pipeline."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from gpuwatchd.harness import backtest as bt
+from gpuwatchd.scenario.model import parse_scenario
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_every_family_generates_valid_reproducible_scenarios() -> None:
+    for family in bt.FAMILIES:
+        first = bt.generate(family, 3, 1)
+        assert [text for text, _ in first] == [text for text, _ in bt.generate(family, 3, 1)]
+        text, traces = first[0]
+        assert all((t.dbe_at is not None) == family.precursor for t in traces), family.name
+        if len(text) > 100_000:
+            continue  # valid like the others; parsing thousands of events takes seconds
+        scenario = parse_scenario(text, f"{family.name}.yaml")
+        assert len(scenario.gpus) == len(traces) == bt.GPUS
+        assert scenario.duration == bt.DAYS * bt.DAY
+    assert sum(f.weight for f in bt.FAMILIES) + bt.HEALTHY_WEIGHT == 1.0
+
+
+def test_scores_come_from_pages_of_the_pipeline() -> None:
+    corroborated = bt.run_family(bt.family_named("corroborated"), 1, 1)
+    row = corroborated.row()
+    assert row["traces"] == 8 and row["detected"] == 1.0
+    assert row["within_1h_of_corroboration"] == 1.0
+    assert row["lead_p10_h"] is not None and row["lead_p10_h"] > 24
+
+
+def test_the_cli_prints_one_json_row_per_family_and_the_fleet(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gpuwatchd",
+            "backtest",
+            "--family",
+            "step",
+            "--files",
+            "1",
+            "--json",
+            "--write-scenarios",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        check=False,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr
+    rows = [json.loads(line) for line in result.stdout.splitlines()]
+    assert rows[0]["family"] == "step" and rows[0]["gpu_days"] == 240
+    assert "fleet_false_pages_per_1000_gpu_days" in rows[-1]
+    assert (tmp_path / "step-1-0.yaml").read_text().startswith("name: backtest-step-1-0")

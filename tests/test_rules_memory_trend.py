@@ -1,0 +1,232 @@
+"""Memory-error evidence (activity buckets, episodes, regimes), the rate-ratio test, and
+the ``memory_trend`` condition in the real engine."""
+
+from __future__ import annotations
+
+import itertools
+import math
+import random
+from pathlib import Path
+
+import pytest
+from rulekit import Node
+
+from gpuwatchd.core.errors import ConfigError
+from gpuwatchd.rules.evidence import BUCKET, Activity, binomial_tail, rate_ratio_p_value
+from gpuwatchd.rules.history import CounterHistory
+from gpuwatchd.rules.loader import parse_rules
+from gpuwatchd.rules.store import StateStore
+
+HOUR = 3600.0
+DAY = 86400.0
+T0 = 1_767_225_600.0
+
+
+# -- the statistics ---------------------------------------------------------------------------
+def test_binomial_tail_matches_the_sum_of_terms() -> None:
+    for n, p in itertools.product((1, 5, 40, 300), (0.01, 0.2, 0.5, 0.9)):
+        for x in range(n + 2):
+            exact = sum(math.comb(n, k) * p**k * (1 - p) ** (n - k) for k in range(x, n + 1))
+            assert binomial_tail(x, n, p) == pytest.approx(exact, rel=1e-9, abs=1e-15)
+
+
+@pytest.mark.parametrize("rate_per_day", [0.5, 4.0, 40.0])
+def test_the_test_holds_its_false_alarm_rate_for_any_baseline(rate_per_day: float) -> None:
+    # The same rate before and after: the chance of p < alpha is at most alpha, whatever
+    # the rate (which the test never needs to know).
+    rng = random.Random(7)
+    alpha, trials, hits = 0.05, 4000, 0
+    w, b = 1.0, 7.0
+    for _ in range(trials):
+        x = _poisson(rng, rate_per_day * w)
+        y = _poisson(rng, rate_per_day * b)
+        hits += rate_ratio_p_value(x, w, y, b, 1.0) < alpha
+    assert hits / trials <= alpha
+
+
+def _poisson(rng: random.Random, mean: float) -> int:
+    n, t = 0, rng.expovariate(1.0)
+    while t < mean:
+        n += 1
+        t += rng.expovariate(1.0)
+    return n
+
+
+def test_a_seven_fold_rise_with_enough_evidence_is_significant() -> None:
+    assert rate_ratio_p_value(20, 2.0, 4, 14.0, 1.0) < 1e-6
+    assert rate_ratio_p_value(3, 3.0, 3, 18.0, 1.0) > 0.01  # three vs three: not enough
+
+
+# -- activity ------------------------------------------------------------------------------
+def test_activity_buckets_episodes_regimes_and_peaks() -> None:
+    a = Activity()
+    for t in (0, 60, 599, 600, 3 * 3600, 3 * 3600 + 700, 20 * DAY, 20 * DAY + 5):
+        a.mark(T0 + t)
+    b0 = int(T0 // BUCKET)
+    assert a.count(b0, b0 + 2) == 2  # 0..599 is one bucket, 600 the next
+    assert a.episodes(b0, b0 + 30) == 2  # a 2.8-hour gap separates episodes
+    assert a.regime_start(b0 + int(21 * DAY // BUCKET), int(14 * DAY // BUCKET)) == int(
+        (T0 + 20 * DAY) // BUCKET
+    )  # 17 quiet days started a new regime
+    assert a.peak(b0, b0 + 100, 6) == 2
+
+
+def test_a_counter_reset_is_not_activity_and_a_restart_keeps_the_evidence() -> None:
+    h = CounterHistory()
+    h.add(T0, 5)
+    h.add(T0 + 3600, 0)  # driver reload: the volatile counter starts over
+    h.add(T0 + 7200, 0)
+    assert h.activity.buckets == []
+    h.add(T0 + 9000, 2)  # two new errors after the reload
+    assert len(h.activity.buckets) == 1
+    again = CounterHistory()
+    again.restore(list(zip(h.ts, h.vs, strict=True)), h.last_raw, h.offset, h.last_t)
+    assert again.activity.buckets == h.activity.buckets
+
+
+# -- the condition -------------------------------------------------------------------------
+RULES = """
+rules:
+- name: Accelerating
+  severity: page
+  condition:
+    memory_trend: {signal: acceleration, window: [1d, 3d], alpha: 0.001, min_active: 3,
+                   min_episodes: 3, min_baseline: 1d}
+  annotations: {summary: '{active} in {window}, {recent_rate}/day vs {baseline_rate}, p={p_value}'}
+- name: New
+  severity: ticket
+  condition:
+    memory_trend: {signal: activity, window: 3d}
+- name: Corroborated
+  severity: page
+  condition:
+    memory_trend: {signal: corroborated, window: 1d, min_active: 1, min_episodes: 1}
+  annotations: {summary: '{evidence}'}
+"""
+
+
+def _errors(n: Node, gpu: int, every: float, until: float, step: float = 600.0) -> None:
+    """Corrected HBM errors on ``gpu`` every ``every`` seconds until ``until``."""
+    nxt = n.t + every
+    while n.t + step <= until:
+        n.clock.advance(step)
+        while nxt <= n.t:
+            n.add(gpu, ecc_corrected_volatile_dev=1)
+            nxt += every
+        n.poll()
+
+
+def _node(store: StateStore | None = None) -> Node:
+    n = Node(RULES, gpus=2, store=store)
+    for f in n.fields:
+        f["ecc_corrected_volatile_dev"] = 0.0
+        f["remapped_rows_correctable"] = 0.0
+    return n
+
+
+def test_a_leak_that_accelerates_pages_and_a_new_one_opens_a_ticket() -> None:
+    n = _node()
+    n.poll()
+    _errors(n, 1, 3 * HOUR + 600, 2 * DAY)  # new activity: a ticket, not a page
+    assert n.firing() == {("New", "1")}
+    _errors(n, 1, 8 * HOUR, 8 * DAY)  # a steady rate for days: still no page
+    assert ("Accelerating", "1") not in n.firing()
+    _errors(n, 1, 70 * 60, 9 * DAY)  # then hourly (apart enough to be episodes): page
+    pages = [e for e in n.events("firing") if e[1] == "Accelerating"]
+    assert pages and 8 * DAY < pages[0][0] < 9 * DAY
+    summary = next(tr for _, tr in n.transitions if tr.rule == "Accelerating").annotations
+    assert "/day vs" in summary["summary"] and "p=" in summary["summary"]
+
+
+def test_a_burst_a_step_and_a_job_session_do_not_page() -> None:
+    burst = _node()
+    burst.run(5 * DAY, step=600)
+    for _ in range(36):  # six hours of errors in every bucket: one episode
+        burst.add(1, ecc_corrected_volatile_dev=5000)
+        burst.step(600)
+    burst.run(3 * DAY, step=600)
+    assert not [e for e in burst.events() if e[1] == "Accelerating"]
+    step = _node()
+    step.poll()
+    _errors(step, 0, 2 * HOUR + 300, 12 * DAY)  # from nothing to a steady rate
+    assert not [e for e in step.events() if e[1] == "Accelerating"]
+
+
+def test_corroboration_pages_within_minutes_of_a_remap() -> None:
+    n = _node()
+    n.poll()
+    _errors(n, 0, 5 * HOUR, 1 * DAY)
+    assert ("Corroborated", "0") not in n.firing()
+    n.add(0, remapped_rows_correctable=1)
+    n.step(60)
+    assert ("Corroborated", "0") in n.firing()
+    tr = next(tr for _, tr in n.transitions if tr.rule == "Corroborated")
+    assert tr.annotations["summary"] == "a correctable row remap"
+
+
+def test_the_evidence_survives_a_restart(tmp_path: Path) -> None:
+    path = str(tmp_path / "rules.sqlite3")
+    n = _node(StateStore(path, boot_id="b1"))
+    n.poll()
+    _errors(n, 1, 8 * HOUR, 7 * DAY)
+    n.engine.close()
+    again = _node(StateStore(path, boot_id="b1"))
+    again.clock.set(n.clock.now())
+    again.fields = n.fields
+    again.poll()
+    _errors(again, 1, 70 * 60, 8 * DAY)
+    assert [e for e in again.events("firing") if e[1] == "Accelerating"]
+
+
+def test_bad_parameters_are_located() -> None:
+    with pytest.raises(ConfigError) as err:
+        parse_rules(
+            "rules:\n- name: R\n  severity: page\n  condition:\n"
+            "    memory_trend: {signal: faster, window: [5m], alpha: 0.7}\n",
+            "r.yaml",
+        )
+    text = "\n".join(err.value.lines())
+    assert "r.yaml:5:28: rule 'R'.condition.memory_trend.signal" in text
+    assert "memory_trend.window: at least 10m" in text
+    assert "memory_trend.alpha: a small chance" in text
+
+
+# -- peers ----------------------------------------------------------------------------------
+PEERS = """
+rules:
+- name: MoreThanItsShare
+  severity: ticket
+  condition:
+    peer_share: {window: 1d, alpha: 0.001, min_episodes: 3}
+  annotations: {summary: '{episodes} of {node_episodes} episodes'}
+"""
+
+
+def test_a_gpu_with_most_of_the_nodes_episodes_stands_out_and_a_burst_does_not() -> None:
+    n = _node_with(PEERS, gpus=8)
+    n.poll()
+    _errors(n, 3, 2 * HOUR, 1 * DAY)  # 11 episodes on GPU 3, none elsewhere
+    assert n.firing() == {("MoreThanItsShare", "3")}
+    tr = next(tr for _, tr in n.transitions if tr.rule == "MoreThanItsShare")
+    assert tr.annotations["summary"].endswith("episodes") and " of " in tr.annotations["summary"]
+    burst = _node_with(PEERS, gpus=8)
+    burst.poll()
+    for _ in range(12):  # a million errors on GPU 5 in two hours: one episode
+        burst.add(5, ecc_corrected_volatile_dev=100000)
+        burst.step(600)
+    burst.run(HOUR, step=600)
+    assert not burst.transitions
+    spread = _node_with(PEERS, gpus=4)
+    spread.poll()
+    for _ in range(6):  # every GPU alike: nobody stands out
+        for gpu in range(4):
+            spread.add(gpu, ecc_corrected_volatile_dev=1)
+        spread.step(2 * HOUR)
+    assert not spread.transitions
+
+
+def _node_with(text: str, gpus: int) -> Node:
+    n = Node(text, gpus=gpus)
+    for f in n.fields:
+        f["ecc_corrected_volatile_dev"] = 0.0
+    return n

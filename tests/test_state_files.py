@@ -1,0 +1,180 @@
+"""Links, FIFOs, devices and huge files in the state directory (issue 15 item 3, and the
+root-owned silence lock of issue 14 item 6).
+
+Each test failed on main: the silence lock was followed as a link and created by root
+wherever it pointed; ``silences.json`` -> /dev/zero was read until memory ran out; a FIFO
+as ``silences.json`` or ``actions.db`` blocked its reader for ever; a lock file that root
+created could not be opened by the service user."""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import shutil
+import tempfile
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpuwatchd.actions.silences import SilenceView, add_silence, path_in, read_silences
+from gpuwatchd.actions.store import Store
+from gpuwatchd.core.statefile import UnsafeStateFile, open_state_file, read_state_file
+from gpuwatchd.sources.kernel.cursor import PositionFile
+
+SERVICE_UID = 65534  # nobody: stands for the service user when the tests run as root
+
+
+def within(seconds: float, fn: Callable[[], Any]) -> Any:
+    """``fn()``'s result, failing the test (not hanging it) if it takes longer."""
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            box["result"] = fn()
+        except BaseException as exc:  # handed to the test thread
+            box["error"] = exc
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(seconds)
+    assert not t.is_alive(), f"still blocked after {seconds}s"
+    if "error" in box:
+        raise box["error"]
+    return box.get("result")
+
+
+def add(state: Path) -> Any:
+    return add_silence(
+        path_in(str(state)),
+        node="n1",
+        gpu=None,
+        rule=None,
+        duration=60,
+        reason="maintenance",
+        author="op",
+        now=1000.0,
+    )
+
+
+def test_a_linked_lock_is_never_followed(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    state.mkdir()
+    target = tmp_path / "etc-something"
+    (state / "silences.json.lock").symlink_to(target)
+    with pytest.raises(UnsafeStateFile, match="symbolic link"):
+        add(state)
+    assert not target.exists()
+    assert not (state / "silences.json").exists()
+
+
+def test_silences_linked_to_dev_zero_or_too_large_are_refused(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    state.mkdir()
+    path = state / "silences.json"
+    path.symlink_to("/dev/zero")
+    with pytest.raises(UnsafeStateFile, match="symbolic link"):
+        within(5, lambda: read_silences(str(path)))
+    path.unlink()
+    path.write_text(json.dumps({"silences": [], "pad": "x" * (5 * 1024 * 1024)}))
+    with pytest.raises(UnsafeStateFile, match="larger than"):
+        read_silences(str(path))
+    with pytest.raises(UnsafeStateFile, match="device"):
+        read_state_file("/dev/zero", 10)
+
+
+def test_a_fifo_never_blocks_a_reader(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    state.mkdir()
+    os.mkfifo(state / "silences.json")
+    view = SilenceView(path_in(str(state)))
+    assert within(5, view.refresh) is False
+    assert view.error is not None and "FIFO" in view.error
+    with pytest.raises(UnsafeStateFile, match="FIFO"):
+        within(5, lambda: add(state))
+    os.mkfifo(state / "position.json")
+    assert within(5, PositionFile(str(state / "position.json")).load) is None
+
+
+def test_a_fifo_or_link_as_actions_db_is_not_opened(tmp_path: Path) -> None:
+    def link_to_zero(path: Path) -> None:
+        path.symlink_to("/dev/zero")
+
+    for i, make in enumerate((os.mkfifo, link_to_zero)):
+        state = tmp_path / f"s{i}"
+        state.mkdir()
+        make(state / "actions.db")
+        db = str(state / "actions.db")
+        store = within(10, functools.partial(Store, db))
+        assert not store.durable
+        assert store.degraded is not None and "a file that is" in store.degraded
+        store.close()
+    state = tmp_path / "wal"
+    state.mkdir()
+    os.mkfifo(state / "actions.db-wal")
+    store = within(10, lambda: Store(str(state / "actions.db")))
+    assert store.degraded is not None and "actions.db-wal" in store.degraded
+    store.close()
+
+
+def test_open_state_file_refuses_everything_but_regular_files(tmp_path: Path) -> None:
+    (tmp_path / "dir").mkdir()
+    with pytest.raises(UnsafeStateFile, match="directory"):
+        open_state_file(str(tmp_path / "dir"))
+    with pytest.raises(FileNotFoundError):
+        open_state_file(str(tmp_path / "absent"))
+    fd = open_state_file(str(tmp_path / "new"), os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        os.write(fd, b"x")
+    finally:
+        os.close(fd)
+    assert read_state_file(str(tmp_path / "new"), 1) == b"x"
+
+
+def _as_user(uid: int | None, fn: Callable[[], int]) -> int:
+    """Run ``fn`` in a forked child, as ``uid`` when given; its result is the exit status
+    (a fork, not a new interpreter: the interpreter may live where ``uid`` cannot read)."""
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        code = 99
+        try:
+            if uid is not None:
+                os.setgroups([])
+                os.setgid(uid)
+                os.setuid(uid)
+            code = fn()
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status)
+
+
+def test_a_lock_left_by_root_is_usable_by_the_service_user(
+    request: pytest.FixtureRequest,
+) -> None:
+    """``silence add`` as root leaves ``silences.json.lock`` (0644, root's); the service
+    user must still be able to add silences."""
+    # pytest's own temporary directories are private to root; this one must be reachable
+    state = Path(tempfile.mkdtemp(prefix="gpuwatchd-test-state-"))
+    request.addfinalizer(lambda: shutil.rmtree(state, ignore_errors=True))
+    add(state)  # the administrator, first
+    lock = state / "silences.json.lock"
+    assert lock.stat().st_mode & 0o777 == 0o644
+    if os.geteuid() == 0:
+        os.chown(state, SERVICE_UID, SERVICE_UID)  # the service user's state directory
+        user: int | None = SERVICE_UID
+    else:
+        lock.chmod(0o444)  # a lock this user may not write: what root's is to the service
+        user = None
+
+    def as_service() -> int:
+        try:
+            add(state)
+            return 0 if len(read_silences(path_in(str(state)))) == 2 else 2
+        except OSError:
+            return 1
+
+    assert _as_user(user, as_service) == 0
