@@ -580,7 +580,8 @@ def check_after_reboot(before: dict[str, Any]) -> tuple[bool, Any]:
         lambda: [
             a
             for a in alerts("firing", "GpuRowRemapPending")
-            if a["boot"] == boot_id() and a["labels"].get("severity") == "page"
+            # gpuwatchd's own severity (``severity`` carries Alertmanager's mapped label)
+            if a["boot"] == boot_id() and a["labels"].get("gpuwatchd_severity") == "page"
         ],
         60,
     )
