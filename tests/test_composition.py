@@ -153,6 +153,7 @@ def test_demo_on_a_busy_port_runs_one_daemon_on_a_free_port() -> None:
     notes = [line for line in text.splitlines() if "scenario: " in line]
     assert len(notes) == len(set(notes)) == len(demo.notes)
     assert f":{busy}/metrics" not in text
+    assert "Metrics: http://127.0.0.1:" in text  # served on a free port, not "(no HTTP)"
 
 
 class SlowRule:

@@ -121,13 +121,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     supervisor = Supervisor.for_daemon(daemon, notifier, environ)
     with SignalInbox() as signals:
         try:
-            daemon.start()
-        except OSError as exc:
-            print(
-                f"gpuwatchd run: cannot listen on {config.listen}: {exc.strerror or exc}",
-                file=sys.stderr,
-            )
-            return 1
+            daemon.start()  # a busy port does not stop it: the listener retries
         except ConfigError as exc:  # the web config file changed under us
             return _config_errors(exc)
         try:

@@ -302,13 +302,12 @@ def _play(
         return daemon
 
     daemon = make_daemon(config)
-    try:
-        daemon.start()  # binds the port before anything else starts
-    except OSError as exc:
+    daemon.start()  # a busy port does not stop a daemon: its listener retries meanwhile
+    if daemon.http is None:  # the port is busy (a daemon runs here?)
         daemon.stop()
         if listen is not None or config.listen.port == 0:
-            raise SystemExit(f"gpuwatchd demo: cannot listen on {config.listen}: {exc}") from None
-        # the default port is busy (a daemon runs here?): serve on a free one instead
+            raise SystemExit(f"gpuwatchd demo: cannot listen on {config.listen}: in use")
+        # the default port: serve the demo on a free one instead
         config = dataclasses.replace(config, listen=ListenAddress(config.listen.host, 0))
         daemon = make_daemon(config)
         daemon.start()
