@@ -24,7 +24,8 @@ def test_every_family_generates_valid_reproducible_scenarios() -> None:
             continue  # valid like the others; parsing thousands of events takes seconds
         scenario = parse_scenario(text, f"{family.name}.yaml")
         assert len(scenario.gpus) == len(traces) == bt.GPUS
-        assert scenario.duration == bt.DAYS * bt.DAY
+        assert scenario.duration == family.days * bt.DAY
+        assert all(t.days == family.days for t in traces), family.name
     assert sum(f.weight for f in bt.FAMILIES) + bt.HEALTHY_WEIGHT == 1.0
 
 

@@ -12,6 +12,7 @@ import pytest
 from rulekit import Node
 
 from gpuwatchd.core.errors import ConfigError
+from gpuwatchd.rules.conditions.memory_trend import MemoryTrend, judge
 from gpuwatchd.rules.evidence import BUCKET, Activity, binomial_tail, rate_ratio_p_value
 from gpuwatchd.rules.history import CounterHistory
 from gpuwatchd.rules.loader import parse_rules
@@ -55,6 +56,48 @@ def _poisson(rng: random.Random, mean: float) -> int:
 def test_a_seven_fold_rise_with_enough_evidence_is_significant() -> None:
     assert rate_ratio_p_value(20, 2.0, 4, 14.0, 1.0) < 1e-6
     assert rate_ratio_p_value(3, 3.0, 3, 18.0, 1.0) > 0.01  # three vs three: not enough
+
+
+def test_the_regimes_first_bucket_is_not_baseline_evidence() -> None:
+    # The regime starts at its first active bucket, so that bucket is active by
+    # construction; only the activity after it says anything about the rate. One error,
+    # twelve silent days, then three in a day: p = 4.7e-4 with the first error left out
+    # (1.8e-3 if it were counted as an error of the baseline).
+    c = MemoryTrend(windows=(DAY,), alpha=1e-3)
+    a = Activity()
+    a.mark(T0)
+    for hour in (2, 8, 16):
+        a.mark(T0 + 12 * DAY + hour * HOUR)
+    hit = judge(c, a, T0 + 12 * DAY + 20 * HOUR)
+    assert hit is not None and hit[1] is not None
+    assert hit[1]["p_value"] == "4.7e-04" and hit[1]["baseline_rate"] == 0.0
+
+
+@pytest.mark.parametrize("rate_per_day", [0.3, 3.0])
+def test_the_condition_holds_its_false_alarm_rate_after_the_regime_starts(
+    rate_per_day: float,
+) -> None:
+    # A steady Poisson rate from the start; the regime begins at its first error (a
+    # stopping time) and the condition looks once, 20 days in, without its gates. The
+    # share of looks that fire stays within alpha (the first error does not count).
+    c = MemoryTrend(
+        windows=(DAY, 3 * DAY),
+        alpha=0.05,
+        min_active=1,
+        min_episodes=1,
+        min_baseline=BUCKET,
+        peak_ratio=1e9,
+    )
+    rng = random.Random(11)
+    trials, hits = 3000, 0
+    for _ in range(trials):
+        a = Activity()
+        t = rng.expovariate(rate_per_day / DAY)
+        while t < 20 * DAY:
+            a.mark(T0 + t)
+            t += rng.expovariate(rate_per_day / DAY)
+        hits += judge(c, a, T0 + 20 * DAY - 1) is not None
+    assert hits / trials <= c.alpha
 
 
 # -- activity ------------------------------------------------------------------------------

@@ -25,9 +25,10 @@ def add_parser(
         "backtest",
         help="score the memory rules on labelled, seeded scenario families",
         description="Expand each scenario family into seeded traces (8 GPUs x 30 days per "
-        "file), play them through the real pipeline on a virtual clock, and print per "
-        "family: share detected, lead time before the uncorrectable error (p10/p50), false "
-        "pages per 1000 GPU-days, and the fleet-weighted false-page rate.",
+        "file; 56 days for the long leak), play them through the real pipeline on a virtual "
+        "clock, and print per family: share detected, lead time before the uncorrectable "
+        "error (p10/p50), false pages per 1000 GPU-days, and the fleet-weighted false-page "
+        "rate.",
     )
     p.add_argument("-c", "--config", metavar="FILE", help="use this config's rules")
     p.add_argument(

@@ -36,6 +36,7 @@ DAY = 86400.0
 HOUR = 3600.0
 GPUS = 8
 DAYS = 30
+LONG_DAYS = 56  # for the family whose weekly phase lasts 4-6 weeks
 STEP = "5m"
 BUS_IDS = ("18", "2A", "3A", "5D", "9A", "AB", "BA", "DB")  # the scenario's H100 node
 CORRECTED = "ecc_corrected_volatile"
@@ -45,15 +46,18 @@ MEMORY_KINDS = frozenset({"memory_trend", "trend"})
 @dataclass
 class Trace:
     """One GPU's history: timeline events (scenario YAML lines without the GPU) and its
-    label: when the uncorrectable error comes (None: benign) and, for corroborated
-    traces, when the GPU first certified the fault."""
+    label: when the uncorrectable error comes (None: benign), for corroborated traces when
+    the GPU first certified the fault, and for stepped leaks when the rate first rose
+    (``rise_at``: what an oracle test would know, ``bench/detection_bound.py``)."""
 
     events: list[tuple[float, str]] = field(default_factory=list)
     dbe_at: float | None = None
     corroborated_at: float | None = None
+    rise_at: float | None = None
+    days: int = DAYS  # the trace's length
 
     def add(self, t: float, count: int) -> None:
-        if count > 0 and 0 <= t < DAYS * DAY:
+        if count > 0 and 0 <= t < self.days * DAY:
             self.events.append((t, f"add: {{{CORRECTED}: {count}}}"))
 
     def poisson(self, rng: random.Random, start: float, end: float, per_day: float) -> None:
@@ -66,7 +70,7 @@ class Trace:
             t += rng.expovariate(per_day / DAY)
 
     def xid_line(self, t: float, code: int, pid: int) -> None:
-        if 0 <= t < DAYS * DAY:
+        if 0 <= t < self.days * DAY:
             self.events.append(
                 (
                     t,
@@ -102,18 +106,29 @@ class Family:
     weight: float = 0.0  # share of a fleet's GPU-days with this history (benign only)
     corroborated: bool = False
     xid: bool = False  # scored on every page (the XID rules), not only the memory rules
+    days: int = DAYS  # the length of each trace (every trace of the family alike)
 
 
 # -- precursors ------------------------------------------------------------------------------
 def _leak_steps(rng: random.Random) -> Trace:
-    tr = Trace()
+    return _stepped_leak(rng, Trace(), (14, 19))
+
+
+def _leak_steps_long(rng: random.Random) -> Trace:
+    return _stepped_leak(rng, Trace(days=LONG_DAYS), (28, 42))
+
+
+def _stepped_leak(rng: random.Random, tr: Trace, weekly_days: tuple[float, float]) -> Trace:
+    """Poisson 1/week for ``weekly_days``, 1/day for 4-8 days, 1/hour for a day, then the
+    uncorrectable error."""
     start = rng.uniform(0, 3) * DAY
-    daily_at = start + rng.uniform(14, 19) * DAY
+    daily_at = start + rng.uniform(*weekly_days) * DAY
     hourly_at = daily_at + rng.uniform(4, 8) * DAY
     end = hourly_at + DAY
     tr.poisson(rng, start, daily_at, 1 / 7)
     tr.poisson(rng, daily_at, hourly_at, 1.0)
     tr.poisson(rng, hourly_at, end, 24.0)
+    tr.rise_at = daily_at
     tr.dbe(end)
     return tr
 
@@ -278,6 +293,13 @@ FAMILIES: tuple[Family, ...] = (
         _leak_steps,
         True,
     ),
+    Family(
+        "leak-weekly-daily-hourly-long",
+        "weekly for 4-6 weeks, then daily (4-8 d), then hourly for 1 d",
+        _leak_steps_long,
+        True,
+        days=LONG_DAYS,
+    ),
     Family("leak-doubling-24h", "rate doubles every 24 h for 7-10 d", _doubling(24), True),
     Family("leak-doubling-12h", "rate doubles every 12 h for 4-6 d", _doubling(12), True),
     Family("late-storm", "silent, then hourly for 2 d", _late_storm, True),
@@ -354,7 +376,7 @@ def generate(family: Family, seed: int, files: int) -> list[tuple[str, list[Trac
         lines = [
             f"name: backtest-{family.name}-{seed}-{n}",
             f"description: {family.description}",
-            f"duration: {DAYS}d",
+            f"duration: {family.days}d",
             f"step: {STEP}",
             "gpus: {count: 8, model: NVIDIA H100 80GB HBM3}",
             "timeline:",
@@ -467,7 +489,7 @@ def run_family(family: Family, seed: int, files: int, config: Config | None = No
         Simulation(scenario, config, on_record=pager.record).run()
         fired = pager.fired
         score.traces += len(traces)
-        score.gpu_days += len(traces) * DAYS
+        score.gpu_days += len(traces) * family.days
         for gpu, tr in enumerate(traces):
             mine = sorted(t for t, g in fired if g == gpu)
             if tr.dbe_at is None:

@@ -128,10 +128,15 @@ def _accelerated(
         return None
     start = act.regime_start(b1, quiet)
     assert start is not None  # x > 0
-    baseline = w0 - start
-    if baseline * BUCKET < c.min_baseline:
+    if (w0 - start) * BUCKET < c.min_baseline:
         return None  # a young regime: a step, not (yet) an acceleration
-    y = act.count(start, w0)
+    # The regime's first bucket is the stopping time that defines the regime: it is active
+    # by construction, so it is no evidence of the rate. Under H0 the activity after it is
+    # the Poisson process; counting it would add one sure event to the baseline.
+    baseline = w0 - start - 1
+    if baseline <= 0:
+        return None
+    y = act.count(start + 1, w0)
     p = rate_ratio_p_value(x, float(width), y, float(baseline), c.factor)
     if p >= alpha:
         return None
