@@ -61,12 +61,12 @@ class MemoryTrend(Condition):
     field: str = "ecc_corrected_volatile_dev"
     windows: tuple[float, ...] = (86400.0, 3 * 86400.0)
     factor: float = 1.0
-    alpha: float = 1e-3
+    alpha: float = 3e-3
     min_active: int = 3
     min_episodes: int = 3
     min_baseline: float = 86400.0
-    quiet: float = 14 * 86400.0
-    peak_ratio: float = 0.5
+    quiet: float = 28 * 86400.0
+    peak_ratio: float = 0.3
 
     @property
     def window(self) -> float:
@@ -304,13 +304,13 @@ class MemoryTrendKind(ConditionKind):
                     "type": "number",
                     "exclusiveMinimum": 0,
                     "exclusiveMaximum": 0.5,
-                    "default": 0.001,
+                    "default": 0.003,
                 },
                 "min_active": {"type": "integer", "minimum": 1, "default": 3},
                 "min_episodes": {"type": "integer", "minimum": 1, "default": 3},
                 "min_baseline": sp.duration("1d"),
-                "quiet": sp.duration("14d"),
-                "peak_ratio": {"type": "number", "minimum": 0, "default": 0.5},
+                "quiet": sp.duration("28d"),
+                "peak_ratio": {"type": "number", "minimum": 0, "default": 0.3},
             },
             "Device-memory errors as activity (10-minute buckets, episodes, regimes): a "
             "significant acceleration within a regime (exact conditional binomial test), new "
