@@ -29,6 +29,15 @@ device-memory counter grew. On them, in one run:
 
 The weights of the benign families (``Family.weight``, share of a fleet's GPU-days) turn
 pages per 1000 GPU-days into the fleet-weighted figure the budget is set in (<= 0.05).
+
+The oracle's ``alpha`` is a chance per look; a detector that pages a benign GPU before
+the look with chance ``a`` is a test of level ``a`` at that look, so the oracle at ``a``
+bounds it. The budget as such a chance: a steady-rate benign GPU (``trickle``, ``step``:
+exactly the test's null hypothesis) watched as long as a precursor is watched before its
+look (from its first error to 24 h before the uncorrectable one) may be paged with chance
+at most (pages per 1000 GPU-days allowed on it) x (days watched) / 1000. The bench prints
+that chance and the oracle there for two allowances: the whole fleet budget spent on the
+steady-rate families, and the per-family cap.
 """
 
 from __future__ import annotations
@@ -55,7 +64,9 @@ from gpuwatchd.rules.evidence import BUCKET, Activity, binomial_tail, bucket_of
 from gpuwatchd.rules.loader import rules_from_config
 from gpuwatchd.rules.model import Rule
 
-ALPHAS = (1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 1e-1)
+ALPHAS = (1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 1e-1, 3e-1)
+FLEET_BUDGET = 0.05  # false memory pages per 1000 GPU-days, fleet-weighted (the goal)
+FAMILY_CAP = 10.0  # ... and for any single benign family
 IDEAL_WINDOWS = tuple(range(1, 8))  # days
 POLL = 300.0  # the backtest's step: the engine looks at a quiet GPU every 5 minutes
 LEAD = 24 * 3600.0  # the goal: a page at least 24 h before the error
@@ -271,6 +282,26 @@ def main() -> None:
             oracle = sum(oracle_power(r, a) for r in rs)
             hit = sum(1 for ps in ideal if any(p < a for _, p in ps))
             print(f"   {a:>8.0e} {pct(oracle, n):>16} {pct(hit, n):>21}")
+        span = (
+            sum((deadline(r) + SIM_EPOCH) / BUCKET - r.buckets[0] for r in rs if r.buckets)
+            * BUCKET
+            / 86400.0
+            / n
+        )
+        steady = sum(bt.family_named(f).weight for f in BOUND_BENIGN)
+        for what, per_1000 in (
+            (
+                f"the fleet budget ({FLEET_BUDGET}) spent on trickle+step alone",
+                FLEET_BUDGET / steady,
+            ),
+            (f"the per-family cap ({FAMILY_CAP:g})", FAMILY_CAP),
+        ):
+            a = min(per_1000 * span / 1000.0, 1.0)
+            oracle = sum(oracle_power(r, a) for r in rs)
+            print(
+                f"   {what}: {per_1000:.1f} pages / 1000 GPU-days over {span:.1f} days "
+                f"watched = chance {a:.3f} per trace: oracle {pct(oracle, n)}"
+            )
         early = 0
         leads: list[float] = []
         for r in rs:
