@@ -95,17 +95,28 @@ class Engine:
         self.store = store
         self.clock = clock
         self.ignore = frozenset(i.upper() for i in ignore)  # gpus.ignore: never alerted on
-        self.catalog = catalog or xid_catalog.Catalog.default()
+        self._catalog = catalog or xid_catalog.Catalog.default()
         self.stats = EngineStats()
         self._lock = threading.RLock()
         self._loaded: dict[str, _Loaded] = {}  # by rule name, in load order
         self._bank = CounterBank(store)
-        self._snap = Snapshot(self.catalog, self._bank.touched, self._bank.meta)
+        self._snap = Snapshot(self._catalog, self._bank.touched, self._bank.meta)
         self._book = AlertBook(store)
         self._timers = _Timers()
         self.replace_rules(rules)
 
     # -- rules ------------------------------------------------------------------------
+    @property
+    def catalog(self) -> xid_catalog.Catalog:
+        """The XID catalog (config overrides applied) the rules' templates read."""
+        return self._catalog
+
+    @catalog.setter
+    def catalog(self, catalog: xid_catalog.Catalog) -> None:
+        with self._lock:  # the evaluators read it from the snapshot: both change together
+            self._catalog = catalog
+            self._snap.catalog = catalog
+
     @property
     def rules(self) -> tuple[Rule, ...]:
         return tuple(x.rule for x in self._loaded.values())

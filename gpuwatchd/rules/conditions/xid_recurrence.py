@@ -40,7 +40,7 @@ from gpuwatchd.rules.conditions.base import (
     model_of,
 )
 from gpuwatchd.rules.conditions.reading import MAX_WINDOW, BodyReader
-from gpuwatchd.rules.conditions.xid import catalog_codes
+from gpuwatchd.rules.conditions.xid import catalog_codes, code_values
 from gpuwatchd.rules.evidence import rate_ratio_p_value
 from gpuwatchd.rules.model import Condition, Rule
 from gpuwatchd.rules.snapshot import Snapshot
@@ -151,10 +151,8 @@ class _Evaluator(Evaluator):
             for xid, t in self.last_node.items():
                 if now - t < c.window:
                     gpus = sorted({e.gpu for e in self.recent if e.xid == xid and e.node})
-                    hits[NODE_KEY] = (
-                        float(len(gpus)),
-                        {"xid": xid, "gpus": ", ".join(map(str, gpus))},
-                    )
+                    values = {"xid": xid, "gpus": ", ".join(map(str, gpus))}
+                    hits[NODE_KEY] = (float(len(gpus)), values | code_values(snap.catalog, xid))
             return hits, set()
         keys = self.repeats if (active or fresh or not moved) else moved
         allowed = None
@@ -165,6 +163,7 @@ class _Evaluator(Evaluator):
                 continue
             hit = self._recurring(key, now)
             if hit is not None:
+                hit[1].update(code_values(snap.catalog, key[1]))
                 hits[(key[0], -1, key[1] if len(c.codes) > 1 else -1)] = hit
         return hits, set()
 
@@ -214,7 +213,17 @@ class XidRecurrenceKind(ConditionKind):
         "node_window",
     )
     placeholders = frozenset(
-        {"xid", "repeats", "p_value", "baseline_rate", "recent_rate", "gpus", "window"}
+        {
+            "xid",
+            "xid_text",
+            "action",
+            "repeats",
+            "p_value",
+            "baseline_rate",
+            "recent_rate",
+            "gpus",
+            "window",
+        }
     )
     not_with: ClassVar[dict[str, str]] = {
         "when": "not available for xid_recurrence rules (XIDs come from lost GPUs too)",
