@@ -230,6 +230,8 @@ class Engine:
                 if not moved[x.trigger] and not is_active and not x.fresh:
                     continue
                 try:
+                    if x.fresh:
+                        x.evaluator.restore(self.store, snap, now)
                     hits, unknown = x.evaluator.evaluate(snap, now, is_active, x.fresh)
                     if hits or active[name]:
                         book.step(x.rule, x.values, snap, hits, unknown, now, out)
@@ -252,11 +254,22 @@ class Engine:
         elif now - timers.flush >= FLUSH_INTERVAL:
             timers.flush = now
             self._bank.flush(now)
+            self._save_evaluators(now)
             self._book.touch_active()
             if timers.trim is None or now - timers.trim >= TRIM_INTERVAL:
                 timers.trim = now
                 self.store.trim(now)
         self._book.save(now)
+
+    def _save_evaluators(self, now: float) -> None:
+        for name, x in self._loaded.items():
+            try:
+                x.evaluator.save(self.store, now)
+            except Exception:
+                x.failures += 1
+                if name not in self.stats.warned:
+                    self.stats.warned.add(name)
+                    log.exception("rule %s failed to save its state", name)
 
     # -- reading the state ----------------------------------------------------------------
     def evaluations(self, rule: str) -> int:
@@ -354,6 +367,7 @@ class Engine:
             now = self._timers.last_now
             if now is not None:
                 self._bank.flush(now + PERSIST_RESOLUTION)
+                self._save_evaluators(now)
                 self._book.touch_all_active()
                 self._book.save(now)
             self.store.close()
