@@ -96,8 +96,8 @@ class DemoClock(ScaledClock):
 
 
 def hours_text(seconds: float) -> str:
-    """A lead time as people say it: ``41 h``, or ``1h30m`` below two hours."""
-    if seconds >= 7200:
+    """A lead time as people say it: ``41 h``, or ``2h30m`` below ten hours."""
+    if seconds >= 36000:
         return f"{seconds / 3600:.0f} h"
     return format_duration(max(60, round(seconds / 60) * 60))
 
@@ -294,11 +294,12 @@ class Narrator:
                 elapsed = s.timestamp - told[0]
                 hours = elapsed / 3600
                 rate = (value - told[1]) / hours
+                per = f"{rate:.0f}/h" if rate >= 1 else f"{rate * 24:.1f}/day"
                 self.finding(
                     s.timestamp,
                     f"GPU {s.gpu}: {label} now {value:g} "
                     f"(+{value - told[1]:g} in {format_duration(round(elapsed / 60) * 60)},"
-                    f" {rate:.0f}/h)",
+                    f" {per})",
                 )
                 self._told[key] = (s.timestamp, value)
         mask = f.get("clock_event_reasons")
