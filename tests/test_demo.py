@@ -9,7 +9,8 @@ and the summary lists what is still firing.
   double-bit error (XID 48 or a rising uncorrected counter), once per GPU; a ticket, a
   page after the error, or no page at all is told as "no lead time";
 - the scenario's notes come before what gpuwatchd noticed later;
-- the demo clock never spins: a wait sleeps at least ``MIN_REAL_WAIT`` of wall time.
+- the demo clock never spins: a wait sleeps at least ``MIN_REAL_WAIT`` of wall time;
+- the XID merge window keeps its wall-time meaning at any speed.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from gpuwatchd.harness.demo import (
     Narrator,
     Style,
     default_demo_config,
+    demo_config,
     run_demo,
 )
 from gpuwatchd.scenario.model import bundled_scenario_path, load_scenario, parse_scenario
@@ -70,6 +72,9 @@ def test_demo_in_seconds_pages_the_trend_a_day_before_the_double_bit_error() -> 
     assert told is not None, story[-3000:]
     assert int(told.group(1)) >= 24
     assert dbe < next(i for i, x in enumerate(lines) if "lead time:" in x)
+    # the kernel-log and NVML reports of the XID are one incident, even this fast
+    assert len([x for x in lines if re.search(r"GPU 5 \(\S+\): XID 48 from", x)]) == 1
+    assert any("GPU 5: XID 48 confirmed by scenario+nvml" in x for x in lines)
     assert any("-> DRAIN node demo-node" in x for x in lines[dbe:])  # XID 48 drains
     # the end was played, not cut off: the last note, GPU 3 lost, and nothing after it
     assert demo.notes[-1].text in story
@@ -179,3 +184,12 @@ def test_the_demo_clock_sleeps_a_little_instead_of_spinning() -> None:
     began = time.monotonic()
     assert clock.wait(event, 1e9)  # a set event returns at once
     assert time.monotonic() - began < 0.5
+
+
+def test_the_xid_merge_window_keeps_its_wall_time_meaning() -> None:
+    base = default_demo_config()
+    listen = ListenAddress("127.0.0.1", 0)
+    assert demo_config(base, SCENARIO, listen).sources.merge_window == 3.0  # the config's
+    assert demo_config(base, SCENARIO, listen, 1200.0).sources.merge_window == 60.0  # 50 ms
+    assert demo_config(base, SCENARIO, listen, 1e6).sources.merge_window == 3600.0  # the cap
+    assert demo_config(base, SCENARIO, listen, 1e6).poll.interval == SCENARIO.step

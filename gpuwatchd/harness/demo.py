@@ -78,6 +78,8 @@ _RETELL_SHARE = 1 / 30  # ...or every 1/30 of the story, whichever is longer (da
 DOUBLE_BIT_XID = 48  # NVIDIA's XID for a double-bit (uncorrectable) ECC error
 MIN_REAL_WAIT = 0.002  # seconds of wall time: the shortest wait a DemoClock sleeps
 CATCH_UP_SECONDS = 10.0  # wall seconds the demo waits for the daemon at the story's end
+MERGE_REAL_SECONDS = 0.05  # wall seconds the two reports of one XID may arrive apart...
+MAX_MERGE_WINDOW = 3600.0  # ...within the config's limit for sources.merge_window
 
 
 class DemoClock(ScaledClock):
@@ -342,9 +344,17 @@ class Narrator:
                 )
 
 
-def demo_config(base: Config, scenario: Scenario, listen: ListenAddress) -> Config:
+def demo_config(
+    base: Config, scenario: Scenario, listen: ListenAddress, factor: float = 1.0
+) -> Config:
+    """The config the demo runs: one poll per scenario step, and the XID merge window
+    (how long the kernel-log and NVML reports of one XID may arrive apart, a wall-time
+    latency between two reader threads) kept at least ``MERGE_REAL_SECONDS`` of wall time
+    however fast node time runs, so that both reports still make one incident."""
     poll = dataclasses.replace(base.poll, interval=scenario.step, call_timeout=scenario.step)
-    return dataclasses.replace(base, poll=poll, listen=listen)
+    window = min(MAX_MERGE_WINDOW, max(base.sources.merge_window, MERGE_REAL_SECONDS * factor))
+    sources = dataclasses.replace(base.sources, merge_window=window)
+    return dataclasses.replace(base, poll=poll, listen=listen, sources=sources)
 
 
 def default_demo_config() -> Config:
@@ -422,7 +432,7 @@ def run_demo(
     clock = DemoClock(factor)
     with tempfile.TemporaryDirectory(prefix="gpuwatchd-demo-") as state_dir:
         config = dataclasses.replace(
-            demo_config(base, scenario, listen or base.listen), state_dir=state_dir
+            demo_config(base, scenario, listen or base.listen, factor), state_dir=state_dir
         )
         return _play(
             scenario, config, clock, factor, seconds, forever, listen, out, style, state_dir
