@@ -10,7 +10,8 @@ and the summary lists what is still firing.
   page after the error, or no page at all is told as "no lead time";
 - the scenario's notes come before what gpuwatchd noticed later;
 - the demo clock never spins: a wait sleeps at least ``MIN_REAL_WAIT`` of wall time;
-- the XID merge window keeps its wall-time meaning at any speed.
+- the XID merge window and the stale poll timeout keep their wall-time meaning at any
+  speed: a busy machine does not make GPUs stale or split one XID in two.
 """
 
 from __future__ import annotations
@@ -75,6 +76,7 @@ def test_demo_in_seconds_pages_the_trend_a_day_before_the_double_bit_error() -> 
     # the kernel-log and NVML reports of the XID are one incident, even this fast
     assert len([x for x in lines if re.search(r"GPU 5 \(\S+\): XID 48 from", x)]) == 1
     assert any("GPU 5: XID 48 confirmed by scenario+nvml" in x for x in lines)
+    assert "STALE" not in story  # no GPU stalls in this story, however busy the machine
     assert any("-> DRAIN node demo-node" in x for x in lines[dbe:])  # XID 48 drains
     # the end was played, not cut off: the last note, GPU 3 lost, and nothing after it
     assert demo.notes[-1].text in story
@@ -186,10 +188,13 @@ def test_the_demo_clock_sleeps_a_little_instead_of_spinning() -> None:
     assert time.monotonic() - began < 0.5
 
 
-def test_the_xid_merge_window_keeps_its_wall_time_meaning() -> None:
+def test_merge_window_and_stale_timeout_keep_their_wall_time_meaning() -> None:
     base = default_demo_config()
     listen = ListenAddress("127.0.0.1", 0)
     assert demo_config(base, SCENARIO, listen).sources.merge_window == 3.0  # the config's
     assert demo_config(base, SCENARIO, listen, 1200.0).sources.merge_window == 60.0  # 50 ms
     assert demo_config(base, SCENARIO, listen, 1e6).sources.merge_window == 3600.0  # the cap
-    assert demo_config(base, SCENARIO, listen, 1e6).poll.interval == SCENARIO.step
+    fast = demo_config(base, SCENARIO, listen, 1e6).poll
+    assert fast.interval == SCENARIO.step
+    assert fast.call_timeout == 250_000.0  # stale after 0.25 s of wall time, not 1 ms
+    assert demo_config(base, SCENARIO, listen, 2.0).poll.call_timeout == SCENARIO.step

@@ -78,6 +78,7 @@ _RETELL_SHARE = 1 / 30  # ...or every 1/30 of the story, whichever is longer (da
 DOUBLE_BIT_XID = 48  # NVIDIA's XID for a double-bit (uncorrectable) ECC error
 MIN_REAL_WAIT = 0.002  # seconds of wall time: the shortest wait a DemoClock sleeps
 CATCH_UP_SECONDS = 10.0  # wall seconds the demo waits for the daemon at the story's end
+STALE_REAL_SECONDS = 0.25  # wall seconds a poll may take before its GPU is stale
 MERGE_REAL_SECONDS = 0.05  # wall seconds the two reports of one XID may arrive apart...
 MAX_MERGE_WINDOW = 3600.0  # ...within the config's limit for sources.merge_window
 
@@ -347,11 +348,14 @@ class Narrator:
 def demo_config(
     base: Config, scenario: Scenario, listen: ListenAddress, factor: float = 1.0
 ) -> Config:
-    """The config the demo runs: one poll per scenario step, and the XID merge window
-    (how long the kernel-log and NVML reports of one XID may arrive apart, a wall-time
-    latency between two reader threads) kept at least ``MERGE_REAL_SECONDS`` of wall time
-    however fast node time runs, so that both reports still make one incident."""
-    poll = dataclasses.replace(base.poll, interval=scenario.step, call_timeout=scenario.step)
+    """The config the demo runs: one poll per scenario step. Two limits that stand for
+    wall-time latencies between threads keep a floor of wall time however fast node time
+    runs (``factor`` times real time): the poll call timeout (a GPU is stale when its
+    poll has not returned after ``STALE_REAL_SECONDS``, not after a few milliseconds of
+    thread scheduling) and the XID merge window (the kernel-log and NVML reports of one
+    XID arriving up to ``MERGE_REAL_SECONDS`` apart still make one incident)."""
+    timeout = max(scenario.step, STALE_REAL_SECONDS * factor)
+    poll = dataclasses.replace(base.poll, interval=scenario.step, call_timeout=timeout)
     window = min(MAX_MERGE_WINDOW, max(base.sources.merge_window, MERGE_REAL_SECONDS * factor))
     sources = dataclasses.replace(base.sources, merge_window=window)
     return dataclasses.replace(base, poll=poll, listen=listen, sources=sources)
