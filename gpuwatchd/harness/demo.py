@@ -79,8 +79,7 @@ DOUBLE_BIT_XID = 48  # NVIDIA's XID for a double-bit (uncorrectable) ECC error
 MIN_REAL_WAIT = 0.002  # seconds of wall time: the shortest wait a DemoClock sleeps
 CATCH_UP_SECONDS = 10.0  # wall seconds the demo waits for the daemon at the story's end
 STALE_REAL_SECONDS = 0.25  # wall seconds a poll may take before its GPU is stale
-MERGE_REAL_SECONDS = 0.05  # wall seconds the two reports of one XID may arrive apart...
-MAX_MERGE_WINDOW = 3600.0  # ...within the config's limit for sources.merge_window
+MERGE_REAL_SECONDS = 0.25  # wall seconds the two reports of one XID may arrive apart
 
 
 class DemoClock(ScaledClock):
@@ -356,7 +355,7 @@ def demo_config(
     XID arriving up to ``MERGE_REAL_SECONDS`` apart still make one incident)."""
     timeout = max(scenario.step, STALE_REAL_SECONDS * factor)
     poll = dataclasses.replace(base.poll, interval=scenario.step, call_timeout=timeout)
-    window = min(MAX_MERGE_WINDOW, max(base.sources.merge_window, MERGE_REAL_SECONDS * factor))
+    window = max(base.sources.merge_window, MERGE_REAL_SECONDS * factor)
     sources = dataclasses.replace(base.sources, merge_window=window)
     return dataclasses.replace(base, poll=poll, listen=listen, sources=sources)
 
@@ -466,6 +465,8 @@ def _play(
         daemon = Daemon(cfg, backend, clock, wiring=wiring, emit=narrator.record)
         daemon.pipeline.on_transition = narrator.alert
         narrator.trend_rules = memory_trend_pages(daemon)
+        backend.open()  # scenario time 0 is now (the daemon's own open keeps it)
+        narrator.t0 = backend.t0
         return daemon, backend
 
     daemon, backend = make_daemon(config)
@@ -478,7 +479,6 @@ def _play(
         config = dataclasses.replace(config, listen=ListenAddress(config.listen.host, 0))
         daemon, backend = make_daemon(config)
         daemon.start()
-    narrator.t0 = backend.t0  # scenario time 0, as the backend counts it
     url = daemon.http.url if daemon.http else "(no HTTP)"
     out.write(style.bold(f"gpuwatchd demo: {scenario.name}") + f" - {scenario.description}\n")
     out.write(
