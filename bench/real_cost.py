@@ -89,6 +89,15 @@ def child(code: str, *args: str) -> subprocess.Popen[str]:
     return proc
 
 
+def compile_package() -> None:
+    """Byte-compile gpuwatchd as the .deb does (dh_python3's py3compile at install): a
+    daemon that compiles its modules at start keeps the compiler's memory (~3 MiB)."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    subprocess.run(
+        [sys.executable, "-m", "compileall", "-q", str(ROOT / "gpuwatchd")], check=True, env=env
+    )
+
+
 def measure(name: str, config_text: str, seconds: float) -> dict[str, Any]:
     work = tempfile.mkdtemp(prefix="gpuwatchd-cost-")
     config = Path(work) / "gpuwatchd.yaml"
@@ -182,6 +191,7 @@ def main() -> int:
     ap.add_argument("--configs", default="default,1s")
     args = ap.parse_args()
     configs = {"default": "", "1s": "poll:\n  interval: 1s\n"}
+    compile_package()
     results = [measure(c, configs[c], args.seconds) for c in args.configs.split(",")]
     for r in results:
         print("COST " + json.dumps(r), flush=True)
