@@ -69,7 +69,13 @@ def tells_the_headline(last_note: str, text: str) -> None:
     page = next(
         i for i, x in enumerate(lines) if "ALERT [page]   GpuMemoryErrorsAccelerating: GPU 5" in x
     )
-    dbe = next(i for i, x in enumerate(lines) if re.search(r"GPU 5 \(\S+\): XID 48 from", x))
+    # the double-bit error shows as XID 48 or as the uncorrected counter's rise, whichever
+    # the daemon noticed first (on a busy machine the poll can beat the XID readers)
+    dbe = next(
+        i
+        for i, x in enumerate(lines)
+        if re.search(r"GPU 5 \(\S+\): XID 48 from|GPU 5: UNCORRECTED ECC errors 0 -> 1", x)
+    )
     assert page < dbe
     assert hours_at(lines[dbe]) - hours_at(lines[page]) >= 24
     told = re.search(
