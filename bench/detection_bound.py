@@ -73,6 +73,7 @@ LEAD = 24 * 3600.0  # the goal: a page at least 24 h before the error
 PRECURSORS = ("leak-weekly-daily-hourly", "leak-weekly-daily-hourly-long")
 BENIGN = ("trickle", "step", "heavy-episodes", "single-burst", "job-modulated", "counter-resets")
 BOUND_BENIGN = ("trickle", "step")  # a steady Poisson rate: H0 of the test, exactly
+COST = [0, 0.0]  # looks of the shipped rule at GPUs with errors, and their seconds
 _ADD = re.compile(r"^add: \{ecc_corrected_volatile: (\d+)\}$")
 _RAMP = re.compile(r"^ramp: \{field: ecc_corrected_volatile, rate: ([0-9.]+), per: 1h\}$")
 
@@ -217,10 +218,15 @@ def shipped_hits(rule: Rule, r: Replayed, until: float) -> list[float]:
         return []
     out: list[float] = []
     t = r.buckets[0] * BUCKET - SIM_EPOCH
+    looks = 0
+    started = time.perf_counter()
     while t <= until:
         if judge(c, r.activity, SIM_EPOCH + t) is not None:
             out.append(t)
         t += BUCKET
+        looks += 1
+    COST[0] += looks
+    COST[1] += time.perf_counter() - started
     return out
 
 
@@ -343,6 +349,10 @@ def main() -> None:
         total += weight * rate
         print(f"   {name:<16} {weight:>6} {rate:>8.2f}")
     print(f"   {'fleet (these 6)':<16} {'':>6} {total:>8.3f}")
+    print(
+        f"\nshipped rule's cost at GPUs with errors: {COST[1] / max(COST[0], 1) * 1e6:.1f} us "
+        f"per look (judge() alone, {COST[0]} looks)"
+    )
     print(f"\n{time.perf_counter() - started:.0f} s")
 
 
