@@ -6,7 +6,8 @@ at least ``quiet`` of silence). One condition, three signals (``signal``):
 
 - ``acceleration``: within one regime, the active buckets of a recent window ``W`` are
   tested against those of the regime before it (``B``) with the exact conditional
-  binomial test of a rate ratio: under "the recent rate is at most ``factor`` times the
+  binomial test of a rate ratio (``B`` begins after the regime's first bucket, which only
+  marks where the regime starts): under "the recent rate is at most ``factor`` times the
   earlier one", ``x`` recent of ``x + y`` buckets is ``Binomial(x + y, p0)`` with
   ``p0 = factor * W / (factor * W + B)``. It holds when that chance is below ``alpha``,
   whatever the GPU's own baseline rate. ``window`` may list several recent windows (a
