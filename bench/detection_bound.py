@@ -11,7 +11,7 @@ device-memory counter grew. On them, in one run:
   against the weekly phase's (events after the first one; the first one only marks where
   the activity began). Given the number of events, that test (randomised, so it spends all
   of ``alpha``) is the most powerful test of level ``alpha`` whatever the unknown baseline
-  rate: no rate-free test with that false-alarm chance per look does better. Real
+  rate: no test whose false-alarm chance is ``alpha`` at every rate does better. Real
   detectors do not know when the rise came and look many times.
 - **ideal**: a detector without gates: the same test, evaluated every 10 minutes, on
   every recent window of 1..7 days against all activity since the first active bucket
