@@ -63,3 +63,16 @@ def test_the_cli_prints_one_json_row_per_family_and_the_fleet(tmp_path: Path) ->
     assert rows[0]["family"] == "step" and rows[0]["gpu_days"] == 240
     assert "fleet_false_pages_per_1000_gpu_days" in rows[-1]
     assert (tmp_path / "step-1-0.yaml").read_text().startswith("name: backtest-step-1-0")
+
+
+def test_the_long_stepped_leak_has_a_weekly_phase_of_weeks_and_records_its_rise() -> None:
+    for name, weekly in (
+        ("leak-weekly-daily-hourly", (14, 19)),
+        ("leak-weekly-daily-hourly-long", (28, 42)),
+    ):
+        for _, traces in bt.generate(bt.family_named(name), 2, 2):
+            for tr in traces:
+                assert tr.rise_at is not None and tr.dbe_at is not None
+                assert 5 * bt.DAY <= tr.dbe_at - tr.rise_at <= 9 * bt.DAY
+                assert weekly[0] * bt.DAY <= tr.rise_at <= (weekly[1] + 3) * bt.DAY
+                assert tr.dbe_at < tr.days * bt.DAY
