@@ -82,6 +82,10 @@ class FakeGpu:
     pcie_width: int = 16
     pcie_width_max: int = 16
     thresholds: dict[int, int] = field(default_factory=lambda: {0: 95, 1: 89, 2: 95, 3: 87})
+    margin_temperature: int = 54  # nvidia-smi showed 52-56 on an idle H100 and H200
+    # Row-remapper histogram: banks with max, high, partial, low, none spare rows (an
+    # H200 answered 3072 banks at max; docs/real-gpu.md).
+    remap_histogram: tuple[int, int, int, int, int] = (3072, 0, 0, 0, 0)
     processes: list[tuple[int, int]] = field(default_factory=list)
     # (fieldId, scopeId) -> (valueType, value); scope 0 for GPU-wide fields.
     field_values: dict[tuple[int, int], tuple[int, float]] = field(default_factory=dict)
@@ -390,6 +394,13 @@ class FakeNvml:
 
     def nvmlDeviceGetTemperatureV(self, handle: Any, sensor: int, version: int = 0) -> int:
         return self._gpu("nvmlDeviceGetTemperatureV", handle)[1].temperature
+
+    def nvmlDeviceGetMarginTemperature(self, handle: Any) -> int:
+        return self._gpu("nvmlDeviceGetMarginTemperature", handle)[1].margin_temperature
+
+    def nvmlDeviceGetRowRemapperHistogram(self, handle: Any) -> Any:
+        gpu = self._gpu("nvmlDeviceGetRowRemapperHistogram", handle)[1]
+        return _pynvml.c_nvmlRowRemapperHistogramValues(*gpu.remap_histogram)
 
     def nvmlDeviceGetPowerUsage(self, handle: Any) -> int:
         return self._gpu("nvmlDeviceGetPowerUsage", handle)[1].power_mw

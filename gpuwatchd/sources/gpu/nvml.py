@@ -18,6 +18,12 @@ Design notes (facts behind them: docs/real-gpu.md and the shared NVML reference)
   other reading about 10 us or less). These SLOW fields are read every ``slow_interval_s``
   (default 10 s) and their last values are carried in the samples between reads; 0 reads
   everything on every poll. See docs/PERFORMANCE.md.
+- Derived fields (``core.fields.add_derived_fields``): SRAM ECC counts are the totals
+  minus the device-memory counts of the same batch (no extra call; NVML's own
+  ``nvmlDeviceGetSramEccErrorStatus`` is a versioned struct call that older drivers lack),
+  and the HBM margin is the memory max temperature, read once per GPU with the other
+  thresholds, minus the HBM temperature. The config's extra field ids (``fields``) ride
+  in the same batch as the built-in ones.
 - Per-GPU state is separate and guarded by its own lock, so one thread per GPU can poll
   concurrently. pynvml itself is safe to call from several threads.
 - pynvml is imported lazily (``nvml`` is the seam: tests pass a fake module object).
@@ -47,6 +53,7 @@ from gpuwatchd.core.errors import (
     NotSupported,
     ResetRequired,
 )
+from gpuwatchd.core.fields import ROW_REMAP_AVAILABILITY, ExtraField, add_derived_fields
 from gpuwatchd.core.records import GpuInfo, GpuSample, LinkSample, ProcessInfo, XidEvent
 
 log = logging.getLogger(__name__)
@@ -179,9 +186,18 @@ GPU_FIELD_IDS: tuple[_FieldSpec, ...] = (
     _FieldSpec("recovery_action", FI_DEV_GET_GPU_RECOVERY_ACTION),
 )
 
+# The row-remapper histogram (one getter): field name per member of its struct.
+ROW_REMAP_FIELDS: tuple[tuple[str, str], ...] = tuple(
+    (f"row_remap_banks_{level}", level) for level in ROW_REMAP_AVAILABILITY
+)
+
 # Fields read only every slow_interval_s (the batch ones above marked slow, and getters).
+# The histogram changes only when a row is remapped (a rare, recorded event) and is a
+# read of InfoROM state: 10 s late is as good as now.
 SLOW_FIELDS = frozenset(
-    {s.name for s in GPU_FIELD_IDS if s.slow} | {"violation_power", "violation_thermal"}
+    {s.name for s in GPU_FIELD_IDS if s.slow}
+    | {"violation_power", "violation_thermal"}
+    | {name for name, _ in ROW_REMAP_FIELDS}
 )
 DEFAULT_SLOW_INTERVAL_S = 10.0
 
@@ -369,8 +385,15 @@ class _Fallbacks:
 class _Gpu:
     """Everything the backend keeps about one GPU; touched only under ``lock``."""
 
-    def __init__(self, index: int, handle: Any, info: GpuInfo) -> None:
+    def __init__(
+        self,
+        index: int,
+        handle: Any,
+        info: GpuInfo,
+        extra: tuple[_FieldSpec, ...] = (),
+    ) -> None:
         self.index = index
+        self.extra = extra  # the config's extra field ids, after the built-in ones
         self.info = info
         self.lock = threading.Lock()
         self.handle = handle
@@ -396,7 +419,7 @@ class _Gpu:
     def rebuild_batch(self) -> None:
         ids: list[tuple[int, int]] = []
         specs: list[tuple[_FieldSpec, int | None]] = []
-        for spec in GPU_FIELD_IDS:
+        for spec in (*GPU_FIELD_IDS, *self.extra):
             if (spec.field_id, 0) not in self.bad_fields:
                 ids.append((spec.field_id, 0))
                 specs.append((spec, None))
@@ -414,6 +437,7 @@ class _Gpu:
 
     def not_supported(self) -> list[str]:
         by_id = {s.field_id: s.name for s in (*GPU_FIELD_IDS, *LINK_FIELD_IDS)}
+        by_id.update((s.field_id, s.name) for s in self.extra if s.field_id not in by_id)
         link_ids = {s.field_id for s in LINK_FIELD_IDS}
         out = []
         for fid, scope in sorted(self.bad_fields):
@@ -436,8 +460,12 @@ class NvmlBackend:
         clock: Clock,
         nvml: Any | None = None,
         slow_interval_s: float = DEFAULT_SLOW_INTERVAL_S,
+        extra_fields: tuple[ExtraField, ...] = (),
     ) -> None:
         self._clock = clock
+        # The config's ``fields`` section: asked in the same field-values call.
+        self._extra = tuple(_FieldSpec(e.name, e.field_id, e.scale, e.slow) for e in extra_fields)
+        self._slow_fields = SLOW_FIELDS | {e.name for e in extra_fields if e.slow}
         self._slow_interval = max(0.0, slow_interval_s)
         self._nvml_arg = nvml
         self._nvml: Any = None
@@ -527,8 +555,8 @@ class NvmlBackend:
             # Keep the slot: the first sample() reports the GPU as lost and retries by
             # index; identity is read once a handle comes.
             info = GpuInfo(index=index, uuid="", name="", pci_bus_id="", driver=driver)
-            return _Gpu(index, None, info)
-        return _Gpu(index, handle, self._read_info(index, handle, driver))
+            return _Gpu(index, None, info, self._extra)
+        return _Gpu(index, handle, self._read_info(index, handle, driver), self._extra)
 
     def _read_info(self, index: int, handle: Any, driver: str) -> GpuInfo:
         """Static facts of one GPU; each read may fail alone and leaves its default."""
@@ -801,6 +829,23 @@ class NvmlBackend:
                 )
                 if viol is not None:
                     fields[name] = viol.violationTime * 1e-9  # ns
+        if hasattr(nv, "nvmlDeviceGetMarginTemperature"):
+            value = call(
+                "nvmlDeviceGetMarginTemperature",
+                ("temperature_gpu_margin",),
+                nv.nvmlDeviceGetMarginTemperature,
+            )
+            if value is not None:
+                fields["temperature_gpu_margin"] = float(value)
+        if full and hasattr(nv, "nvmlDeviceGetRowRemapperHistogram"):  # slow: see SLOW_FIELDS
+            hist = call(
+                "nvmlDeviceGetRowRemapperHistogram",
+                tuple(name for name, _ in ROW_REMAP_FIELDS),
+                nv.nvmlDeviceGetRowRemapperHistogram,
+            )
+            if hist is not None:
+                for name, member in ROW_REMAP_FIELDS:
+                    fields[name] = float(getattr(hist, member))
         value = call(
             "nvmlDeviceGetCurrentClocksEventReasons", ("clock_event_reasons",), self._clock_reasons
         )
@@ -842,7 +887,7 @@ class NvmlBackend:
             fields["compute_processes"] = float(len(processes))
 
         if full:
-            gpu.slow_values = {n: fields[n] for n in SLOW_FIELDS if n in fields}
+            gpu.slow_values = {n: fields[n] for n in self._slow_fields if n in fields}
             gpu.slow_link_values = [
                 {n: lf[n] for n in SLOW_LINK_FIELDS if n in lf} for lf in link_fields
             ]
@@ -852,6 +897,7 @@ class NvmlBackend:
             for lf, kept in zip(link_fields, gpu.slow_link_values, strict=False):
                 lf.update(kept)
 
+        add_derived_fields(fields, gpu.info.memory_max_temperature)
         links = tuple(
             LinkSample(link=i, fields=MappingProxyType(f)) for i, f in enumerate(link_fields)
         )
