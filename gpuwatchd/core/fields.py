@@ -308,7 +308,7 @@ GPU_FIELD_LIST: tuple[FieldSpec, ...] = (
             integer=True,
             dcgm=DcgmName(
                 f"DCGM_FI_DEV_BANKS_REMAP_ROWS_AVAIL_{level.upper()}",
-                help=f"Number of memory banks with {level} spare rows available for remapping.",
+                help=f"Number of memory banks in the row remapper's {level!r} spare-rows bucket.",
             ),
         )
         for level in ROW_REMAP_AVAILABILITY
