@@ -41,6 +41,22 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / TICK
 
 
+def thread_cpu_seconds(pid: int) -> dict[str, float]:
+    """utime + stime per thread name (the kernel's comm; threads of one name summed).
+    A thread that ended since is missing: compare two readings name by name."""
+    out: dict[str, float] = {}
+    for task in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{task}/stat", encoding="ascii", errors="replace") as fh:
+                raw = fh.read()
+        except OSError:
+            continue
+        name = raw[raw.index("(") + 1 : raw.rindex(")")]
+        fields = raw.rsplit(")", 1)[1].split()
+        out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / TICK
+    return out
+
+
 def status_value(pid: int | str, key: str) -> float:
     """A number from /proc/PID/status (``VmRSS`` in KiB, ``Threads``); pid may be "self"."""
     with open(f"/proc/{pid}/status", encoding="ascii") as fh:

@@ -29,7 +29,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from benchlib import cpu_seconds, free_port, pct, status_value
+from benchlib import cpu_seconds, free_port, pct, status_value, thread_cpu_seconds
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -124,6 +124,7 @@ def measure(name: str, config_text: str, seconds: float) -> dict[str, Any]:
     bare = child(BARE)
     time.sleep(10)  # warm-up
     d0, p0, t0 = cpu_seconds(daemon.pid), cpu_seconds(plain.pid), time.monotonic()
+    threads0 = thread_cpu_seconds(daemon.pid)
     poll_s: list[float] = []
     while time.monotonic() - t0 < seconds:  # scraped every 15 s, as Prometheus would
         with urllib.request.urlopen(url, timeout=5) as resp:
@@ -133,6 +134,11 @@ def measure(name: str, config_text: str, seconds: float) -> dict[str, Any]:
             poll_s.append(float(m.group(1)))
         time.sleep(min(15.0, max(0.0, seconds - (time.monotonic() - t0))))
     d1, p1, t1 = cpu_seconds(daemon.pid), cpu_seconds(plain.pid), time.monotonic()
+    threads1 = thread_cpu_seconds(daemon.pid)
+    by_thread = {
+        name: round((spent - threads0.get(name, 0.0)) / (t1 - t0) * 100, 4)
+        for name, spent in sorted(threads1.items())
+    }
     scrape_s: list[float] = []
     for _ in range(40):  # latency, after the CPU window
         started = time.perf_counter()
@@ -161,6 +167,7 @@ def measure(name: str, config_text: str, seconds: float) -> dict[str, Any]:
         "scrape_bytes": size,
         "poll_wall_p50_ms": round(pct(poll_s, 0.5) * 1000, 3),
         "poll_wall_max_ms": round(max(poll_s) * 1000, 3) if poll_s else None,
+        "cpu_pct_by_thread": by_thread,  # kernel thread names (gpuwatchd names them gw-...)
     }
     for proc in (daemon, plain, bare):
         proc.terminate()

@@ -115,3 +115,45 @@ def test_bus_loss_reported_twice_by_the_driver_is_one_incident() -> None:
     assert len(out) == 1 and m.duplicates == 1
     m.submit(kernel(100.0, xid=79), 100.0)  # a later loss (after a reset) is new
     assert len(out) == 2
+
+
+def test_next_expiry_is_the_oldest_first_sighting_plus_the_window() -> None:
+    out: list[XidEvent] = []
+    m = merger(out)
+    assert m.next_expiry() is None and not m.new_pending.is_set()
+    m.submit(nvml(100.0), 100.0)
+    m.submit(nvml(101.0, xid=13), 101.0)
+    assert m.next_expiry() == 103.0 and m.new_pending.is_set()
+    m.expire(103.0)
+    assert m.next_expiry() == 104.0
+
+
+def test_the_expirer_thread_reports_a_mismatch_at_the_window_end_without_ticking() -> None:
+    """The expirer sleeps until a pending sighting's window ends (no 4-per-second tick),
+    and still counts a partner that never came, on the real clock."""
+    import dataclasses
+    import time
+
+    from gpuwatchd.config.loader import default_config
+    from gpuwatchd.core.clock import SystemClock
+    from gpuwatchd.sources.xid_inputs import XidInputs
+
+    base = default_config()
+    sources = dataclasses.replace(base.sources, kernel_log="none", merge_window=0.3)
+    config = dataclasses.replace(base, sources=sources)
+    out: list[XidEvent] = []
+    inputs = XidInputs(config, object(), SystemClock(), out.append, lambda *a: None)
+    inputs.start()
+    try:
+        inputs.nvml_events_up = True
+        inputs._kernel_up = True  # a kernel path that is up but misses this fault
+        inputs.nvml_event(nvml(time.time()))
+        deadline = time.monotonic() + 3.0
+        while inputs.merger.mismatch["kernel"] == 0 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert inputs.merger.mismatch == {"kernel": 1, "nvml": 0}
+        assert len(out) == 1  # the first sighting went out at once, alone
+    finally:
+        started = time.monotonic()
+        inputs.stop()
+        assert time.monotonic() - started < 1.0  # stop wakes the idle expirer

@@ -17,6 +17,7 @@ from typing import Any
 
 from gpuwatchd.config.loader import Config
 from gpuwatchd.config.web import WebGuard
+from gpuwatchd.core import threadnames
 from gpuwatchd.core.clock import Clock
 from gpuwatchd.core.errors import ConfigError
 from gpuwatchd.core.families import Families
@@ -185,11 +186,13 @@ class Daemon:
                 socket_path(self.config.state_dir), self._status_document
             )
             self.status_socket.start()
+        threadnames.publish()
 
     def _http_up(self, server: Startable) -> None:
         assert isinstance(server, HttpServer)
         self.http = server
         server.start()
+        threadnames.publish()
         log.info("serving on %s", server.url)
 
     def _status_document(self) -> dict[str, Any]:
@@ -209,6 +212,7 @@ class Daemon:
                 "nvml-events", 3 * poll.interval + poll.call_timeout + 1
             )
             events.start()
+        threadnames.publish()
 
     def _reopen_loop(self) -> None:
         """The backend failed to open (no driver yet, driver upgrade): try again until it

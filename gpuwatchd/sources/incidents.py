@@ -72,6 +72,7 @@ class IncidentMerger:
         self.duplicates = 0  # the same bus loss reported by an Xid 79 line and a plain line
         self._bus_loss: dict[str, float] = {}  # pci -> when a bus loss was last taken in
         self.mismatch = {"kernel": 0, "nvml": 0}  # which path was missing
+        self.new_pending = threading.Event()  # set when a first sighting starts waiting
 
     def _duplicate_bus_loss(self, event: XidEvent, now: float) -> bool:
         """The driver reports a bus loss twice (an Xid 79 line and a "fallen off the bus"
@@ -102,6 +103,7 @@ class IncidentMerger:
                 self.merged += 1
             elif partner_expected:
                 self._pending.setdefault(_key(event), deque()).append(_Pending(event, now))
+                self.new_pending.set()
         self.emit(out)
 
     def expire(self, now: float) -> None:
@@ -119,6 +121,12 @@ class IncidentMerger:
             self.mismatch[missing] += 1
             if self.on_mismatch is not None:
                 self.on_mismatch(event, missing)
+
+    def next_expiry(self) -> float | None:
+        """When the oldest first sighting's window ends (the clock of ``submit``), or None."""
+        with self._lock:
+            heads = [queue[0].arrived for queue in self._pending.values() if queue]
+        return min(heads) + self.window if heads else None
 
     def pending(self) -> int:
         with self._lock:

@@ -28,6 +28,8 @@ from gpuwatchd.sources.kernel.linehandler import GpuResolver, KernelLineHandler,
 
 log = logging.getLogger(__name__)
 
+EXPIRER_IDLE_S = 5.0  # with nothing pending the expirer only beats its heartbeat (30 s)
+
 Status = Callable[[str, bool, str], None]  # (source name, up, detail)
 
 
@@ -189,7 +191,14 @@ class XidInputs:
                 if self._expirer_beat is not None:
                     self._expirer_beat.fail(f"expiring incidents failed: {exc!r:.200}")
                 self.clock.wait(self._stop, 1.0)
-            self.clock.wait(self._stop, min(0.25, self.merger.window / 4))
+            # Sleep until the oldest first sighting's window ends, or a new one starts
+            # waiting; with nothing pending, wake only to beat the heartbeat.
+            due = self.merger.next_expiry()
+            idle = EXPIRER_IDLE_S if due is None else due - self.clock.monotonic()
+            wake = self.merger.new_pending
+            wake.clear()
+            if self.merger.next_expiry() == due:  # nothing arrived since the look
+                self.clock.wait(wake, max(0.0, min(idle, EXPIRER_IDLE_S)))
         if self._expirer_beat is not None:
             self._expirer_beat.close()
 
@@ -214,6 +223,7 @@ class XidInputs:
 
     def stop(self) -> None:
         self._stop.set()
+        self.merger.new_pending.set()  # wake the expirer
         if self.source is not None:
             self.source.stop()
         if self._expirer is not None:
