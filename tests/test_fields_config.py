@@ -343,3 +343,23 @@ def test_a_reload_keeps_the_running_fields(tmp_path: Path) -> None:
         assert "CrcRising" not in {r.name for r in stage.engine.rules}
     finally:
         stage.close()
+
+
+def test_rule_unit_tests_declare_extra_fields(tmp_path: Path) -> None:
+    (tmp_path / "site.yaml").write_text(RULE)
+    tests = tmp_path / "site-tests.yaml"
+    body = (
+        "tests:\n- name: lane 0 CRC errors open a ticket\n  input:\n    gpus: 2\n"
+        "    step: 1m\n    series:\n    - {gpu: 1, field: crc_l0, values: '0 0 3 9 9'}\n"
+        "  transitions:\n  - {at: 2m, rule: CrcRising, state: firing, gpu: 1}\n"
+    )
+    tests.write_text(
+        "rule_files: [site.yaml]\nfields:\n  - {id: 32, name: crc_l0, kind: counter}\n" + body
+    )
+    ok = subprocess.run([*GPUWATCHD, "rules", "test", str(tests)], capture_output=True, text=True)
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert "1 passed, 0 failed" in ok.stdout
+    tests.write_text("rule_files: [site.yaml]\n" + body)
+    bad = subprocess.run([*GPUWATCHD, "rules", "test", str(tests)], capture_output=True, text=True)
+    assert bad.returncode == 1
+    assert f"{tmp_path / 'site.yaml'}:5:23:" in bad.stdout + bad.stderr
