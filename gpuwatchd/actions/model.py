@@ -7,7 +7,6 @@ are stored as JSON in SQLite, so everything here is dicts of plain values.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 from collections.abc import Iterable, Mapping
@@ -15,6 +14,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from gpuwatchd.core.alerts import AlertSeverity, AlertState, AlertTransition
+from gpuwatchd.core.digest import sha256_hex
 
 GO_ZERO_TIME = "0001-01-01T00:00:00Z"  # Alertmanager's endsAt while an alert fires
 REASON_PREFIX = "gpuwatchd:"
@@ -78,7 +78,7 @@ def _esc(value: str) -> str:
 
 
 def short_hash(*parts: str, n: int = 32) -> str:
-    return hashlib.sha256("\x1f".join(parts).encode()).hexdigest()[:n]
+    return sha256_hex("\x1f".join(parts).encode())[:n]
 
 
 def notification_key(

@@ -26,6 +26,9 @@ log = logging.getLogger("gpuwatchd")
 
 # Modules that add subcommands: each has ``add_parser(subparsers)`` and sets ``func``.
 COMMAND_MODULES: tuple[str, ...] = ("xid", "drainhelper", "silence", "rules", "backtest", "check")
+# Commands built here, in main.py: ``run`` then needs none of the modules above (the
+# daemon's memory is measured against a bare pynvml process; see docs/PERFORMANCE.md).
+OWN_COMMANDS = frozenset({"run", "demo", "simulate", "check-config", "status"})
 
 
 def _load(args: argparse.Namespace) -> Config:
@@ -310,7 +313,9 @@ examples:
 """
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The whole CLI; with ``command`` one of main.py's own, the command modules are left
+    unimported (their parsers are only needed to run or to list them)."""
     parser = argparse.ArgumentParser(
         prog="gpuwatchd",
         description="GPU health daemon: NVML and kernel-log XID monitoring, Prometheus\n"
@@ -396,6 +401,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     import importlib
 
+    if command in OWN_COMMANDS:
+        return parser
     for name in COMMAND_MODULES:
         module = importlib.import_module(f"gpuwatchd.cli.{name}")
         module.add_parser(sub)
@@ -403,12 +410,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    if list(sys.argv[1:] if argv is None else argv)[:1] == ["run"]:
+    first = list(sys.argv[1:] if argv is None else argv)[:1]
+    if first == ["run"]:
         # A reload asked for while the daemon starts (systemctl reload, logrotate) must not
         # kill it: SIGHUP's default action is to terminate. Ignored until the daemon's own
         # handler takes over (the disposition survives the MALLOC_ARENA_MAX re-exec).
         signal.signal(signal.SIGHUP, signal.SIG_IGN)
-    parser = build_parser()
+    parser = build_parser(first[0] if first else None)
     args = parser.parse_args(argv)
     try:
         code: int = args.func(args)

@@ -32,20 +32,21 @@ from __future__ import annotations
 
 import base64
 import binascii
-import hashlib
 import logging
 import os
-import ssl
 import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpuwatchd.config import yamlsrc
 from gpuwatchd.config.yamlsrc import Node, Reader
 from gpuwatchd.core.errors import ConfigError, Location
+
+if TYPE_CHECKING:
+    import ssl
 
 log = logging.getLogger(__name__)
 
@@ -58,16 +59,13 @@ __all__ = [
     "load_web_config",
 ]
 
-TLS_VERSIONS = {
-    "TLS10": ssl.TLSVersion.TLSv1,
-    "TLS11": ssl.TLSVersion.TLSv1_1,
-    "TLS12": ssl.TLSVersion.TLSv1_2,
-    "TLS13": ssl.TLSVersion.TLSv1_3,
-}
+# Names only: ssl (4 MiB of RSS with OpenSSL) is imported when a context is built, so a
+# daemon without TLS never loads it. ``TlsSettings.context`` maps them to ssl's values.
+TLS_VERSIONS = {"TLS10": "TLSv1", "TLS11": "TLSv1_1", "TLS12": "TLSv1_2", "TLS13": "TLSv1_3"}
 CLIENT_AUTH = {
-    "NoClientCert": ssl.CERT_NONE,
-    "VerifyClientCertIfGiven": ssl.CERT_OPTIONAL,
-    "RequireAndVerifyClientCert": ssl.CERT_REQUIRED,
+    "NoClientCert": "CERT_NONE",
+    "VerifyClientCertIfGiven": "CERT_OPTIONAL",
+    "RequireAndVerifyClientCert": "CERT_REQUIRED",
 }
 _UNSUPPORTED_AUTH = ("RequestClientCert", "RequireAnyClientCert")
 _TLS_KEYS = (
@@ -108,24 +106,27 @@ LIMITER_CLIENTS = 4096
 class TlsSettings:
     cert_file: str
     key_file: str
-    client_auth: ssl.VerifyMode = ssl.CERT_NONE
+    client_auth: str = "NoClientCert"  # a CLIENT_AUTH key
     client_ca_file: str | None = None
     client_ca: str | None = None
-    min_version: ssl.TLSVersion = ssl.TLSVersion.TLSv1_2
-    max_version: ssl.TLSVersion = ssl.TLSVersion.TLSv1_3
+    min_version: str = "TLS12"  # TLS_VERSIONS keys
+    max_version: str = "TLS13"
 
     def context(self) -> ssl.SSLContext:
-        """A server context; ``OSError``/``ssl.SSLError`` when a file does not load."""
+        """A server context; ``OSError`` (``ssl.SSLError`` is one) when a file does not load."""
+        import ssl
+
         ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        ctx.minimum_version = self.min_version
-        ctx.maximum_version = self.max_version
+        ctx.minimum_version = ssl.TLSVersion[TLS_VERSIONS[self.min_version]]
+        ctx.maximum_version = ssl.TLSVersion[TLS_VERSIONS[self.max_version]]
         ctx.load_cert_chain(self.cert_file, self.key_file)
-        if self.client_auth is not ssl.CERT_NONE:
+        verify = ssl.VerifyMode[CLIENT_AUTH[self.client_auth]]
+        if verify is not ssl.CERT_NONE:
             if self.client_ca_file:
                 ctx.load_verify_locations(cafile=self.client_ca_file)
             if self.client_ca:
                 ctx.load_verify_locations(cadata=self.client_ca)
-        ctx.verify_mode = self.client_auth
+        ctx.verify_mode = verify
         return ctx
 
 
@@ -173,7 +174,7 @@ def _read_tls(r: Reader, node: Node, base_dir: str) -> TlsSettings | None:
         return full
 
     cert, key, ca_file = path("cert_file"), path("key_file"), path("client_ca_file")
-    auth = ssl.CERT_NONE
+    auth = "NoClientCert"
     if "client_auth_type" in keys:
         n = keys["client_auth_type"]
         text = r.string(n, "tls_server_config.client_auth_type")
@@ -190,17 +191,17 @@ def _read_tls(r: Reader, node: Node, base_dir: str) -> TlsSettings | None:
                 f"{', '.join(CLIENT_AUTH)}",
             )
         elif text is not None:
-            auth = CLIENT_AUTH[text]
+            auth = text
     ca_inline = None
     if "client_ca" in keys and keys["client_ca"].value is not None:
         ca_inline = r.string(keys["client_ca"], "tls_server_config.client_ca")
-    if auth is not ssl.CERT_NONE and ca_file is None and not ca_inline:
+    if auth != "NoClientCert" and ca_file is None and not ca_inline:
         r.error(
             node.loc,
             "tls_server_config: client_auth_type verifies client certificates, so it needs "
             "client_ca_file (or client_ca)",
         )
-    versions: dict[str, ssl.TLSVersion] = {}
+    versions: dict[str, str] = {}
     for name, default in (("min_version", "TLS12"), ("max_version", "TLS13")):
         vnode = keys.get(name)
         text = default if vnode is None else r.string(vnode, f"tls_server_config.{name}")
@@ -213,7 +214,7 @@ def _read_tls(r: Reader, node: Node, base_dir: str) -> TlsSettings | None:
                 f"tls_server_config.{name}: {text!r} is not one of {', '.join(TLS_VERSIONS)}",
             )
             continue
-        versions[name] = TLS_VERSIONS[text]
+        versions[name] = text
     for name in ("prefer_server_cipher_suites",):
         if name in keys:
             r.boolean(keys[name], f"tls_server_config.{name}")
@@ -229,12 +230,12 @@ def _read_tls(r: Reader, node: Node, base_dir: str) -> TlsSettings | None:
         auth,
         ca_file,
         ca_inline,
-        versions.get("min_version", ssl.TLSVersion.TLSv1_2),
-        versions.get("max_version", ssl.TLSVersion.TLSv1_3),
+        versions.get("min_version", "TLS12"),
+        versions.get("max_version", "TLS13"),
     )
     try:
         tls.context()
-    except (OSError, ssl.SSLError, ValueError) as exc:
+    except (OSError, ValueError) as exc:  # ssl.SSLError is an OSError
         reason = getattr(exc, "reason", None) or getattr(exc, "strerror", None) or type(exc)
         r.error(node.loc, f"tls_server_config: the certificate, key or CA does not load: {reason}")
         return None
@@ -401,6 +402,8 @@ class BasicAuth:
         if not sep:
             return False, None
         hashed = self.users.get(user)
+        import hashlib  # only with users configured: hashlib loads OpenSSL (3.7 MiB of RSS)
+
         key = hashlib.sha256(
             b"\0".join([user.encode(), password.encode(), (hashed or "").encode()])
         ).digest()
@@ -514,7 +517,7 @@ class WebGuard:
                     log.error("web config: %s", line)
                 log.error("web config: keeping the previous settings")
                 return
-            except (OSError, ssl.SSLError) as exc:
+            except OSError as exc:  # ssl.SSLError included
                 self.reload_failures += 1
                 self._stamp = stamp
                 log.error("web config: TLS files do not load (%s); keeping the previous ones", exc)

@@ -8,12 +8,13 @@ output, the durable outbox, receivers, the drain hook) consumes these and nothin
 from __future__ import annotations
 
 import enum
-import hashlib
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
+
+from gpuwatchd.core.digest import sha256_hex
 
 
 class AlertState(enum.Enum):
@@ -38,7 +39,7 @@ class AlertSeverity(enum.Enum):
 def fingerprint(rule: str, labels: Mapping[str, str]) -> str:
     """A stable id for one alert (rule + identifying labels); 16 hex digits."""
     blob = json.dumps([rule, sorted(labels.items())], separators=(",", ":"))
-    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+    return sha256_hex(blob.encode())[:16]
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,7 @@
 """The HTTP endpoints: /metrics, /healthz, /api/v1/status and a landing page.
 
-A small threaded ``http.server``: each request reads the in-memory node view through the
+A small threaded HTTP/1.1 server (``socketserver`` and a bounded parser of its own): each
+request reads the in-memory node view through the
 callables it was given, so no request ever calls NVML or waits on a GPU.
 
 Guards, in the order a request meets them (``WebGuard`` holds the settings):
@@ -18,11 +19,13 @@ Guards, in the order a request meets them (``WebGuard`` holds the settings):
 - basic auth against bcrypt hashes when the web config has users (401); bcrypt checks that
   are not cached are bounded for the whole server, whatever the client address (429 past
   the budget, see ``BasicAuth``);
-- only GET and HEAD (405).
+- only GET and HEAD (405);
+- a request line or header field at most 64 KiB and at most 100 header fields (431), a
+  well-formed request line with an HTTP/1.x version and token header names (400).
 
 Every refusal is a 4xx and is counted in ``gpuwatchd_http_requests_refused_total``. The
-only 5xx answers: /healthz's 503 when the daemon is not healthy, http.server's 505 for a
-request line in an HTTP version other than 0.9, 1.0 and 1.1, and a 500 from an endpoint
+only 5xx answers: /healthz's 503 when the daemon is not healthy, a 505 for a
+request line in an HTTP version other than 1.x, and a 500 from an endpoint
 that failed (logged with its traceback; the fuzz tests have never produced one).
 """
 
@@ -32,11 +35,12 @@ import contextlib
 import json
 import logging
 import socket
-import ssl
+import socketserver
+import sys
 import threading
 import time
 from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http import HTTPStatus
 from typing import Any
 
 from gpuwatchd.config.web import PasswordChecksBusy, WebGuard
@@ -74,7 +78,7 @@ _LANDING = b"""<!doctype html><html><head><title>gpuwatchd</title></head><body>
 """
 
 
-class _Server(ThreadingHTTPServer):
+class _Server(socketserver.ThreadingMixIn, socketserver.TCPServer):
     daemon_threads = True
     allow_reuse_address = True
     request_queue_size = 64
@@ -211,7 +215,7 @@ class _Server(ThreadingHTTPServer):
             return
         try:
             tls.do_handshake()
-        except (ssl.SSLError, OSError) as exc:
+        except (_tls_error(), OSError) as exc:
             self.refuse(
                 "tls", "HTTP: TLS handshake with %s failed: %s", client_address[0], _brief(exc)
             )
@@ -226,26 +230,194 @@ class _Server(ThreadingHTTPServer):
         log.debug("HTTP: connection from %s ended with an error", client_address[0], exc_info=True)
 
 
+def _tls_error() -> type[Exception]:
+    """``ssl.SSLError`` when TLS is in use (then ssl is loaded), else a class never raised:
+    a daemon without TLS never imports ssl (4 MiB of RSS)."""
+    ssl = sys.modules.get("ssl")
+    return ssl.SSLError if ssl is not None else _NeverRaised
+
+
+class _NeverRaised(Exception):
+    pass
+
+
 def _brief(exc: BaseException) -> str:
     reason = getattr(exc, "reason", None)
     return str(reason) if reason else type(exc).__name__
 
 
-class _Handler(BaseHTTPRequestHandler):
+class _BadRequest(Exception):
+    """A request that cannot be parsed: answered with ``code`` and closed."""
+
+    def __init__(self, code: int, reason: str, text: str) -> None:
+        super().__init__(text)
+        self.code, self.reason, self.text = code, reason, text
+
+
+class _Headers:
+    """A request's header fields: names case-insensitive, the first of a repeated name
+    wins (as ``email.message`` did), except Content-Length, which must agree."""
+
+    def __init__(self, fields: list[tuple[str, str]]) -> None:
+        self.fields = fields
+        self._first: dict[str, str] = {}
+        for name, value in fields:
+            key = name.lower()
+            if key == "content-length" and self._first.get(key, value) != value:
+                raise _BadRequest(400, "bad_request", "conflicting Content-Length")
+            self._first.setdefault(key, value)
+
+    def get(self, name: str, default: str | None = None) -> str | None:
+        return self._first.get(name.lower(), default)
+
+    def size(self) -> int:
+        return sum(len(k) + len(v) + 4 for k, v in self.fields)
+
+
+_TOKEN = frozenset(b"!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
+_DAYS = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
+_MONTHS = ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec")
+
+
+def http_date(when: float) -> str:
+    """RFC 9110 IMF-fixdate, independent of the locale."""
+    t = time.gmtime(when)
+    return (
+        f"{_DAYS[t.tm_wday]}, {t.tm_mday:02d} {_MONTHS[t.tm_mon - 1]} {t.tm_year} "
+        f"{t.tm_hour:02d}:{t.tm_min:02d}:{t.tm_sec:02d} GMT"
+    )
+
+
+def _reason(code: int) -> str:
+    try:
+        return HTTPStatus(code).phrase
+    except ValueError:
+        return "Unknown"
+
+
+class _Handler(socketserver.StreamRequestHandler):
+    """HTTP/1.1 over one connection: request line and headers read with bounds (a line at
+    most ``MAX_LINE`` bytes, at most ``MAX_HEADERS`` fields), keep-alive as RFC 9112 says,
+    GET and HEAD only. Written here rather than on ``http.server`` because that one pulls in
+    ``http.client``, ``email`` and ``ssl``: 5-6 MiB of a daemon measured against a bare
+    pynvml process (docs/PERFORMANCE.md)."""
+
     server: _Server
-    protocol_version = "HTTP/1.1"
-    server_version = "gpuwatchd"
+    MAX_LINE = 65536
+    MAX_HEADERS = 100
 
-    def version_string(self) -> str:
-        return self.server_version  # no Python version for scanners
+    def setup(self) -> None:
+        super().setup()
+        self.close_connection = True
+        self.command = ""
+        self.path = ""
+        self.request_version = "HTTP/1.1"
+        self.raw_requestline = b""
+        self.headers = _Headers([])
+        self._out: list[bytes] = []
+        self._keep_alive_default = True
 
-    def log_message(self, format: str, *args: Any) -> None:
-        log.debug("http %s - " + format, self.client_address[0], *args)
+    def handle(self) -> None:
+        self.handle_one_request()
+        while not self.close_connection:
+            self.handle_one_request()
+
+    def _readline(self) -> bytes:
+        line: bytes = self.rfile.readline(self.MAX_LINE + 1)
+        if len(line) > self.MAX_LINE:
+            raise _BadRequest(431, "too_large", "request line or header field too long")
+        return line
+
+    def handle_one_request(self) -> None:
+        self.server.waiting(self.connection)  # until its request line and headers are in
+        self.close_connection = True
+        self.command = ""
+        try:
+            try:
+                line = self._readline()
+                while line in (b"\r\n", b"\n"):  # RFC 9112 2.2: ignore leading empty lines
+                    line = self._readline()
+                if not line:
+                    return  # the client closed the connection
+                self.raw_requestline = line
+                self._parse_request_line(line)
+                self.headers = self._read_headers()
+            finally:
+                self.server.busy(self.connection)
+        except _BadRequest as bad:
+            self._refuse(bad.code, bad.reason, text=bad.text)
+            return
+        if not self.parse_request():
+            return
+        if self.command == "HEAD":
+            self.do_HEAD()
+        else:
+            self.do_GET()
+
+    def _parse_request_line(self, line: bytes) -> None:
+        words = line.rstrip(b"\r\n").split(b" ")
+        if len(words) != 3 or not all(words):
+            raise _BadRequest(400, "bad_request", "bad request line")
+        method, target, version = words
+        if not set(method) <= _TOKEN:
+            raise _BadRequest(400, "bad_request", "bad method")
+        numbers = version[5:].split(b".") if version.startswith(b"HTTP/") else []
+        if len(numbers) != 2 or not all(n.isdigit() and len(n) <= 3 for n in numbers):
+            raise _BadRequest(400, "bad_request", "bad HTTP version")
+        major, minor = int(numbers[0]), int(numbers[1])
+        if major != 1:
+            raise _BadRequest(505, "bad_request", "HTTP version not supported")
+        self.command = method.decode("ascii")
+        self.path = target.decode("iso-8859-1")
+        self.request_version = version.decode("ascii")
+        self._keep_alive_default = minor >= 1
+
+    def _read_headers(self) -> _Headers:
+        fields: list[tuple[str, str]] = []
+        budget = self.server.guard.max_request_bytes + self.MAX_LINE  # 431 is decided later
+        while True:
+            line = self._readline()
+            if line in (b"\r\n", b"\n", b""):
+                break
+            budget -= len(line)
+            if len(fields) >= self.MAX_HEADERS or budget < 0:
+                raise _BadRequest(431, "too_large", "too many header fields")
+            name, colon, value = line.partition(b":")
+            if not colon or not name or not set(name) <= _TOKEN:
+                raise _BadRequest(400, "bad_request", "bad header field")  # obs-fold too
+            fields.append((name.decode("ascii"), value.strip(b" \t\r\n").decode("iso-8859-1")))
+        headers = _Headers(fields)
+        connection = (headers.get("Connection") or "").lower()
+        if "close" in connection:
+            self.close_connection = True
+        elif "keep-alive" in connection:
+            self.close_connection = False
+        else:
+            self.close_connection = not self._keep_alive_default
+        return headers
+
+    # -- answers -------------------------------------------------------------------------
+    def send_response(self, code: int) -> None:
+        self._out = [
+            f"HTTP/1.1 {code} {_reason(code)}\r\n".encode("ascii"),
+            b"Server: gpuwatchd\r\n",
+            f"Date: {http_date(time.time())}\r\n".encode("ascii"),
+        ]
+
+    def send_header(self, name: str, value: str) -> None:
+        self._out.append(f"{name}: {value}\r\n".encode("latin-1", "replace"))
+        if name.lower() == "connection" and value.lower() == "close":
+            self.close_connection = True
 
     def end_headers(self) -> None:
         for name, value in self.server.guard.config.headers:
             self.send_header(name, value)
-        super().end_headers()
+        self._out.append(b"\r\n")
+
+    def _write(self, body: bytes) -> None:
+        """The buffered status line and headers, and ``body``, in one write."""
+        self.wfile.write(b"".join(self._out) + body)
+        self._out = []
 
     def _refuse(
         self,
@@ -258,7 +430,7 @@ class _Handler(BaseHTTPRequestHandler):
     ) -> bool:
         """Send a refusal (connection closed after it); count it, and log ``note``."""
         self.server.refuse(reason, note, *args)
-        body = ((text or self.responses.get(code, ("error",))[0]) + "\n").encode()
+        body = ((text or _reason(code)) + "\n").encode()
         self.close_connection = True
         self.send_response(code)
         for name, value in (headers or {}).items():
@@ -267,21 +439,12 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(body)))
         self.send_header("Connection", "close")
         self.end_headers()
-        if self.command != "HEAD":
-            self.wfile.write(body)
+        with contextlib.suppress(OSError):
+            self._write(b"" if self.command == "HEAD" else body)
         return False
 
-    def handle_one_request(self) -> None:
-        self.server.waiting(self.connection)  # until its request line and headers are in
-        super().handle_one_request()
-
     def parse_request(self) -> bool:
-        """Parse, then apply the guards; False ends the request (a refusal was sent)."""
-        ok = super().parse_request()  # reads the headers: the connection still waits
-        self.server.busy(self.connection)
-        if not ok:
-            self.server.refuse("bad_request")
-            return False
+        """Apply the guards to a parsed request; False ends it (a refusal was sent)."""
         guard = self.server.guard
         self.server.count_request()
         client = self.client_address[0]
@@ -290,8 +453,7 @@ class _Handler(BaseHTTPRequestHandler):
             retry = {"Retry-After": str(max(1, round(wait)))}
             note = "HTTP: rate limit: refusing requests from %s"
             return self._refuse(429, "rate_limit", retry, "", note, client)
-        line: bytes = getattr(self, "raw_requestline", b"")
-        size = len(line) + sum(len(k) + len(v) + 4 for k, v in self.headers.items())
+        size = len(self.raw_requestline) + self.headers.size()
         if size > guard.max_request_bytes:
             return self._refuse(431, "too_large")
         try:
@@ -336,8 +498,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(body)))
         self.send_header("Cache-Control", "no-store")
         self.end_headers()
-        if self.command != "HEAD":
-            self.wfile.write(body)
+        self._write(b"" if self.command == "HEAD" else body)
 
     def do_HEAD(self) -> None:
         self.do_GET()
@@ -346,7 +507,7 @@ class _Handler(BaseHTTPRequestHandler):
         path = self.path.split("?", 1)[0]
         try:
             if path == "/metrics":
-                accept = self.headers.get("Accept", "")
+                accept = self.headers.get("Accept") or ""
                 if "application/openmetrics-text" in accept:
                     body, content_type = self.server.openmetrics()
                     self._send(200, body, content_type)
@@ -364,7 +525,7 @@ class _Handler(BaseHTTPRequestHandler):
                 self._send(200, _LANDING, "text/html; charset=utf-8")
             else:
                 self._send(404, b"not found\n", "text/plain; charset=utf-8")
-        except (BrokenPipeError, ConnectionResetError, TimeoutError, ssl.SSLError):
+        except (BrokenPipeError, ConnectionResetError, TimeoutError, _tls_error()):
             self.close_connection = True  # the client went away mid-response
         except Exception:  # keep serving whatever one request hit
             log.exception("error serving %s", path[:200])

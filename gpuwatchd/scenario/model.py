@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import bisect
 import difflib
-import hashlib
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -26,6 +25,7 @@ from types import MappingProxyType
 from typing import Literal
 
 from gpuwatchd.config.yamlsrc import Node, Reader, load_file, parse
+from gpuwatchd.core.digest import sha256
 from gpuwatchd.core.errors import Location
 from gpuwatchd.core.fields import (
     CLOCK_EVENT_REASON_BITS,
@@ -502,7 +502,7 @@ def _clamp(name: str, value: float) -> float:
 
 
 def _digest(*parts: object) -> bytes:
-    return hashlib.sha256("\x1f".join(str(p) for p in parts).encode()).digest()
+    return sha256("\x1f".join(str(p) for p in parts).encode())
 
 
 def _default_uuid(scenario: str, index: int) -> str:

@@ -17,7 +17,7 @@ from typing import Any
 
 from gpuwatchd.config.loader import Config
 from gpuwatchd.config.web import WebGuard
-from gpuwatchd.core import threadnames
+from gpuwatchd.core import memtrim, threadnames
 from gpuwatchd.core.clock import Clock
 from gpuwatchd.core.errors import ConfigError
 from gpuwatchd.core.families import Families
@@ -94,6 +94,7 @@ class Daemon:
         self.on_stop: list[Callable[[], None]] = []
         self._eval_thread: threading.Thread | None = None
         self.evaluations = 0
+        self._trim_due = threading.Event()  # a reload freed memory: trim after the next
         self.pci: PciWatcher | None = None  # NVIDIA GPUs on the PCI bus (nvml backend)
         self.heartbeats = HeartbeatRegistry(clock)  # worker liveness (watchdog, /healthz)
         self.reload_hooks: list[ReloadHook] = []
@@ -136,6 +137,9 @@ class Daemon:
             except Exception:  # the evaluator must outlive one bad evaluation
                 log.exception("rule evaluation failed")
             self.evaluations += 1
+            if self.evaluations == 1 or self._trim_due.is_set():
+                self._trim_due.clear()
+                memtrim.trim()  # start-up's (or a reload's) freed memory back to the kernel
 
     # -- lifecycle -------------------------------------------------------------------
     def open_backend(self) -> None:
@@ -278,6 +282,7 @@ class Daemon:
             if commit is not None:
                 commit()
         log.info("reloaded configuration from %s", new.source or "built-in defaults")
+        self._trim_due.set()
         return True
 
     def stop(self) -> None:
