@@ -9,6 +9,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -51,6 +52,8 @@ def wait_http(url: str, timeout: float = 15.0) -> None:
             with urllib.request.urlopen(url, timeout=1.0):
                 return
         except Exception as exc:
+            if isinstance(exc, urllib.error.HTTPError):
+                exc.close()  # an HTTPError holds the response's socket open until collected
             last = exc
             time.sleep(0.05)
     raise AssertionError(f"{url} did not answer within {timeout}s: {last}")

@@ -132,7 +132,8 @@ class Daemon:
             try:
                 self.get("/healthz", timeout=1.0)
                 return True
-            except urllib.error.HTTPError:
+            except urllib.error.HTTPError as exc:
+                exc.close()  # its socket, or the collector warns in a later test
                 return True  # answering, if not (yet) healthy
             except OSError:
                 return False

@@ -191,8 +191,12 @@ drain:
         )
         assert drains and drains[0]["mode"] == "slurm" and drains[0]["result"] == "dry_run"
         assert drains[0]["reason"].startswith("gpuwatchd: ")
-        lost = next(r for r in first if r["record"] == "alert" and r["rule"] == "GpuLost")
-        assert drains[0]["time"] > lost["time"]  # after the 30s grace
+        fatal = next(  # the demo's first drain: GPU 5's XID 48
+            r
+            for r in first
+            if r["record"] == "alert" and r["rule"] == "GpuXidFatal" and r["state"] == "firing"
+        )
+        assert drains[0]["time"] > fatal["time"]  # after the 30s grace
         assert rx.requests == []  # recorded, not sent
         assert not (tmp_path / "state").exists()  # and nothing written
     finally:

@@ -2,7 +2,8 @@
 
 - the same scenario through the threaded daemon (sped-up clock) and through simulate
   (virtual clock) gives the same alert transitions, ``gpus.ignore`` included;
-- ``status`` lists firing alerts whatever receivers exist; the demo's summary lists them;
+- ``status`` lists firing alerts whatever receivers exist (the demo's summary lists them:
+  tests/test_demo.py);
 - a rule that takes seconds per evaluation leaves every GPU fresh and the scrape fast;
 - the demo on a busy port runs one daemon on a free port (no lines printed twice).
 """
@@ -126,17 +127,6 @@ def test_status_lists_firing_alerts_without_any_receiver(tmp_path: Path) -> None
     sim.run()
     firing = {(a["rule"], a["labels"]["gpu"]) for a in sim.node.status()["alerts"]}
     assert ("GpuLost", "3") in firing and ("GpuXidFatal", "3") in firing
-
-
-def test_demo_summary_lists_the_alerts_still_firing(tmp_path: Path) -> None:
-    out = io.StringIO()
-    demo = load_scenario(bundled_scenario_path("demo"))
-    base = dataclasses.replace(default_demo_config(), listen=ListenAddress("127.0.0.1", 0))
-    assert run_demo(demo, base, seconds=6.0, out=out, color=False) == 0
-    text = out.getvalue()
-    summary = text[text.index("Summary") :]
-    assert "alert(s) still firing:" in summary
-    assert "GpuXidFatal on GPU 3" in summary and "GpuLost on GPU 3" in summary
 
 
 def test_demo_on_a_busy_port_runs_one_daemon_on_a_free_port() -> None:

@@ -66,7 +66,8 @@ def test_golden_tells_the_story(tmp_path: Path) -> None:
     corrected = re.search(
         r'gpuwatchd_ecc_volatile_errors_total\{gpu="5",[^}]*type="corrected"\} (\S+)', text
     )
-    assert corrected is not None and float(corrected.group(1)) > 100
+    assert corrected is not None and float(corrected.group(1)) > 50
+    assert re.search(r'gpuwatchd_xid_errors_total\{gpu="5",[^}]*xid="48"\} 1\.0', text)
 
 
 def test_promtool_lints_exposition_clean(tmp_path: Path) -> None:

@@ -19,6 +19,7 @@ import subprocess
 import threading
 import time
 import tomllib
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -259,8 +260,9 @@ def _check_installed(tmp_path: Path, http_url: str) -> None:
                         body = r.read().decode()
                     if "gpuwatchd_gpu_temperature_celsius{" in body:
                         break
-                except OSError:
-                    pass
+                except OSError as exc:
+                    if isinstance(exc, urllib.error.HTTPError):
+                        exc.close()
                 assert proc.poll() is None and time.monotonic() < deadline, proc.stdout
                 time.sleep(0.1)
         finally:

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import sqlite3
 from pathlib import Path
 
-from rulekit import Node
+from rulekit import T0, Node, uuid_of
 
 from gpuwatchd.rules.loader import load_rule_set
+from gpuwatchd.rules.store import EPISODE_RETENTION, EPISODES_PER_GPU, StateStore
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -91,3 +93,139 @@ def test_the_fleet_profile_loads_with_the_defaults_and_tickets_a_first_xid_92(
     n.step(60)
     firing = {(r, g) for r, g in n.firing() if r.startswith("Fleet") or "Xid" in r}
     assert firing == {("FleetXidMemoryFirstSeen", "1")}
+
+
+# -- episodes across a restart -----------------------------------------------------------------
+FLEET = ROOT / "rules" / "profiles" / "fleet.yaml"
+
+
+def _xid92_schedule() -> list[float]:
+    """XID 92 on one GPU: weekly for three weeks, daily for five days, then hourly."""
+    times = [7 * DAY * k for k in (1, 2, 3)]
+    times += [21 * DAY + DAY * k + 5 * HOUR for k in range(1, 6)]
+    times += [26 * DAY + 6 * HOUR + HOUR * k for k in range(1, 25)]
+    return times
+
+
+def _fleet_pages(db: Path, restarts: list[float]) -> list[tuple[float, str, str | None]]:
+    """Play the schedule through the fleet profile, polling every 10 minutes, restarting
+    the engine (state in ``db``) at the given times; the page transitions, by time."""
+    ruleset = load_rule_set([str(FLEET)], disable=["GpuXidMemoryDegrading"])
+    n = Node(ruleset, gpus=4, store=StateStore(str(db), boot_id="b1"))
+    n.poll()
+    xids = _xid92_schedule()
+    end = 28 * DAY
+    pending = sorted(restarts)
+    out: list[tuple[float, str, str | None]] = []
+    while n.clock.now() - T0 < end:
+        t = n.clock.now() - T0
+        nxt = min([t + 600.0, *(x for x in xids if x > t), *(r for r in pending if r > t)])
+        n.clock.advance(nxt - t)
+        if pending and nxt >= pending[0]:
+            pending.pop(0)
+            n.engine.close()  # what the daemon does at a stop; a new one starts at once
+            n = Node(ruleset, gpus=4, store=StateStore(str(db), boot_id="b1"), start=n.clock.now())
+        if nxt in xids:
+            n.xid(2, 92, pid=int(nxt) % 30000)
+        for tr in n.poll():
+            if tr.severity.value == "page" and tr.state.value == "firing":
+                out.append((n.clock.now() - T0, tr.rule, tr.labels.get("gpu")))
+    return out
+
+
+def test_a_restart_in_the_middle_of_an_xid_92_history_pages_at_the_same_time(
+    tmp_path: Path,
+) -> None:
+    """Failed on the old code: episodes lived in memory only, so a restart in the daily
+    phase forgot the weekly baseline (and the daily repeats) and the page came late."""
+    straight = _fleet_pages(tmp_path / "a.sqlite3", [])
+    assert [p[1:] for p in straight] == [("FleetXidMemoryRecurring", "2")]
+    assert 26 * DAY < straight[0][0] < 27 * DAY  # during the hourly phase
+    # a restart in the daily phase, one in the hourly phase just before the page
+    restarted = _fleet_pages(tmp_path / "b.sqlite3", [23.5 * DAY, straight[0][0] - 1800])
+    assert restarted == straight
+
+
+def test_saved_episodes_that_make_no_sense_are_dropped_and_the_rest_kept(tmp_path: Path) -> None:
+    db = str(tmp_path / "rules.sqlite3")
+    n = Node(RULES, gpus=4, store=StateStore(db))
+    n.poll()
+    for _ in range(3):
+        n.clock.advance(DAY)
+        n.xid(1, 92)
+        n.poll()
+    n.engine.close()
+    conn = sqlite3.connect(db)
+    rows = conn.execute(
+        "SELECT uuid, xid, start, flags FROM xid_episodes WHERE rule='Xid92Recurring'"
+    ).fetchall()
+    assert len(rows) == 3 and {r[0] for r in rows} == {uuid_of(1)}
+    assert all(r[3] & 1 for r in rows)  # independent repeats
+    sig = conn.execute("SELECT signature FROM xid_episodes WHERE rule='Xid92Recurring'").fetchone()[
+        0
+    ]
+    future = T0 + 400 * DAY
+    with conn:
+        for start, pids in ((future, "[]"), (T0 + DAY / 2, "not json"), (T0 + 1, "[1]")):
+            xid = 92 if start != T0 + 1 else 13  # 13: the rule does not watch it for a GPU
+            conn.execute(
+                "INSERT INTO xid_episodes VALUES (?,?,?,?,?,?,?,?)",
+                ("Xid92Recurring", sig, uuid_of(1), xid, start, start, pids, 1),
+            )
+    conn.close()
+    again = Node(RULES, gpus=4, store=StateStore(db), start=n.clock.now())
+    again.poll()
+    ev = again.engine._loaded["Xid92Recurring"].evaluator
+    assert [e.start for e in ev.repeats[(1, 92)]] == [
+        r[2] for r in sorted(rows, key=lambda r: r[2])
+    ]
+    again.engine.close()
+    conn = sqlite3.connect(db)
+    assert (
+        conn.execute("SELECT count(*) FROM xid_episodes WHERE rule='Xid92Recurring'").fetchone()[0]
+        == 3
+    )
+    conn.close()
+
+
+def test_saved_episodes_are_bounded_per_gpu_and_in_age(tmp_path: Path) -> None:
+    db = str(tmp_path / "rules.sqlite3")
+    n = Node(RULES, gpus=2, store=StateStore(db))
+    n.poll()
+    for _ in range(1500):  # an independent repeat every two hours for 125 days
+        n.clock.advance(2 * HOUR)
+        n.xid(0, 92, pid=1)
+        n.poll()
+    n.engine.close()
+    conn = sqlite3.connect(db)
+    count, oldest = conn.execute(
+        "SELECT count(*), min(start) FROM xid_episodes WHERE rule='Xid92Recurring'"
+    ).fetchone()
+    conn.close()
+    assert count <= EPISODES_PER_GPU
+    assert oldest >= n.clock.now() - EPISODE_RETENTION
+
+
+def test_a_state_file_from_a_newer_version_or_corrupt_starts_afresh(tmp_path: Path) -> None:
+    db = tmp_path / "rules.sqlite3"
+    for spoil in ("future", "corrupt"):
+        n = Node(RULES, gpus=4, store=StateStore(str(db)))
+        n.poll()
+        n.clock.advance(DAY)
+        n.xid(1, 92)
+        n.poll()
+        n.engine.close()
+        if spoil == "future":
+            conn = sqlite3.connect(db)
+            with conn:
+                conn.execute("UPDATE meta SET value='99' WHERE key='schema'")
+            conn.close()
+        else:
+            db.write_bytes(b"garbage" * 1000)
+        again = Node(RULES, gpus=4, store=StateStore(str(db)), start=n.clock.now())
+        again.poll()  # no crash: the file was moved aside, the rule starts with no episodes
+        assert again.store.rebuilt
+        assert again.engine._loaded["Xid92Recurring"].evaluator.repeats == {}
+        again.engine.close()
+        for f in tmp_path.glob("rules.sqlite3*"):
+            f.unlink()

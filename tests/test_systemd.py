@@ -18,6 +18,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -240,7 +241,9 @@ def test_without_notify_socket_the_daemon_runs_as_before(tmp_path: Path) -> None
             try:
                 with urllib.request.urlopen(url + "/healthz", timeout=1):
                     break
-            except OSError:
+            except OSError as exc:
+                if isinstance(exc, urllib.error.HTTPError):
+                    exc.close()
                 assert time.monotonic() < deadline, log.read_text()
                 time.sleep(0.05)
     finally:

@@ -13,6 +13,7 @@ import pytest
 
 from gpuwatchd.xid import Action, Catalog, XidSeverity, catalog_data, lookup, parse_recovery_change
 from gpuwatchd.xid import catalog as catalog_mod
+from gpuwatchd.xid.catalog import FATAL_BUCKETS
 
 REPO = Path(__file__).resolve().parent.parent
 GENERATOR = REPO / "tools" / "gen_xid_catalog.py"
@@ -418,8 +419,13 @@ def test_overrides() -> None:
     [
         ({79: {"severity": "fatal"}}, "XID 79 override: unknown severity 'fatal'"),
         ({79: {"action": "panic"}}, "XID 79 override: unknown action 'panic'"),
-        ({79: {"sevrity": "info"}}, "expected 'severity' and/or 'action'"),
-        ({79: {}}, "expected 'severity' and/or 'action'"),
+        ({79: {"sevrity": "info"}}, "expected one or more of severity, action, text, fatal"),
+        ({79: {}}, "expected one or more of severity, action, text, fatal"),
+        ({79: {"fatal": "yes"}}, "XID 79 override: fatal must be true or false"),
+        ({79: {"text": "   "}}, "XID 79 override: text is empty"),
+        ({79: {"text": "a\nb"}}, "XID 79 override: text must be one line"),
+        ({79: {"text": "x" * 501}}, "text is 501 characters, at most 500"),
+        ({79: {"severity": True}}, "XID 79 override: severity must be text"),
         ({"79": {"severity": "info"}}, "expected an XID number"),
         ({True: {"severity": "info"}}, "expected an XID number"),
     ],
@@ -427,6 +433,37 @@ def test_overrides() -> None:
 def test_bad_overrides(overrides: dict[object, dict[str, str]], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         Catalog.default().with_overrides(overrides)  # type: ignore[arg-type]
+
+
+def test_the_fatal_set_is_the_fatal_buckets_and_overrides_move_codes_in_and_out() -> None:
+    base = Catalog.default()
+    fatal = base.fatal_codes()
+    by_bucket = {e.xid for e in base if e.immediate in FATAL_BUCKETS}
+    assert fatal == by_bucket and {48, 64, 74, 79, 95, 119} <= fatal and 94 not in fatal
+    moved = base.with_overrides({94: {"fatal": True}, 119: {"fatal": False}, 999: {"fatal": True}})
+    assert moved.fatal_codes() == (fatal | {94, 999}) - {119}
+    e94 = moved.lookup(94)
+    assert e94 is not None and e94.fatal and e94.overridden
+    # fatal alone changes neither severity nor action; later overrides keep earlier fields
+    assert (e94.severity, e94.action) == ("info", "restart_app")
+    again = moved.with_overrides({94: {"text": "Drain it and open a vendor case."}})
+    e94 = again.lookup(94)
+    assert e94 is not None and e94.fatal and e94.action_text == "Drain it and open a vendor case."
+
+
+def test_the_action_text_of_a_report_follows_the_override() -> None:
+    base = Catalog.default()
+    reboot = "GPU recovery action changed from 0x0 (None) to 0x2 (Node Reboot)"
+    # no override: the entry's words, or the decoded action's words and why
+    assert base.action_text(79, base.classify(79)) == "Reboot the node."
+    decoded = base.action_text(154, base.classify(154, reboot))
+    assert decoded.startswith("Reboot the node. (XID 154: recovery action now 0x2")
+    # an override's action: its words; an override's text: those words, whatever decodes
+    told = base.with_overrides({79: {"action": "contact_support"}, 154: {"text": "Call Bob."}})
+    assert told.action_text(79, told.classify(79)) == "Contact your support organization."
+    assert told.action_text(154, told.classify(154, reboot)) == "Call Bob."
+    outside = base.with_overrides({999: {"action": "reset_gpu", "text": "Reset it."}})
+    assert outside.action_text(999, outside.classify(999)) == "Reset it."
 
 
 def test_recovery_verdict_per_code() -> None:

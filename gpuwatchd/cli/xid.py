@@ -259,6 +259,8 @@ def explain_text(entry: CatalogEntry, catalog: Catalog) -> str:
     lines += _field("Applies to", products)
     lines += _field("Severity", severity)
     lines += _field("Action", f"{entry.action.value}: {entry.action_text}")
+    fatal = "yes: GpuXidFatal pages and drains" if entry.fatal else "no"
+    lines += _field("Fatal set", fatal)
     lines += _field("Immediate", entry.immediate or "(none given)", entry.immediate_text)
     if entry.investigatory and entry.investigatory == entry.immediate:
         lines += _field("Investigatory", f"{entry.investigatory} (as above)")

@@ -131,9 +131,10 @@ class SourcesConfig:
 
 @dataclass(frozen=True)
 class XidConfig:
-    """Per-code overrides of the XID catalog's severity and action."""
+    """Per-code overrides of the XID catalog: severity, action, the action's words
+    (``text``) and membership of the fatal set (``fatal``)."""
 
-    overrides: tuple[tuple[int, tuple[tuple[str, str], ...]], ...] = ()
+    overrides: tuple[tuple[int, tuple[tuple[str, str | bool], ...]], ...] = ()
 
     def catalog(self) -> Any:
         """The XID catalog with these overrides applied (``gpuwatchd.xid.Catalog``)."""
@@ -497,13 +498,16 @@ def _read_xid(r: Reader, node: Node | None, ctx: _Context) -> XidConfig:
     keys = _section_keys(r, node, XidConfig, "xid")
     if "overrides" not in keys or keys["overrides"].value is None:
         return XidConfig()
-    from gpuwatchd.xid.catalog import Catalog
+    from gpuwatchd.xid.catalog import OVERRIDE_FIELDS, Catalog
 
     table = keys["overrides"]
     if not table.is_mapping():
-        r.error(table.loc, "xid.overrides: expected a mapping of XID number to {severity, action}")
+        r.error(
+            table.loc,
+            "xid.overrides: expected a mapping of XID number to {severity, action, text, fatal}",
+        )
         return XidConfig()
-    out: list[tuple[int, tuple[tuple[str, str], ...]]] = []
+    out: dict[int, tuple[tuple[str, str | bool], ...]] = {}
     for key_node, value_node in table.items():
         what = f"xid.overrides.{key_node.value}"
         key_text = str(key_node.value)
@@ -514,23 +518,30 @@ def _read_xid(r: Reader, node: Node | None, ctx: _Context) -> XidConfig:
             )
             continue
         code = int(key_node.value)
-        fields = r.mapping(value_node, ["severity", "action"], what)
+        fields = r.mapping(value_node, list(OVERRIDE_FIELDS), what)
         if fields is None:
             continue
-        pairs: list[tuple[str, str]] = []
+        if not fields and not list(value_node.items()):
+            r.error(value_node.loc, f"{what}: name at least one of {', '.join(OVERRIDE_FIELDS)}")
+            continue
+        pairs: list[tuple[str, str | bool]] = []
         for name, fnode in fields.items():
-            text = r.string(fnode, f"{what}.{name}")
-            if text is None:
+            value: str | bool | None
+            if name == "fatal":
+                value = r.boolean(fnode, f"{what}.fatal")
+            else:
+                value = r.string(fnode, f"{what}.{name}")
+            if value is None:
                 continue
             try:
-                Catalog.default().with_overrides({code: {name: text}})
+                Catalog.default().with_overrides({code: {name: value}})
             except ValueError as exc:
                 r.error(fnode.loc, f"{what}.{name}: {exc}")
                 continue
-            pairs.append((name, text))
+            pairs.append((name, value))
         if pairs:
-            out.append((code, tuple(sorted(pairs))))
-    return XidConfig(tuple(sorted(out)))
+            out[code] = tuple(sorted(pairs))
+    return XidConfig(tuple(sorted(out.items())))
 
 
 # -- the table of top-level keys -----------------------------------------------------------

@@ -1,19 +1,27 @@
 """``gpuwatchd demo``: the real daemon on a bundled fault scenario, sped up to about a minute.
 
-The scenario backend runs on a ``ScaledClock``; the daemon polls on worker threads and
-serves /metrics exactly as ``run`` does. A narrator prints the story: the scenario's notes,
-what gpuwatchd notices (lost or stale GPUs, XIDs, rising ECC counters, throttling,
-temperatures near the slowdown threshold), then a summary.
+The scenario backend runs on a ``DemoClock`` (a ``ScaledClock``: node time runs
+``duration / seconds`` times faster than wall time); the daemon polls on worker threads
+and serves /metrics exactly as ``run`` does. A narrator prints the story: the scenario's
+notes, what gpuwatchd notices (lost or stale GPUs, XIDs, rising ECC counters, throttling,
+temperatures near the slowdown threshold), how long before a double-bit error a
+memory-trend rule paged (the lead time), then a summary of what is still firing.
+
+The story is played to its end whatever the speed: when the clock passes the scenario's
+end, the demo waits until the daemon has caught up (every scripted kernel line and NVML
+event read, every GPU polled and the rules evaluated after the end) before it sums up.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import sys
 import tempfile
 import threading
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TextIO
 
@@ -22,6 +30,7 @@ from gpuwatchd.core.alerts import AlertSeverity, AlertState, AlertTransition
 from gpuwatchd.core.clock import Clock, ScaledClock
 from gpuwatchd.core.fields import HEALTH_CLOCK_EVENT_REASONS, decode_clock_event_reasons
 from gpuwatchd.core.records import DeviceEvent, DeviceEventKind, GpuSample, GpuStatus, XidEvent
+from gpuwatchd.rules.stage import RulesStage
 from gpuwatchd.scenario.backend import ScenarioBackend
 from gpuwatchd.scenario.model import Scenario, format_duration
 from gpuwatchd.service.assembly import Wiring
@@ -64,19 +73,61 @@ _WATCHED_COUNTERS = {
 }
 
 
-_RETELL_SECONDS = 900.0  # repeat a rising counter at most every 15 min of node time
+_RETELL_SECONDS = 900.0  # repeat a rising counter at most every 15 min of node time...
+_RETELL_SHARE = 1 / 30  # ...or every 1/30 of the story, whichever is longer (days: hours)
+DOUBLE_BIT_XID = 48  # NVIDIA's XID for a double-bit (uncorrectable) ECC error
+MIN_REAL_WAIT = 0.002  # seconds of wall time: the shortest wait a DemoClock sleeps
+CATCH_UP_SECONDS = 10.0  # wall seconds the demo waits for the daemon at the story's end
+STALE_REAL_SECONDS = 0.25  # wall seconds a poll may take before its GPU is stale
+MERGE_REAL_SECONDS = 0.25  # wall seconds the two reports of one XID may arrive apart
+
+
+class DemoClock(ScaledClock):
+    """A ``ScaledClock`` whose waits sleep at least ``MIN_REAL_WAIT`` of wall time.
+
+    Loops in the daemon wait a fixed number of clock seconds (a reader re-checks its
+    source every second, the XID merger every quarter second); thousands of times faster
+    than real time those waits would be microseconds and the loops would spin, starving
+    the poll workers of CPU. A wait for an event that is set still returns at once.
+    """
+
+    def wait(self, event: threading.Event, seconds: float) -> bool:
+        if seconds <= 0:
+            return event.is_set()
+        return event.wait(max(seconds / self.factor, MIN_REAL_WAIT))
+
+
+def hours_text(seconds: float) -> str:
+    """A lead time as people say it: ``41 h``, or ``2h30m`` below ten hours."""
+    if seconds >= 36000:
+        return f"{seconds / 3600:.0f} h"
+    return format_duration(max(60, round(seconds / 60) * 60))
 
 
 class Narrator:
     """Turns records into readable lines; remembers what it already said."""
 
-    def __init__(self, scenario: Scenario, out: TextIO, style: Style, clock: Clock) -> None:
+    def __init__(
+        self,
+        scenario: Scenario,
+        out: TextIO,
+        style: Style,
+        clock: Clock,
+        trend_rules: frozenset[str] = frozenset(),
+    ) -> None:
         self.scenario = scenario
         self.out = out
         self.style = style
         self.clock = clock
-        self.t0 = clock.now()
+        self.t0 = clock.now()  # scenario time 0: set to the backend's once it opens
+        self.trend_rules = trend_rules  # memory-trend rules that page
+        self.muted = False
         self._lock = threading.Lock()
+        self._trend_pages: dict[int, tuple[str, float]] = {}  # gpu -> (rule, first page)
+        self._double_bits: dict[int, float] = {}  # gpu -> time of its first double-bit error
+        self.leads: list[str] = []  # one line per double-bit error, for the summary
+        self._notes = list(scenario.notes)
+        self._retell = max(_RETELL_SECONDS, scenario.duration * _RETELL_SHARE)
         self._last: dict[tuple[int, str], float] = {}
         self._told: dict[tuple[int, str], tuple[float, float]] = {}  # (time, value) last told
         self._reasons: dict[int, frozenset[str]] = {}
@@ -84,15 +135,32 @@ class Narrator:
         self._link_errors: dict[tuple[int, int], float] = {}
         self.findings = 0
 
-    def say(self, t: float, text: str) -> None:
+    def _line(self, t: float, text: str) -> None:
         secs = int(max(0.0, t - self.t0))
         stamp = self.style.dim(f"[+{secs // 3600:d}:{secs // 60 % 60:02d}:{secs % 60:02d}]")
-        with self._lock:
-            self.out.write(f"{stamp} {text}\n")
-            self.out.flush()
+        self.out.write(f"{stamp} {text}\n")
 
-    def note(self, t: float, text: str) -> None:
-        self.say(t, self.style.cyan("scenario: ") + text)
+    def _notes_until(self, elapsed: float) -> None:
+        """Print the scenario's notes due by ``elapsed`` scenario seconds (lock held)."""
+        while self._notes and self._notes[0].t <= elapsed:
+            note = self._notes.pop(0)
+            self._line(self.t0 + note.t, self.style.cyan("scenario: ") + note.text)
+
+    def notes_until(self, elapsed: float) -> None:
+        with self._lock:
+            if not self.muted:
+                self._notes_until(elapsed)
+                self.out.flush()
+
+    def say(self, t: float, text: str) -> None:
+        """One line stamped with node time ``t``; the notes due by then come first, so the
+        story is told before what gpuwatchd noticed about it."""
+        with self._lock:
+            if self.muted:
+                return
+            self._notes_until(t - self.t0)
+            self._line(t, text)
+            self.out.flush()
 
     def finding(self, t: float, text: str, severe: bool = False) -> None:
         self.findings += 1
@@ -102,6 +170,12 @@ class Narrator:
     def alert(self, t: AlertTransition) -> None:
         if t.state is AlertState.PENDING:
             return
+        if (
+            t.state is AlertState.FIRING
+            and t.rule in self.trend_rules
+            and t.severity is AlertSeverity.PAGE
+        ):
+            self._trend_page(t)
         summary = t.annotations.get("summary") or t.rule
         tag = f"[{t.severity.value}]"
         if t.state is AlertState.FIRING:
@@ -115,6 +189,35 @@ class Narrator:
             self.say(t.timestamp, f"{head} {t.rule}: {summary}{extra}")
         else:
             self.say(t.timestamp, self.style.green(f"RESOLVED {tag:<5}") + f" {t.rule}: {summary}")
+
+    def _trend_page(self, t: AlertTransition) -> None:
+        gpu_label = t.labels.get("gpu")
+        if gpu_label is None or not gpu_label.isdigit():
+            return
+        gpu = int(gpu_label)
+        with self._lock:
+            if gpu in self._double_bits or gpu in self._trend_pages:
+                return  # after the error it is no forecast; the first page is the lead
+            self._trend_pages[gpu] = (t.rule, t.timestamp)
+
+    def double_bit(self, gpu: int, when: float) -> None:
+        """GPU ``gpu`` had its first double-bit error at ``when``: tell the lead time."""
+        with self._lock:
+            if gpu in self._double_bits:
+                return
+            self._double_bits[gpu] = when
+            page = self._trend_pages.get(gpu)
+        if page is not None and page[1] <= when:
+            rule, paged = page
+            text = (
+                f"{rule} paged {hours_text(when - paged)} of node time before "
+                f"GPU {gpu}'s double-bit error"
+            )
+            self.say(when, self.style.bold("lead time: ") + text)
+        else:
+            text = f"GPU {gpu}'s double-bit error came with no memory-trend page before it"
+            self.say(when, self.style.yellow("no lead time: ") + text)
+        self.leads.append(text)
 
     def action(self, record: dict[str, Any]) -> None:
         """A page or drain the actions stage recorded (the demo sends nothing)."""
@@ -166,6 +269,8 @@ class Narrator:
                 f"GPU {record.gpu} ({record.pci_bus_id}): XID {record.xid} from {record.source}",
                 severe=True,
             )
+            if record.xid == DOUBLE_BIT_XID and record.gpu is not None:
+                self.double_bit(record.gpu, record.timestamp)
         elif isinstance(record, GpuSample) and record.status is GpuStatus.OK:
             self._sample(record)
 
@@ -185,15 +290,18 @@ class Narrator:
             if told is None or severe:
                 self.finding(s.timestamp, f"GPU {s.gpu}: {label} {before:g} -> {value:g}", severe)
                 self._told[key] = (s.timestamp, value)
-            elif s.timestamp - told[0] >= _RETELL_SECONDS:
+                if name == "ecc_uncorrected_volatile":
+                    self.double_bit(s.gpu, s.timestamp)
+            elif s.timestamp - told[0] >= self._retell:
                 elapsed = s.timestamp - told[0]
                 hours = elapsed / 3600
                 rate = (value - told[1]) / hours
+                per = f"{rate:.0f}/h" if rate >= 1 else f"{rate * 24:.1f}/day"
                 self.finding(
                     s.timestamp,
                     f"GPU {s.gpu}: {label} now {value:g} "
                     f"(+{value - told[1]:g} in {format_duration(round(elapsed / 60) * 60)},"
-                    f" {rate:.0f}/h)",
+                    f" {per})",
                 )
                 self._told[key] = (s.timestamp, value)
         mask = f.get("clock_event_reasons")
@@ -236,9 +344,20 @@ class Narrator:
                 )
 
 
-def demo_config(base: Config, scenario: Scenario, listen: ListenAddress) -> Config:
-    poll = dataclasses.replace(base.poll, interval=scenario.step, call_timeout=scenario.step)
-    return dataclasses.replace(base, poll=poll, listen=listen)
+def demo_config(
+    base: Config, scenario: Scenario, listen: ListenAddress, factor: float = 1.0
+) -> Config:
+    """The config the demo runs: one poll per scenario step. Two limits that stand for
+    wall-time latencies between threads keep a floor of wall time however fast node time
+    runs (``factor`` times real time): the poll call timeout (a GPU is stale when its
+    poll has not returned after ``STALE_REAL_SECONDS``, not after a few milliseconds of
+    thread scheduling) and the XID merge window (the kernel-log and NVML reports of one
+    XID arriving up to ``MERGE_REAL_SECONDS`` apart still make one incident)."""
+    timeout = max(scenario.step, STALE_REAL_SECONDS * factor)
+    poll = dataclasses.replace(base.poll, interval=scenario.step, call_timeout=timeout)
+    window = max(base.sources.merge_window, MERGE_REAL_SECONDS * factor)
+    sources = dataclasses.replace(base.sources, merge_window=window)
+    return dataclasses.replace(base, poll=poll, listen=listen, sources=sources)
 
 
 def default_demo_config() -> Config:
@@ -255,6 +374,52 @@ def wants_color(out: TextIO, environ: Mapping[str, str]) -> bool:
     return not environ.get("NO_COLOR") and out.isatty()
 
 
+def memory_trend_pages(daemon: Daemon) -> frozenset[str]:
+    """The names of the loaded rules that page on a memory trend (whose lead time the
+    narrator tells)."""
+    rules = daemon.node.rules
+    if not isinstance(rules, RulesStage):
+        return frozenset()
+    return frozenset(
+        r.name
+        for r in rules.engine.rules
+        if r.kind == "memory_trend" and r.severity is AlertSeverity.PAGE
+    )
+
+
+def wait_for_end(daemon: Daemon, backend: ScenarioBackend, timeout: float) -> bool:
+    """Once the clock has passed the scenario's end, wait (up to ``timeout`` wall seconds)
+    until the daemon has caught up with it: every scripted kernel line and NVML XID event
+    read and merged, every GPU polled after the end, and then the rules evaluated. False if
+    that took longer (an overloaded machine), in which case the summary may miss the end.
+
+    Played thousands of times faster than real time, a few milliseconds of thread
+    scheduling are hours of node time; without this the last events would be cut off.
+    """
+    deadline = time.monotonic() + timeout
+
+    def until(done: Callable[[], bool]) -> bool:
+        while not done():
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.002)
+        return True
+
+    polls = {g.info.index: g.polls for g in daemon.state.view().gpus}
+
+    def polled_after_end() -> bool:  # a poll in flight at the end may predate it: 2 more
+        return all(g.polls >= polls.get(g.info.index, 0) + 2 for g in daemon.state.view().gpus)
+
+    if not until(lambda: backend.next_event_after(-math.inf) is None):
+        return False
+    if not until(lambda: daemon.xids.merger.pending() == 0):
+        return False
+    if daemon.poller is not None and not until(polled_after_end):
+        return False
+    evaluations = daemon.evaluations  # one may be running: wait for a whole one after it
+    return until(lambda: daemon.evaluations >= evaluations + 2)
+
+
 def run_demo(
     scenario: Scenario,
     base: Config,
@@ -267,10 +432,10 @@ def run_demo(
 ) -> int:
     style = Style(wants_color(out, os.environ) if color is None else color)
     factor = scenario.duration / seconds
-    clock = ScaledClock(factor)
+    clock = DemoClock(factor)
     with tempfile.TemporaryDirectory(prefix="gpuwatchd-demo-") as state_dir:
         config = dataclasses.replace(
-            demo_config(base, scenario, listen or base.listen), state_dir=state_dir
+            demo_config(base, scenario, listen or base.listen, factor), state_dir=state_dir
         )
         return _play(
             scenario, config, clock, factor, seconds, forever, listen, out, style, state_dir
@@ -295,13 +460,16 @@ def _play(
         durable=False, record=narrator.action, actions_db=os.path.join(state_dir, "demo.db")
     )
 
-    def make_daemon(cfg: Config) -> Daemon:
+    def make_daemon(cfg: Config) -> tuple[Daemon, ScenarioBackend]:
         backend = ScenarioBackend(scenario, clock, real_stalls=True)
         daemon = Daemon(cfg, backend, clock, wiring=wiring, emit=narrator.record)
         daemon.pipeline.on_transition = narrator.alert
-        return daemon
+        narrator.trend_rules = memory_trend_pages(daemon)
+        backend.open()  # scenario time 0 is now (the daemon's own open keeps it)
+        narrator.t0 = backend.t0
+        return daemon, backend
 
-    daemon = make_daemon(config)
+    daemon, backend = make_daemon(config)
     daemon.start()  # a busy port does not stop a daemon: its listener retries meanwhile
     if daemon.http is None:  # the port is busy (a daemon runs here?)
         daemon.stop()
@@ -309,13 +477,13 @@ def _play(
             raise SystemExit(f"gpuwatchd demo: cannot listen on {config.listen}: in use")
         # the default port: serve the demo on a free one instead
         config = dataclasses.replace(config, listen=ListenAddress(config.listen.host, 0))
-        daemon = make_daemon(config)
+        daemon, backend = make_daemon(config)
         daemon.start()
     url = daemon.http.url if daemon.http else "(no HTTP)"
     out.write(style.bold(f"gpuwatchd demo: {scenario.name}") + f" - {scenario.description}\n")
     out.write(
         f"  {len(daemon.infos)} GPUs, {format_duration(scenario.duration)} of node time "
-        f"played {factor:.0f}x faster (about {seconds:.0f} s). Poll every "
+        f"played {factor:,.0f}x faster (about {seconds:.0f} s). Poll every "
         f"{format_duration(scenario.step)} of node time. Pages and drains are printed, "
         "never sent.\n"
     )
@@ -323,21 +491,31 @@ def _play(
     out.flush()
     stop = threading.Event()
     try:
-        notes = list(scenario.notes)
         while not stop.is_set():
             elapsed = clock.now() - narrator.t0
-            while notes and notes[0].t <= elapsed:
-                narrator.note(narrator.t0 + notes[0].t, notes.pop(0).text)
+            narrator.notes_until(elapsed)
             if elapsed >= scenario.duration:
                 break
             stop.wait(0.02)
+        caught_up = wait_for_end(daemon, backend, CATCH_UP_SECONDS)
+        narrator.notes_until(math.inf)
         view = daemon.state.view()
         firing = daemon.node.firing()
+        narrator.muted = not forever  # nothing after the summary unless it keeps serving
+        if not caught_up:
+            out.write(
+                style.yellow(
+                    f"\nThe daemon had not caught up with the end after {CATCH_UP_SECONDS:g} s "
+                    "(an overloaded machine?): the summary may miss the last events.\n"
+                )
+            )
         out.write("\n" + style.bold("Summary") + f": {narrator.findings} findings.\n")
         for g in view.gpus:
             word = g.status.value
             text = style.green(word) if g.status is GpuStatus.OK else style.red(word)
             out.write(f"  GPU {g.info.index} {g.info.pci_bus_id} {text}\n")
+        for line in narrator.leads:
+            out.write(f"  Lead time: {line}.\n")
         out.write(f"  {len(firing)} alert(s) still firing")
         out.write(":\n" if firing else ".\n")
         for alert in firing:

@@ -369,7 +369,12 @@ def render(rule: Rule, fixed: Mapping[str, Any], node: str, alert: Alert) -> Map
     templates = dict(rule.annotations)
     if alert.escalated and rule.escalate is not None:
         templates.update(rule.escalate.annotations)
-    if not templates:
+    extra = alert.extra or {}
+    # An XID alert always says what to do: the catalog's action (the config's overrides
+    # applied), also where the rule has no action annotation of its own, so no receiver
+    # falls back to NVIDIA's unoverridden words.
+    own_action = "action" not in templates and isinstance(extra.get("action"), str)
+    if not templates and not own_action:
         return MappingProxyType({})
     values: dict[str, Any] = dict(fixed)
     values.update(alert.labels)
@@ -379,4 +384,7 @@ def render(rule: Rule, fixed: Mapping[str, Any], node: str, alert: Alert) -> Map
     values["value"] = alert.value
     if alert.extra:
         values.update(alert.extra)
-    return MappingProxyType({k: t.render(values) for k, t in templates.items()})
+    out = {k: t.render(values) for k, t in templates.items()}
+    if own_action:
+        out["action"] = str(extra["action"])
+    return MappingProxyType(out)

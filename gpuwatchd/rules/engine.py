@@ -95,17 +95,28 @@ class Engine:
         self.store = store
         self.clock = clock
         self.ignore = frozenset(i.upper() for i in ignore)  # gpus.ignore: never alerted on
-        self.catalog = catalog or xid_catalog.Catalog.default()
+        self._catalog = catalog or xid_catalog.Catalog.default()
         self.stats = EngineStats()
         self._lock = threading.RLock()
         self._loaded: dict[str, _Loaded] = {}  # by rule name, in load order
         self._bank = CounterBank(store)
-        self._snap = Snapshot(self.catalog, self._bank.touched, self._bank.meta)
+        self._snap = Snapshot(self._catalog, self._bank.touched, self._bank.meta)
         self._book = AlertBook(store)
         self._timers = _Timers()
         self.replace_rules(rules)
 
     # -- rules ------------------------------------------------------------------------
+    @property
+    def catalog(self) -> xid_catalog.Catalog:
+        """The XID catalog (config overrides applied) the rules' templates read."""
+        return self._catalog
+
+    @catalog.setter
+    def catalog(self, catalog: xid_catalog.Catalog) -> None:
+        with self._lock:  # the evaluators read it from the snapshot: both change together
+            self._catalog = catalog
+            self._snap.catalog = catalog
+
     @property
     def rules(self) -> tuple[Rule, ...]:
         return tuple(x.rule for x in self._loaded.values())
@@ -219,6 +230,8 @@ class Engine:
                 if not moved[x.trigger] and not is_active and not x.fresh:
                     continue
                 try:
+                    if x.fresh:
+                        x.evaluator.restore(self.store, snap, now)
                     hits, unknown = x.evaluator.evaluate(snap, now, is_active, x.fresh)
                     if hits or active[name]:
                         book.step(x.rule, x.values, snap, hits, unknown, now, out)
@@ -241,11 +254,22 @@ class Engine:
         elif now - timers.flush >= FLUSH_INTERVAL:
             timers.flush = now
             self._bank.flush(now)
+            self._save_evaluators(now)
             self._book.touch_active()
             if timers.trim is None or now - timers.trim >= TRIM_INTERVAL:
                 timers.trim = now
                 self.store.trim(now)
         self._book.save(now)
+
+    def _save_evaluators(self, now: float) -> None:
+        for name, x in self._loaded.items():
+            try:
+                x.evaluator.save(self.store, now)
+            except Exception:
+                x.failures += 1
+                if name not in self.stats.warned:
+                    self.stats.warned.add(name)
+                    log.exception("rule %s failed to save its state", name)
 
     # -- reading the state ----------------------------------------------------------------
     def evaluations(self, rule: str) -> int:
@@ -343,6 +367,7 @@ class Engine:
             now = self._timers.last_now
             if now is not None:
                 self._bank.flush(now + PERSIST_RESOLUTION)
+                self._save_evaluators(now)
                 self._book.touch_all_active()
                 self._book.save(now)
             self.store.close()

@@ -7,7 +7,11 @@ What survives a restart (and a reboot):
 - **counter history**, downsampled to one point per 5 minutes, for 30 days, with each
   counter's reset bookkeeping (last raw value, offset), so trends and windows that span a
   restart stay exact;
-- **fault history**: in which boots each alert fired, for reboot-aware escalation.
+- **fault history**: in which boots each alert fired, for reboot-aware escalation;
+- **XID episodes** of ``xid_recurrence`` rules (per rule, GPU UUID and code: start, end,
+  processes, whether independent, part of a node event, the open one, recent), for 36
+  days and at most 1024 per GPU and rule, so a weekly -> daily -> hourly history spans
+  restarts; a rule whose grouping parameters changed starts afresh.
 
 Every write is one transaction (WAL journal, ``synchronous=FULL``). A database that is
 missing is created; one that is corrupt or from another schema is moved aside
@@ -38,6 +42,8 @@ DB_NAME = "rules.sqlite3"
 PERSIST_RESOLUTION = 300.0
 HISTORY_RETENTION = 30 * 86400.0
 INACTIVE_RETENTION = 90 * 86400.0
+EPISODE_RETENTION = 36 * 86400.0  # the longest xid_recurrence history (30d) and a margin
+EPISODES_PER_GPU = 1024  # per rule: the newest are kept
 BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
 RETRY_DISK_EVERY = 5.0  # seconds between attempts to write an in-memory state back to disk
 
@@ -64,6 +70,11 @@ CREATE TABLE IF NOT EXISTS counters (
 );
 CREATE TABLE IF NOT EXISTS history (
     key TEXT NOT NULL, t REAL NOT NULL, v REAL NOT NULL, PRIMARY KEY (key, t)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS xid_episodes (
+    rule TEXT NOT NULL, signature TEXT NOT NULL, uuid TEXT NOT NULL, xid INTEGER NOT NULL,
+    start REAL NOT NULL, "end" REAL NOT NULL, pids TEXT NOT NULL, flags INTEGER NOT NULL,
+    PRIMARY KEY (rule, uuid, xid, start)
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS faults (
     fingerprint TEXT NOT NULL, boot_id TEXT NOT NULL, first REAL NOT NULL, last REAL NOT NULL,
@@ -104,6 +115,18 @@ class CounterRecord:
     offset: float
     last_t: float | None
     points: list[tuple[float, float]] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class EpisodeRecord:
+    """One saved XID episode of an ``xid_recurrence`` rule (``flags``: its evaluator's)."""
+
+    uuid: str
+    xid: int
+    start: float
+    end: float
+    pids: tuple[int, ...]
+    flags: int
 
 
 class StateStore:
@@ -466,9 +489,61 @@ class StateStore:
 
         return self._write("saving counter history", write)
 
+    # -- XID episodes -----------------------------------------------------------------------
+    def load_episodes(self, rule: str, signature: str) -> tuple[list[EpisodeRecord], int]:
+        """The episodes saved for ``rule`` with this grouping ``signature``, and how many
+        rows were unreadable (skipped; the next save replaces them)."""
+        try:
+            rows = (
+                self._db()
+                .execute(
+                    'SELECT uuid, xid, start, "end", pids, flags FROM xid_episodes'
+                    " WHERE rule=? AND signature=? ORDER BY start",
+                    (rule, signature),
+                )
+                .fetchall()
+            )
+        except sqlite3.DatabaseError as exc:
+            self._rebuild(str(exc))
+            return [], 0
+        out: list[EpisodeRecord] = []
+        bad = 0
+        for uuid, xid, start, end, pids, flags in rows:
+            try:
+                pid_list = json.loads(pids)
+                if not (
+                    isinstance(uuid, str)
+                    and isinstance(xid, int)
+                    and isinstance(flags, int)
+                    and isinstance(pid_list, list)
+                    and len(pid_list) <= 64
+                    and all(type(p) is int for p in pid_list)
+                ):
+                    raise ValueError("wrong types")
+                out.append(
+                    EpisodeRecord(uuid, xid, float(start), float(end), tuple(pid_list), flags)
+                )
+            except (ValueError, TypeError):
+                bad += 1
+        return out, bad
+
+    def save_episodes(self, rule: str, signature: str, records: Iterable[EpisodeRecord]) -> bool:
+        """Replace what is saved for ``rule`` by ``records``."""
+        rows = [
+            (rule, signature, e.uuid, e.xid, e.start, e.end, json.dumps(list(e.pids)), e.flags)
+            for e in records
+        ]
+
+        def write(conn: sqlite3.Connection) -> None:
+            conn.execute("DELETE FROM xid_episodes WHERE rule=?", (rule,))
+            conn.executemany("INSERT OR REPLACE INTO xid_episodes VALUES (?,?,?,?,?,?,?,?)", rows)
+
+        return self._write("saving XID episodes", write)
+
     def trim(self, now: float) -> None:
         def write(conn: sqlite3.Connection) -> None:
             conn.execute("DELETE FROM history WHERE t < ?", (now - HISTORY_RETENTION,))
+            conn.execute('DELETE FROM xid_episodes WHERE "end" < ?', (now - EPISODE_RETENTION,))
             conn.execute("DELETE FROM faults WHERE last < ?", (now - INACTIVE_RETENTION,))
             conn.execute(
                 "DELETE FROM alerts WHERE state='inactive' AND updated < ?",

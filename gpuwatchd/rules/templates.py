@@ -24,6 +24,8 @@ NUMERIC = frozenset(
         "ratio",
         "baseline_rate",
         "peers_median",
+        "deviation",
+        "limit",
         "expected",
         "seen",
         "pci_seen",

@@ -22,7 +22,12 @@ it into a severity and an action, from the code's *immediate* resolution bucket:
 
 Actions are stable tokens (``Action``); ``action_text`` says it in words. XID 154 is read by
 its hex recovery-action code (``to 0x2 (...)``), never by the words, which drivers change.
-Operators override severity and action per code with ``Catalog.with_overrides``.
+Operators override severity, action, the action's words and membership of the fatal set
+per code with ``Catalog.with_overrides``.
+
+The *fatal set* is gpuwatchd's list of codes that page and drain (the shipped rule
+``GpuXidFatal`` matches it): the codes whose immediate bucket is in ``FATAL_BUCKETS``, plus
+codes an override marks ``fatal: true``, minus those marked ``fatal: false``.
 """
 
 from __future__ import annotations
@@ -170,6 +175,22 @@ UNKNOWN_RECOVERY_POLICY = Policy(
     "The driver asks for a recovery action gpuwatchd does not know.",
 )
 
+# Immediate resolution buckets whose codes are fatal by default: the GPU's work is lost or
+# corrupt, or the GPU needs hands on it (GpuXidFatal pages and drains on these).
+FATAL_BUCKETS: frozenset[str] = frozenset(
+    {
+        "RESET_GPU",
+        "RESTART_BM",
+        "RESTART_VM",
+        "WORKFLOW_XID_48",
+        "WORKFLOW_NVLINK_ERR",
+        "WORKFLOW_NVLINK5_ERR",
+        "CHECK_MECHANICALS",
+    }
+)
+MAX_ACTION_TEXT = 500  # characters of an override's own words for the action
+OVERRIDE_FIELDS = ("severity", "action", "text", "fatal")
+
 _RECOVERY_RE = re.compile(
     r"recovery action changed from (0x[0-9a-fA-F]+)\b.*?\bto (0x[0-9a-fA-F]+)", re.S
 )
@@ -205,6 +226,7 @@ class CatalogEntry:
     severity: XidSeverity
     action: Action
     action_text: str
+    fatal: bool = False
     overridden: bool = False
 
     def as_dict(self) -> dict[str, Any]:
@@ -222,6 +244,7 @@ class CatalogEntry:
             "severity": self.severity.value,
             "action": self.action.value,
             "action_text": self.action_text,
+            "fatal": self.fatal,
             "overridden": self.overridden,
         }
 
@@ -348,8 +371,10 @@ def _worst(verdicts: list[Verdict]) -> Verdict:
 
 @dataclass(frozen=True, slots=True)
 class _Override:
-    severity: XidSeverity | None
-    action: Action | None
+    severity: XidSeverity | None = None
+    action: Action | None = None
+    text: str | None = None  # the site's own words for the action
+    fatal: bool | None = None  # in (True) or out of (False) the fatal set
 
 
 class Catalog:
@@ -391,6 +416,7 @@ class Catalog:
             severity=policy.severity,
             action=policy.action,
             action_text=policy.text,
+            fatal=row.immediate in FATAL_BUCKETS,
         )
 
     @staticmethod
@@ -405,9 +431,32 @@ class Catalog:
             entry,
             severity=override.severity or entry.severity,
             action=action,
-            action_text=text,
+            action_text=override.text or text,
+            fatal=entry.fatal if override.fatal is None else override.fatal,
             overridden=True,
         )
+
+    def action_text(self, xid: int, verdict: Verdict) -> str:
+        """What the page says to do about one report of ``xid`` rated ``verdict``.
+
+        An override's ``text`` always (the site's runbook for the code); else the entry's
+        words when the verdict asks for the entry's action; else the verdict's action in
+        words, with the reason (an XID 154 or NVLink5 message decoded to another action)."""
+        override = self._overrides.get(xid)
+        if override is not None and override.text:
+            return override.text
+        entry = self._entries.get(xid)
+        if entry is not None and verdict.action is entry.action:
+            return entry.action_text
+        words = ACTION_TEXT.get(verdict.action, verdict.action.value)
+        return f"{words} ({verdict.reason})"
+
+    def fatal_codes(self) -> frozenset[int]:
+        """The fatal set: catalog codes of a fatal bucket, with the overrides applied
+        (codes outside NVIDIA's catalog join it only by an override's ``fatal: true``)."""
+        found = {e.xid for e in self._entries.values() if e.fatal}
+        found |= {code for code, o in self._overrides.items() if o.fatal}
+        return frozenset(found)
 
     @classmethod
     def default(cls) -> Catalog:
@@ -434,10 +483,12 @@ class Catalog:
         """NVIDIA's text for a resolution bucket ("" if the workbook does not define it)."""
         return self._bucket_text.get(name, "")
 
-    def with_overrides(self, overrides: Mapping[int, Mapping[str, str]]) -> Catalog:
-        """A catalog where the given codes have the given severity and/or action.
+    def with_overrides(self, overrides: Mapping[int, Mapping[str, str | bool]]) -> Catalog:
+        """A catalog where the given codes have the given severity, action, words for the
+        action and/or membership of the fatal set.
 
-        ``{79: {"severity": "warning", "action": "investigate"}}``. Codes outside the
+        ``{79: {"severity": "warning", "action": "investigate", "fatal": False},
+        94: {"fatal": True, "text": "Drain and open a vendor case."}}``. Codes outside the
         catalog may be given too (they then classify as told instead of ``unknown``).
         Raises ValueError naming the code and field on anything it cannot use.
         """
@@ -445,15 +496,25 @@ class Catalog:
         for xid, fields in overrides.items():
             if isinstance(xid, bool) or not isinstance(xid, int) or xid < 0:
                 raise ValueError(f"override key {xid!r}: expected an XID number")
-            unknown = set(fields) - {"severity", "action"}
+            unknown = set(fields) - set(OVERRIDE_FIELDS)
             if unknown or not fields:
                 raise ValueError(
-                    f"XID {xid} override: expected 'severity' and/or 'action', got {sorted(fields)}"
+                    f"XID {xid} override: expected one or more of {', '.join(OVERRIDE_FIELDS)},"
+                    f" got {sorted(fields)}"
                 )
-            severity = _parse_enum(XidSeverity, fields.get("severity"), xid, "severity")
-            action = _parse_enum(Action, fields.get("action"), xid, "action")
-            before = merged.get(xid, _Override(None, None))
-            merged[xid] = _Override(severity or before.severity, action or before.action)
+            severity = _parse_enum(XidSeverity, _text(fields, "severity", xid), xid, "severity")
+            action = _parse_enum(Action, _text(fields, "action", xid), xid, "action")
+            text = _words(_text(fields, "text", xid), xid)
+            fatal = fields.get("fatal")
+            if fatal is not None and not isinstance(fatal, bool):
+                raise ValueError(f"XID {xid} override: fatal must be true or false, not {fatal!r}")
+            before = merged.get(xid, _Override())
+            merged[xid] = _Override(
+                severity or before.severity,
+                action or before.action,
+                text or before.text,
+                before.fatal if fatal is None else fatal,
+            )
         return Catalog(merged)
 
     def classify(self, xid: int, message: str = "", kind: str = "xid") -> Verdict:
@@ -562,6 +623,28 @@ def _parse_enum(kind: type[_E], value: str | None, xid: int, what: str) -> _E | 
         ) from None
 
 
+def _text(fields: Mapping[str, str | bool], name: str, xid: int) -> str | None:
+    value = fields.get(name)
+    if value is None or isinstance(value, str):
+        return value
+    raise ValueError(f"XID {xid} override: {name} must be text, not {value!r}")
+
+
+def _words(text: str | None, xid: int) -> str | None:
+    """An override's words for the action: one line of printable text, bounded."""
+    if text is None:
+        return None
+    if not text.strip():
+        raise ValueError(f"XID {xid} override: text is empty")
+    if len(text) > MAX_ACTION_TEXT:
+        raise ValueError(
+            f"XID {xid} override: text is {len(text)} characters, at most {MAX_ACTION_TEXT}"
+        )
+    if not text.isprintable():
+        raise ValueError(f"XID {xid} override: text must be one line of printable characters")
+    return text.strip()
+
+
 def _classify_sxid(code: int, message: str) -> Verdict:
     head = message.lstrip().lower()
     where = "see the NVIDIA Fabric Manager User Guide"
@@ -588,6 +671,7 @@ def recovery_actions() -> tuple[RecoveryActionRow, ...]:
 
 
 __all__ = [
+    "FATAL_BUCKETS",
     "Action",
     "Catalog",
     "CatalogEntry",

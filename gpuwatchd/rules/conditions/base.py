@@ -19,6 +19,7 @@ from gpuwatchd.rules.conditions.reading import BodyReader
 from gpuwatchd.rules.conditions.schema_parts import Schema
 from gpuwatchd.rules.model import Condition, Rule
 from gpuwatchd.rules.snapshot import Snapshot
+from gpuwatchd.rules.store import StateStore
 
 Key = tuple[int, int, int]  # (GPU index or -1, link or -1, XID or -1)
 NODE_KEY: Key = (-1, -1, -1)
@@ -60,6 +61,13 @@ class Evaluator:
 
     def adopt(self, old: Evaluator) -> None:
         """Take over what must survive a reload from the same rule's previous evaluator."""
+
+    def restore(self, store: StateStore, snap: Snapshot, now: float) -> None:
+        """Take back what an earlier run saved (before the first evaluation; an evaluator
+        that adopted a previous one's state ignores it)."""
+
+    def save(self, store: StateStore, now: float) -> None:
+        """Write what must survive a restart (every minute and at shutdown)."""
 
 
 class ConditionKind(ABC):

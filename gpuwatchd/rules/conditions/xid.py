@@ -1,4 +1,10 @@
-"""``xid``: XID events matched by code, catalog bucket or catalog severity."""
+"""``xid``: XID events matched by code, catalog bucket, catalog severity or the fatal set.
+
+``fatal: true`` selects the catalog's fatal set with the config's ``xid.overrides`` applied
+(``Catalog.fatal_codes``); next to ``codes``, ``buckets`` or ``severities`` it narrows them
+(``fatal: false``: only codes outside the fatal set), so a code an override moves into the
+fatal set pages from the fatal rule alone.
+"""
 
 from __future__ import annotations
 
@@ -67,14 +73,19 @@ def xid_values(snap: Snapshot, ev: XidEvent, count: int) -> dict[str, Any]:
     entry = catalog.lookup(ev.xid)
     verdict = catalog.classify(ev.xid, ev.message, ev.kind)
     text = entry.description if entry is not None else "not in NVIDIA's XID catalog"
-    if entry is not None and verdict.action == entry.action:
-        action = entry.action_text
-    else:
-        action = f"{verdict.action.value} ({verdict.reason})"
+    action = catalog.action_text(ev.xid, verdict)
     values: dict[str, Any] = {"xid": ev.xid, "xid_text": text, "action": action, "count": count}
     if snap.gpu_of(ev) < 0 and ev.pci_bus_id:
         values["pci_bus_id"] = ev.pci_bus_id
     return values
+
+
+def code_values(catalog: xid_catalog.Catalog, xid: int) -> dict[str, Any]:
+    """Template values for a code seen without one message to read (an episode, a node
+    event): its text and what to do about it, the config's overrides applied."""
+    entry = catalog.lookup(xid)
+    text = entry.description if entry is not None else "not in NVIDIA's XID catalog"
+    return {"xid_text": text, "action": catalog.action_text(xid, catalog.classify(xid))}
 
 
 class _Evaluator(Evaluator):
@@ -131,7 +142,7 @@ class _Evaluator(Evaluator):
 
 class XidKind(ConditionKind):
     key = "xid"
-    keys = ("codes", "buckets", "severities", "count", "window", "quiet", "by_code")
+    keys = ("codes", "buckets", "severities", "fatal", "count", "window", "quiet", "by_code")
     placeholders = frozenset({"xid", "xid_text", "action", "count", "window"})
     not_with: ClassVar[Mapping[str, str]] = {
         "keep_firing_for": "an xid rule resolves after condition.xid.quiet; set that instead",
@@ -148,8 +159,8 @@ class XidKind(ConditionKind):
     def parse(
         self, p: BodyReader, body: Node, keys: dict[str, Node], what: str
     ) -> Condition | None:
-        if not any(k in keys for k in ("codes", "buckets", "severities")):
-            p.error(body, f"{what}: needs at least one of codes, buckets, severities")
+        if not any(k in keys for k in ("codes", "buckets", "severities", "fatal")):
+            p.error(body, f"{what}: needs at least one of codes, buckets, severities, fatal")
             return None
         r = p.r
         known = catalog_codes()
@@ -199,6 +210,15 @@ class XidKind(ConditionKind):
                 for entry in p.catalog:  # the config's xid.overrides apply
                     if entry.severity.value == text:
                         codes.add(entry.xid)
+        if "fatal" in keys:
+            fatal = r.boolean(keys["fatal"], f"{what}.fatal")
+            if fatal is None:
+                return None
+            in_set = p.catalog.fatal_codes()  # the config's xid.overrides apply
+            if not any(k in keys for k in ("codes", "buckets", "severities")):
+                codes = set(in_set) if fatal else set(catalog_codes() - in_set)
+            else:
+                codes = {c for c in codes if (c in in_set) == fatal}
         count = 1
         if "count" in keys:
             count = r.integer(keys["count"], f"{what}.count", minimum=1, maximum=10000) or 1
@@ -224,18 +244,25 @@ class XidKind(ConditionKind):
                 },
                 "buckets": sp.enum_list(sorted(catalog_buckets())),
                 "severities": sp.enum_list(CATALOG_SEVERITIES),
+                "fatal": {
+                    "type": "boolean",
+                    "description": "true: the fatal set (catalog buckets that take the GPU "
+                    "out of service, with xid.overrides' fatal applied); false: codes outside "
+                    "it. Next to codes, buckets or severities it narrows them.",
+                },
                 "count": {"type": "integer", "minimum": 1, "default": 1},
                 "window": sp.duration("10m"),
                 "quiet": sp.duration("1h"),
                 "by_code": {"type": "boolean", "default": False},
             },
-            "XID events matched by code, the catalog's immediate resolution bucket, or "
-            "catalog severity; count in window; resolves after quiet.",
+            "XID events matched by code, the catalog's immediate resolution bucket, catalog "
+            "severity or the fatal set; count in window; resolves after quiet.",
         )
         out["anyOf"] = [
             {"required": ["codes"]},
             {"required": ["buckets"]},
             {"required": ["severities"]},
+            {"required": ["fatal"]},
         ]
         return out
 

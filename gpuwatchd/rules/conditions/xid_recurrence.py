@@ -18,10 +18,19 @@ with the exact conditional binomial test of a rate ratio (``factor``, ``alpha``)
 least ``min_repeats`` in the window and ``min_baseline`` of history before it. A code
 that is new on the GPU with ``min_repeats`` independent repeats in the window holds too
 when ``new_counts`` is set (a first streak; off by default).
+
+Episodes survive a restart: the evaluator saves them with the rule engine's state
+(``StateStore.save_episodes``, by GPU UUID, 36 days, at most 1024 per GPU) every minute and
+at shutdown, and takes them back before its first evaluation. Rows that do not make sense
+(unknown code, start after end, a start in the future: a clock stepped back or a state file
+from another host) are dropped with a warning; a rule whose grouping parameters changed
+(codes, gaps, node settings) starts afresh.
 """
 
 from __future__ import annotations
 
+import logging
+import math
 from collections import deque
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
@@ -40,10 +49,18 @@ from gpuwatchd.rules.conditions.base import (
     model_of,
 )
 from gpuwatchd.rules.conditions.reading import MAX_WINDOW, BodyReader
-from gpuwatchd.rules.conditions.xid import catalog_codes
+from gpuwatchd.rules.conditions.xid import catalog_codes, code_values
 from gpuwatchd.rules.evidence import rate_ratio_p_value
 from gpuwatchd.rules.model import Condition, Rule
 from gpuwatchd.rules.snapshot import Snapshot
+from gpuwatchd.rules.store import (
+    EPISODE_RETENTION,
+    EPISODES_PER_GPU,
+    EpisodeRecord,
+    StateStore,
+)
+
+log = logging.getLogger(__name__)
 
 Signal = Literal["recurrence", "node"]
 SIGNALS: tuple[Signal, ...] = ("recurrence", "node")
@@ -67,11 +84,17 @@ class XidRecurrence(Condition):
     node_window: float = 60.0
 
 
-class _Episode:
-    __slots__ = ("end", "gpu", "independent", "node", "pids", "start", "xid")
+# Flags of a saved episode.
+INDEPENDENT, NODE, OPEN, RECENT = 1, 2, 4, 8
+MAX_PIDS = 64  # processes remembered per episode
 
-    def __init__(self, gpu: int, xid: int, t: float, pid: int | None) -> None:
+
+class _Episode:
+    __slots__ = ("end", "gpu", "independent", "node", "pids", "start", "uuid", "xid")
+
+    def __init__(self, gpu: int, xid: int, t: float, pid: int | None, uuid: str = "") -> None:
         self.gpu = gpu
+        self.uuid = uuid  # the GPU's UUID ("" when the view had none): saved by it
         self.xid = xid
         self.start = t
         self.end = t
@@ -80,8 +103,26 @@ class _Episode:
         self.node = False
 
 
+def signature(c: XidRecurrence) -> str:
+    """What the episodes depend on: saved ones are used only by a rule that groups alike."""
+    codes = ",".join(map(str, sorted(c.codes)))
+    return f"v1 codes={codes} gap={c.episode_gap:g} indep={c.independent_gap:g} " + (
+        f"node={c.node_gpus}/{c.node_window:g}"
+    )
+
+
 class _Evaluator(Evaluator):
-    __slots__ = ("c", "cursor", "last_node", "open", "recent", "repeats")
+    __slots__ = (
+        "adopted",
+        "c",
+        "cursor",
+        "dirty",
+        "last_node",
+        "open",
+        "pending",
+        "recent",
+        "repeats",
+    )
 
     def __init__(self, rule: Rule, snap: Snapshot) -> None:
         super().__init__(rule)
@@ -91,11 +132,117 @@ class _Evaluator(Evaluator):
         self.repeats: dict[tuple[int, int], deque[_Episode]] = {}  # independent ones
         self.recent: deque[_Episode] = deque()  # episode starts, for node events
         self.last_node: dict[int, float] = {}  # xid -> start of the last node event
+        self.pending: dict[str, list[EpisodeRecord]] = {}  # saved, GPU not seen yet
+        self.dirty = False  # changed since the last save
+        self.adopted = False
 
     def adopt(self, old: Evaluator) -> None:
-        if isinstance(old, _Evaluator) and old.c == self.c:
+        if isinstance(old, _Evaluator) and signature(old.c) == signature(self.c):
             self.cursor, self.open, self.repeats = old.cursor, old.open, old.repeats
             self.recent, self.last_node = old.recent, old.last_node
+            self.pending, self.dirty, self.adopted = old.pending, old.dirty, True
+
+    # -- saving and restoring ---------------------------------------------------------------
+    def save(self, store: StateStore, now: float) -> None:
+        if not self.dirty:
+            return
+        if store.save_episodes(self.rule.name, signature(self.c), self._records(now)):
+            self.dirty = False
+
+    def _records(self, now: float) -> list[EpisodeRecord]:
+        flags: dict[int, int] = {}
+        episodes: dict[int, _Episode] = {}
+
+        def mark(ep: _Episode, flag: int) -> None:
+            episodes[id(ep)] = ep
+            flags[id(ep)] = flags.get(id(ep), 0) | flag | (NODE if ep.node else 0)
+
+        for reps in self.repeats.values():
+            for ep in reps:
+                mark(ep, INDEPENDENT)
+        for ep in self.open.values():
+            mark(ep, OPEN)
+        for ep in self.recent:
+            mark(ep, RECENT)
+        oldest = now - EPISODE_RETENTION
+        per_gpu: dict[str, list[EpisodeRecord]] = {}
+        for key, ep in episodes.items():
+            if ep.end < oldest:
+                continue
+            uuid = ep.uuid or f"index:{ep.gpu}"
+            pids = tuple(sorted(ep.pids))[:MAX_PIDS]
+            rec = EpisodeRecord(uuid, ep.xid, ep.start, ep.end, pids, flags[key])
+            per_gpu.setdefault(uuid, []).append(rec)
+        out: list[EpisodeRecord] = []
+        for recs in per_gpu.values():
+            recs.sort(key=lambda r: r.start)
+            out.extend(recs[-EPISODES_PER_GPU:])
+        for records in self.pending.values():  # GPUs not seen since the start: keep them
+            out.extend(r for r in records if r.end >= oldest)
+        return out
+
+    def restore(self, store: StateStore, snap: Snapshot, now: float) -> None:
+        if self.adopted:
+            return
+        self.adopted = True  # once
+        records, bad = store.load_episodes(self.rule.name, signature(self.c))
+        kept: list[EpisodeRecord] = []
+        for r in records:
+            if (
+                r.xid not in self.c.codes
+                or not (math.isfinite(r.start) and math.isfinite(r.end))
+                or r.start > r.end
+                or r.start > now
+                or r.flags & ~(INDEPENDENT | NODE | OPEN | RECENT)
+            ):
+                bad += 1
+                continue
+            kept.append(r)
+        if bad:
+            log.warning(
+                "rule %s: %d saved XID episode(s) made no sense (unknown code, in the future,"
+                " or unreadable) and were dropped",
+                self.rule.name,
+                bad,
+            )
+            self.dirty = True  # rewrite the saved state without them
+        for r in kept:
+            self.pending.setdefault(r.uuid, []).append(r)
+        self._place(snap)
+
+    def _place(self, snap: Snapshot) -> None:
+        """Move saved episodes whose GPU is in the view into the evaluator's tables."""
+        found: list[tuple[int, EpisodeRecord]] = []
+        for uuid in list(self.pending):
+            if uuid.startswith("index:"):
+                gpu = int(uuid.removeprefix("index:"))
+            else:
+                gpu = snap.by_uuid.get(uuid, -1)
+                if gpu < 0:
+                    continue
+            found.extend((gpu, r) for r in self.pending.pop(uuid))
+        found.sort(key=lambda item: item[1].start)
+        moved: set[tuple[int, int]] = set()
+        for gpu, r in found:
+            ep = _Episode(gpu, r.xid, r.start, None, "" if r.uuid.startswith("index:") else r.uuid)
+            ep.end, ep.pids = r.end, set(r.pids)
+            ep.independent, ep.node = bool(r.flags & INDEPENDENT), bool(r.flags & NODE)
+            key = (gpu, r.xid)
+            if ep.independent:
+                self.repeats.setdefault(key, deque(maxlen=MAX_EPISODES)).append(ep)
+                moved.add(key)
+            if r.flags & OPEN:
+                self.open[key] = ep
+            if r.flags & RECENT:
+                self.recent.append(ep)
+            if ep.node:
+                self.last_node[r.xid] = max(self.last_node.get(r.xid, ep.start), ep.start)
+        for key in moved:  # in time order, also next to episodes seen since the start
+            reps = self.repeats[key]
+            if any(a.start > b.start for a, b in zip(reps, list(reps)[1:], strict=False)):
+                self.repeats[key] = deque(sorted(reps, key=lambda e: e.start), MAX_EPISODES)
+        if found:
+            self.recent = deque(sorted(self.recent, key=lambda e: e.start))
 
     def _take(self, snap: Snapshot) -> set[tuple[int, int]]:
         """Group the XIDs that arrived since the last look; the keys that moved."""
@@ -103,6 +250,8 @@ class _Evaluator(Evaluator):
         log = snap.xids
         new = list(log.newest_first(self.cursor))
         self.cursor = log.seq
+        if self.pending and snap.by_uuid:
+            self._place(snap)
         moved: set[tuple[int, int]] = set()
         for ev in reversed(new):
             if ev.xid not in c.codes:
@@ -113,12 +262,15 @@ class _Evaluator(Evaluator):
             key = (gpu, ev.xid)
             t = ev.timestamp
             ep = self.open.get(key)
+            self.dirty = True
             if ep is not None and t - ep.end < c.episode_gap:
                 ep.end = max(ep.end, t)
-                if ev.pid is not None:
+                if ev.pid is not None and len(ep.pids) < MAX_PIDS:
                     ep.pids.add(ev.pid)
                 continue
-            ep = self.open[key] = _Episode(gpu, ev.xid, t, ev.pid)
+            view = snap.by_index.get(gpu)
+            uuid = view.info.uuid if view is not None else ""
+            ep = self.open[key] = _Episode(gpu, ev.xid, t, ev.pid, uuid)
             reps = self.repeats.setdefault(key, deque(maxlen=MAX_EPISODES))
             last = reps[-1] if reps else None
             if last is None or (
@@ -151,10 +303,8 @@ class _Evaluator(Evaluator):
             for xid, t in self.last_node.items():
                 if now - t < c.window:
                     gpus = sorted({e.gpu for e in self.recent if e.xid == xid and e.node})
-                    hits[NODE_KEY] = (
-                        float(len(gpus)),
-                        {"xid": xid, "gpus": ", ".join(map(str, gpus))},
-                    )
+                    values = {"xid": xid, "gpus": ", ".join(map(str, gpus))}
+                    hits[NODE_KEY] = (float(len(gpus)), values | code_values(snap.catalog, xid))
             return hits, set()
         keys = self.repeats if (active or fresh or not moved) else moved
         allowed = None
@@ -165,6 +315,7 @@ class _Evaluator(Evaluator):
                 continue
             hit = self._recurring(key, now)
             if hit is not None:
+                hit[1].update(code_values(snap.catalog, key[1]))
                 hits[(key[0], -1, key[1] if len(c.codes) > 1 else -1)] = hit
         return hits, set()
 
@@ -214,7 +365,17 @@ class XidRecurrenceKind(ConditionKind):
         "node_window",
     )
     placeholders = frozenset(
-        {"xid", "repeats", "p_value", "baseline_rate", "recent_rate", "gpus", "window"}
+        {
+            "xid",
+            "xid_text",
+            "action",
+            "repeats",
+            "p_value",
+            "baseline_rate",
+            "recent_rate",
+            "gpus",
+            "window",
+        }
     )
     not_with: ClassVar[dict[str, str]] = {
         "when": "not available for xid_recurrence rules (XIDs come from lost GPUs too)",
