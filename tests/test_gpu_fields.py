@@ -102,26 +102,33 @@ def test_sram_status_agrees_with_total_minus_device_memory(backend: NvmlBackend)
         assert f["ecc_corrected_volatile_sram"] == status.volatileCor
 
 
-def test_the_new_getters_are_cheap(backend: NvmlBackend) -> None:
-    """Margin temperature is read on every poll, the histogram every 10 s: both should cost
-    microseconds, like the other getters (docs/real-gpu.md)."""
+def test_what_the_new_getters_cost(backend: NvmlBackend) -> None:
+    """What each new getter costs. On an H100 (driver 580.159.04) the margin temperature
+    took 1.0 ms of CPU per call, the histogram 0.8 us: both are read on the slow cadence
+    (every 10 s), like energy and the violation counters (docs/real-gpu.md). The HBM ECC
+    counter by location is read on every poll where fields 11/12 are not supported."""
     import pynvml
 
     handle = pynvml.nvmlDeviceGetHandleByIndex(0)
-    for name in ("nvmlDeviceGetMarginTemperature", "nvmlDeviceGetRowRemapperHistogram"):
+    hbm = (0, 0, 2)  # corrected, volatile, device memory (the fallback for fields 11/12)
+    for name, args in (
+        ("nvmlDeviceGetMarginTemperature", ()),
+        ("nvmlDeviceGetRowRemapperHistogram", ()),
+        ("nvmlDeviceGetMemoryErrorCounter", hbm),
+    ):
         fn = getattr(pynvml, name, None)
         if fn is None:
             continue
         try:
-            fn(handle)
+            fn(handle, *args)
         except pynvml.NVMLError as exc:
             print(f"{name}: {exc}")
             continue
         n = 200
         cpu0, wall0 = time.process_time(), time.perf_counter()
         for _ in range(n):
-            fn(handle)
+            fn(handle, *args)
         cpu = (time.process_time() - cpu0) / n
         wall = (time.perf_counter() - wall0) / n
         print(f"{name}: {wall * 1e6:.1f} us wall, {cpu * 1e6:.1f} us CPU per call")
-        assert wall < 2e-3, f"{name} costs {wall * 1e3:.2f} ms per call"
+        assert wall < 20e-3, f"{name} costs {wall * 1e3:.2f} ms per call"

@@ -51,6 +51,10 @@ _MEMBER = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVa
 DRIVER_FIELD_MAX = 303
 LINK_FIELD_IDS = frozenset({161, 162, 163, 164, 165, 166})
 HOPPER_NOT_SUPPORTED = frozenset({29, 30, 31, 92, 93, 38, 45, 52, 59, 160})
+# An H100 on driver 580.159.04 also answered NOT_SUPPORTED for the per-location ECC field
+# ids 7-20 (device memory 11/12 among them) while nvmlDeviceGetMemoryErrorCounter by
+# location answered (tests/test_gpu_fields.py, docs/real-gpu.md). ``h100_580()`` models it.
+PER_LOCATION_ECC_FIELDS = frozenset(range(7, 21))
 
 
 @dataclass
@@ -482,6 +486,16 @@ class FakeNvml:
         if ret != NVML_SUCCESS:
             raise NVMLError(ret)
         return gpu.field_values[(fid, scope)][1]
+
+    def nvmlDeviceGetMemoryErrorCounter(
+        self, handle: Any, error_type: int, counter_type: int, location: int
+    ) -> int:
+        """Device memory (location 2) answers from the HBM fields' values, whether or not the
+        field ids themselves are supported; other locations are not supported."""
+        gpu = self._gpu("nvmlDeviceGetMemoryErrorCounter", handle)[1]
+        if location != 2 or counter_type != 0:
+            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+        return int(gpu.field_values[(11 + error_type, 0)][1])
 
     def nvmlDeviceGetTotalEccErrors(self, handle: Any, error_type: int, counter_type: int) -> int:
         fid = 3 + error_type + 2 * counter_type

@@ -186,6 +186,15 @@ GPU_FIELD_IDS: tuple[_FieldSpec, ...] = (
     _FieldSpec("recovery_action", FI_DEV_GET_GPU_RECOVERY_ACTION),
 )
 
+# HBM ECC through nvmlDeviceGetMemoryErrorCounter when the field ids are not supported
+# (field 11/12 answered NOT_SUPPORTED on an H100 with driver 580.159.04, while the counter
+# by location answered): (field, nvmlMemoryErrorType_t, field id it stands in for).
+NVML_VOLATILE_ECC = 0
+HBM_ECC_FALLBACKS: tuple[tuple[str, int, int], ...] = (
+    ("ecc_corrected_volatile_dev", 0, FI_DEV_ECC_SBE_VOL_DEV),
+    ("ecc_uncorrected_volatile_dev", 1, FI_DEV_ECC_DBE_VOL_DEV),
+)
+
 # The row-remapper histogram (one getter): field name per member of its struct.
 ROW_REMAP_FIELDS: tuple[tuple[str, str], ...] = tuple(
     (f"row_remap_banks_{level}", level) for level in ROW_REMAP_AVAILABILITY
@@ -198,6 +207,7 @@ SLOW_FIELDS = frozenset(
     {s.name for s in GPU_FIELD_IDS if s.slow}
     | {"violation_power", "violation_thermal"}
     | {name for name, _ in ROW_REMAP_FIELDS}
+    | {"temperature_gpu_margin"}
 )
 DEFAULT_SLOW_INTERVAL_S = 10.0
 
@@ -477,6 +487,7 @@ class NvmlBackend:
         self._event_set: Any = None
         self._events_unavailable = False
         self._temperature: _Fallbacks | None = None
+        self._hbm_counter: _Fallbacks | None = None
         self._clock_reasons: _Fallbacks | None = None
         self._memory_info: _Fallbacks | None = None
 
@@ -531,6 +542,15 @@ class NvmlBackend:
             [
                 *([functools.partial(_memory_info_v2, nv, memory_v2)] if memory_v2 else []),
                 "nvmlDeviceGetMemoryInfo",
+            ],
+        )
+        # HBM ECC counts when fields 11/12 answer NOT_SUPPORTED (an H100 on driver 580 does):
+        # the memory-error counter by location, DRAM (Turing and later) then device memory
+        self._hbm_counter = _Fallbacks(
+            nv,
+            [
+                functools.partial(_memory_error_counter, nv, "NVML_MEMORY_LOCATION_DRAM"),
+                functools.partial(_memory_error_counter, nv, "NVML_MEMORY_LOCATION_DEVICE_MEMORY"),
             ],
         )
         driver = self._try_static(nv.nvmlSystemGetDriverVersion, default="")
@@ -786,6 +806,17 @@ class NvmlBackend:
             )
             if value is not None:
                 fields["energy"] = value / 1000.0  # mJ
+        for name, error_type, fid in HBM_ECC_FALLBACKS:
+            if (fid, 0) in gpu.bad_fields:  # the field id is not supported: ask by location
+                assert self._hbm_counter is not None
+                value = call(
+                    f"nvmlDeviceGetMemoryErrorCounter({name})",
+                    (name,),
+                    self._hbm_counter,
+                    error_type,
+                )
+                if value is not None:
+                    fields[name] = float(value)
         value = call(
             "nvmlDeviceGetClockInfo(SM)", ("sm_clock",), nv.nvmlDeviceGetClockInfo, NVML_CLOCK_SM
         )
@@ -829,7 +860,8 @@ class NvmlBackend:
                 )
                 if viol is not None:
                     fields[name] = viol.violationTime * 1e-9  # ns
-        if hasattr(nv, "nvmlDeviceGetMarginTemperature"):
+        # 1 ms of driver CPU per call on an H100 (tests/test_gpu_fields.py prints it): slow
+        if full and hasattr(nv, "nvmlDeviceGetMarginTemperature"):
             value = call(
                 "nvmlDeviceGetMarginTemperature",
                 ("temperature_gpu_margin",),
@@ -1062,6 +1094,13 @@ def reexec_with_single_arena() -> None:
 
 def _label(spec: _FieldSpec, link: int | None) -> str:
     return spec.name if link is None else f"{spec.name}[link {link}]"
+
+
+def _memory_error_counter(nv: Any, location: str, handle: Any, error_type: int) -> Any:
+    """Volatile ECC count of one kind at one memory location (``location``: the pynvml
+    constant's name; 2 for both DRAM and device memory in nvml.h)."""
+    where = getattr(nv, location, 2)
+    return nv.nvmlDeviceGetMemoryErrorCounter(handle, error_type, NVML_VOLATILE_ECC, where)
 
 
 def _memory_info_v2(nv: Any, version: int, handle: Any) -> Any:
