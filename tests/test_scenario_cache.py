@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from gpuwatchd.core.fields import add_derived_fields
 from gpuwatchd.scenario.model import Scenario, _clamp, bundled_scenario_path, load_scenario
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -35,6 +36,11 @@ def reference(s: Scenario, gpu: int, t: float) -> tuple[dict[str, float], list[A
             value += amplitude * s._noise(gpu, name, t)
             value = round(value) if name.startswith("temperature_") else round(value, 3)
         fields[name] = _clamp(name, value)
+    # Derived as the NVML backend derives them; the GPU margin from the slowdown limit.
+    spec = s.gpus[gpu]
+    add_derived_fields(fields, spec.memory_max_temperature)
+    if spec.slowdown_temperature is not None and "temperature_gpu" in fields:
+        fields["temperature_gpu_margin"] = spec.slowdown_temperature - fields["temperature_gpu"]
     links = [
         (link, {n: v for n, ser in series.items() if (v := ser.value(t)) is not None})
         for link, series in enumerate(s._links[gpu])

@@ -177,7 +177,7 @@ def poll_once(config: Config) -> Report:
 
     clock = SystemClock()
     stage = rules_stage(config, clock, durable=False)
-    backend = open_backend(str(config.backend), clock)
+    backend = open_backend(str(config.backend), clock, extra_fields=config.fields)
     try:
         infos = backend.open()
         state = NodeState(config.node_name, clock.now(), config.gpus.expected)

@@ -77,7 +77,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             reexec_with_single_arena()
         _setup_logging(config.log_level, args.verbose, config.log_format)
         clock = SystemClock()
-        backend = open_backend(str(config.backend), clock)
+        backend = open_backend(str(config.backend), clock, extra_fields=config.fields)
     except ConfigError as exc:
         return _config_errors(exc)
     except BackendUnavailable as exc:
@@ -169,7 +169,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
     try:
         config = _load(args)
-        scenario = load_scenario(_scenario_path(args.scenario))
+        scenario = load_scenario(_scenario_path(args.scenario), config.fields)
     except ConfigError as exc:
         return _config_errors(exc)
     _setup_logging("error")
@@ -193,7 +193,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     try:
         config = _load(args) if args.config else default_demo_config()
         scenario = load_scenario(
-            _scenario_path(args.scenario) if args.scenario else bundled_scenario_path("demo")
+            _scenario_path(args.scenario) if args.scenario else bundled_scenario_path("demo"),
+            config.fields,
         )
     except ConfigError as exc:
         return _config_errors(exc)

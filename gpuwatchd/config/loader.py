@@ -32,10 +32,12 @@ from gpuwatchd.config.actions import (
     read_receivers,
     read_routing,
 )
+from gpuwatchd.config.fields import as_entry, read_fields
 from gpuwatchd.config.paths import SYSTEM_CONFIG_DIR
 from gpuwatchd.config.rules import RulesConfig, read_rules
 from gpuwatchd.config.yamlsrc import Node, Reader
 from gpuwatchd.core.errors import ConfigError
+from gpuwatchd.core.fields import ExtraField
 
 DEFAULT_CONFIG_PATH = SYSTEM_CONFIG_DIR + "/gpuwatchd.yaml"  # without $GPUWATCHD_CONFIG_DIR
 DEFAULT_STATE_DIR = "/var/lib/gpuwatchd"
@@ -171,6 +173,7 @@ class Config:
     rules: RulesConfig = field(default_factory=RulesConfig)
     xid: XidConfig = field(default_factory=XidConfig)
     web: WebSection = field(default_factory=WebSection)
+    fields: tuple[ExtraField, ...] = ()  # extra NVML field ids (config/fields.py)
     log_format: str = "auto"  # auto (journal, tty or plain) or json
     source: str | None = field(default=None, compare=False, metadata={"internal": True})
     """The file it was loaded from (``None``: built-in defaults only)."""
@@ -194,6 +197,8 @@ def as_plain(value: Any) -> Any:
     """
     if isinstance(value, ListenAddress | BackendSpec):
         return str(value)
+    if isinstance(value, ExtraField):
+        return as_entry(value)
     if isinstance(value, XidConfig):
         return {"overrides": {code: dict(fields) for code, fields in value.overrides}}
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
@@ -579,6 +584,7 @@ _ENTRIES: dict[str, _Entry[Any]] = {
     "rules": _section_entry(RulesConfig, lambda r, n, ctx: read_rules(r, n, ctx.base_dir)),
     "xid": _section_entry(XidConfig, _read_xid),
     "web": _section_entry(WebSection, _read_web),
+    "fields": _Entry(lambda r, n, ctx: read_fields(r, n), _const(())),
     "log_format": _Entry(_read_log_format, _const("auto")),
 }
 

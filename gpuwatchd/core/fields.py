@@ -50,6 +50,10 @@ def _f(
 
 _MIB = 1.0 / (1024 * 1024)
 
+# NVML's row-remapper histogram (nvmlDeviceGetRowRemapperHistogram): how many banks have
+# each level of spare rows left, from all of them (max) to not one (none).
+ROW_REMAP_AVAILABILITY: tuple[str, ...] = ("max", "high", "partial", "low", "none")
+
 GPU_FIELD_LIST: tuple[FieldSpec, ...] = (
     _f(
         "temperature_gpu",
@@ -64,6 +68,20 @@ GPU_FIELD_LIST: tuple[FieldSpec, ...] = (
         "gauge",
         "HBM (memory) temperature.",
         dcgm=DcgmName("DCGM_FI_DEV_MEMORY_TEMP", help="Memory temperature (in C)."),
+    ),
+    _f(
+        "temperature_gpu_margin",
+        "gpuwatchd_gpu_temperature_margin_celsius",
+        "gauge",
+        "Degrees the GPU can still warm before the nearest slowdown threshold "
+        "(NVML margin temperature).",
+    ),
+    _f(
+        "temperature_memory_margin",
+        "gpuwatchd_memory_temperature_margin_celsius",
+        "gauge",
+        "Degrees from the HBM temperature to the highest it is specified for (memory max "
+        "temperature minus memory temperature; negative above the limit).",
     ),
     _f(
         "power",
@@ -172,6 +190,24 @@ GPU_FIELD_LIST: tuple[FieldSpec, ...] = (
         integer=True,
     ),
     _f(
+        "ecc_corrected_volatile_sram",
+        "gpuwatchd_ecc_volatile_sram_errors_total",
+        "counter",
+        "ECC errors in on-chip SRAM (L1, L2, register file) since the driver loaded, by "
+        "type: the totals minus the device-memory (HBM) counts.",
+        {"type": "corrected"},
+        integer=True,
+    ),
+    _f(
+        "ecc_uncorrected_volatile_sram",
+        "gpuwatchd_ecc_volatile_sram_errors_total",
+        "counter",
+        "ECC errors in on-chip SRAM (L1, L2, register file) since the driver loaded, by "
+        "type: the totals minus the device-memory (HBM) counts.",
+        {"type": "uncorrected"},
+        integer=True,
+    ),
+    _f(
         "ecc_corrected_aggregate",
         "gpuwatchd_ecc_aggregate_errors_total",
         "counter",
@@ -260,6 +296,22 @@ GPU_FIELD_LIST: tuple[FieldSpec, ...] = (
             "counter",
             help="Number of remapped rows for uncorrectable errors",
         ),
+    ),
+    *(
+        _f(
+            f"row_remap_banks_{level}",
+            "gpuwatchd_row_remap_banks",
+            "gauge",
+            "HBM banks by how many spare rows they have left for row remapping "
+            "(max: all of them, none: not one; NVML's row-remapper histogram).",
+            {"availability": level},
+            integer=True,
+            dcgm=DcgmName(
+                f"DCGM_FI_DEV_BANKS_REMAP_ROWS_AVAIL_{level.upper()}",
+                help=f"Number of memory banks in the row remapper's {level!r} spare-rows bucket.",
+            ),
+        )
+        for level in ROW_REMAP_AVAILABILITY
     ),
     _f(
         "remapped_rows_pending",
@@ -412,6 +464,80 @@ LINK_FIELD_LIST: tuple[FieldSpec, ...] = (
 
 GPU_FIELDS: Mapping[str, FieldSpec] = MappingProxyType({f.name: f for f in GPU_FIELD_LIST})
 LINK_FIELDS: Mapping[str, FieldSpec] = MappingProxyType({f.name: f for f in LINK_FIELD_LIST})
+
+# -- fields computed from other fields -----------------------------------------------------
+# Both backends fill these from what the GPU answered (``add_derived_fields``), so a
+# scenario cannot set them: it drives their sources instead.
+_SRAM_PARTS: tuple[tuple[str, str, str], ...] = (
+    ("ecc_corrected_volatile", "ecc_corrected_volatile_dev", "ecc_corrected_volatile_sram"),
+    ("ecc_uncorrected_volatile", "ecc_uncorrected_volatile_dev", "ecc_uncorrected_volatile_sram"),
+)
+DERIVED_FIELDS: Mapping[str, str] = MappingProxyType(
+    {
+        **{sram: f"{total} minus {dev}" for total, dev, sram in _SRAM_PARTS},
+        "temperature_memory_margin": "the GPU's memory max temperature minus temperature_memory",
+    }
+)
+
+
+def add_derived_fields(fields: dict[str, float], memory_max_temperature: float | None) -> None:
+    """Add the derived fields whose sources ``fields`` holds (in place).
+
+    SRAM counts are the totals minus the device-memory counts, read in the same NVML call
+    (never below 0: a total that reads lower than its part is a driver oddity, not a
+    negative count). The HBM margin is the GPU's memory max temperature (read once per
+    GPU) minus the current HBM temperature.
+    """
+    for total, dev, sram in _SRAM_PARTS:
+        t = fields.get(total)
+        if t is not None:
+            d = fields.get(dev)
+            if d is not None:
+                fields[sram] = t - d if t > d else 0.0
+    if memory_max_temperature is not None:
+        temp = fields.get("temperature_memory")
+        if temp is not None:
+            fields["temperature_memory_margin"] = memory_max_temperature - temp
+
+
+# -- extra NVML fields from the config (the ``fields`` section) ------------------------------
+EXTRA_FIELD_PREFIX = "gpuwatchd_field_"
+MAX_EXTRA_FIELDS = 64
+EXTRA_FIELD_ID_MAX = 1023  # nvmlFieldValue_t ids; newer drivers add ids past today's ~310
+
+
+@dataclass(frozen=True)
+class ExtraField:
+    """An NVML field id polled by number, as the config's ``fields`` section names it.
+
+    Its value (times ``scale``) goes into ``GpuSample.fields[name]``; on /metrics it is the
+    family ``gpuwatchd_field_<name>`` (a gauge) or ``gpuwatchd_field_<name>_total`` (a
+    counter). ``slow`` reads it on the slow cadence with the costly built-in counters.
+    """
+
+    field_id: int
+    name: str
+    kind: MetricKind = "gauge"
+    help: str = ""
+    scale: float = 1.0
+    slow: bool = False
+
+    @property
+    def metric(self) -> str:
+        suffix = "_total" if self.kind == "counter" else ""
+        return f"{EXTRA_FIELD_PREFIX}{self.name}{suffix}"
+
+    def spec(self) -> FieldSpec:
+        text = self.help or f"NVML field {self.field_id} (the config's fields section)."
+        return FieldSpec(self.name, self.metric, self.kind, text)
+
+
+def gpu_fields_with(extra: tuple[ExtraField, ...]) -> Mapping[str, FieldSpec]:
+    """The per-GPU field table: the built-in fields, then the configured extra ones."""
+    if not extra:
+        return GPU_FIELDS
+    return MappingProxyType({**GPU_FIELDS, **{e.name: e.spec() for e in extra}})
+
 
 # NVML clocks-event reasons (nvmlClocksEventReason*), bit -> metric label value.
 CLOCK_EVENT_REASONS: tuple[tuple[int, str], ...] = (

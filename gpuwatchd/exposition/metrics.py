@@ -18,7 +18,13 @@ from functools import lru_cache
 from gpuwatchd import __version__
 from gpuwatchd.config.loader import MetricsConfig
 from gpuwatchd.core.families import Families, escape_label_value, label_text
-from gpuwatchd.core.fields import CLOCK_EVENT_REASONS, GPU_FIELD_LIST, LINK_FIELD_LIST, FieldSpec
+from gpuwatchd.core.fields import (
+    CLOCK_EVENT_REASONS,
+    GPU_FIELD_LIST,
+    LINK_FIELD_LIST,
+    ExtraField,
+    FieldSpec,
+)
 from gpuwatchd.core.nodestate import NodeView
 from gpuwatchd.core.records import GpuInfo, GpuStatus
 from gpuwatchd.exposition.process import ProcessMetrics
@@ -100,7 +106,9 @@ def _source_families(view: NodeView, fams: Families) -> None:
         errs.add([name], float(s.errors))
 
 
-def _gpu_families(view: NodeView, fams: Families, per_link: bool) -> None:
+def _gpu_families(
+    view: NodeView, fams: Families, per_link: bool, extra_fields: tuple[ExtraField, ...] = ()
+) -> None:
     info_f = fams.get(
         "gpuwatchd_gpu_info",
         "gauge",
@@ -159,7 +167,7 @@ def _gpu_families(view: NodeView, fams: Families, per_link: bool) -> None:
             sfx,
             fams.get(spec.metric, spec.kind, spec.help, (*GPU_LABELS, *spec.const_labels)),
         )
-        for spec, sfx in _GPU_SPECS
+        for spec, sfx in (*_GPU_SPECS, *((e.spec(), "") for e in extra_fields))
     ]
     reasons = fams.get(
         "gpuwatchd_clock_event_reason_active",
@@ -260,11 +268,16 @@ def _xid_families(view: NodeView, fams: Families) -> None:
 
 
 def build_families(
-    view: NodeView, *, per_link: bool = True, extra: tuple[ExtraFamilies, ...] = ()
+    view: NodeView,
+    *,
+    per_link: bool = True,
+    extra: tuple[ExtraFamilies, ...] = (),
+    extra_fields: tuple[ExtraField, ...] = (),
 ) -> Families:
+    """Every family of the node; ``extra_fields`` are the config's ``fields`` section."""
     fams = Families()
     _node_families(view, fams)
-    _gpu_families(view, fams, per_link)
+    _gpu_families(view, fams, per_link, extra_fields)
     _xid_families(view, fams)
     _source_families(view, fams)
     for add in extra:
@@ -284,8 +297,10 @@ class MetricsRenderer:
         hostname_label: bool = True,
         extra_families: tuple[ExtraFamilies, ...] = (),
         process: ProcessMetrics | None = None,
+        extra_fields: tuple[ExtraField, ...] = (),
     ) -> None:
         self._view = view
+        self.extra_fields = extra_fields
         self.process = process or ProcessMetrics()
         self.per_link = per_link
         extra: list[ExtraFamilies] = list(extra_families)
@@ -303,18 +318,25 @@ class MetricsRenderer:
         view: Callable[[], NodeView],
         metrics: MetricsConfig,
         extra_families: tuple[ExtraFamilies, ...] = (),
+        extra_fields: tuple[ExtraField, ...] = (),
     ) -> MetricsRenderer:
-        """The renderer with the ``metrics:`` section's options."""
+        """The renderer with the ``metrics:`` section's options (and the ``fields:``)."""
         return cls(
             view,
             per_link=metrics.per_link,
             dcgm_compat=metrics.dcgm_compat,
             hostname_label=metrics.hostname_label,
             extra_families=extra_families,
+            extra_fields=extra_fields,
         )
 
     def families(self, view: NodeView | None = None) -> Families:
-        return build_families(view or self._view(), per_link=self.per_link, extra=self.extra)
+        return build_families(
+            view or self._view(),
+            per_link=self.per_link,
+            extra=self.extra,
+            extra_fields=self.extra_fields,
+        )
 
     def render(self) -> bytes:
         """The node's families (cached per view version), then the process metrics."""

@@ -30,6 +30,9 @@ Inline series (each value one ``step``; ``60x3`` is 60 four times, ``0+5x3`` is 
         timeline:                        # any scenario timeline entries
         - {at: 5m, gpu: 1, lose: true}
 
+Extra NVML fields (the config's ``fields`` section, same format) may be declared at the top
+with ``fields:``; the rules and inputs of the file can then use them by name.
+
 A failing test prints where it is (``PATH:LINE:COL``), what was expected and what
 happened; the command exits 1.
 """
@@ -46,11 +49,13 @@ from typing import Any, TextIO
 
 import yaml
 
+from gpuwatchd.config.fields import read_fields
 from gpuwatchd.config.loader import Config, GpusConfig, default_config
 from gpuwatchd.config.yamlsrc import Node, Reader
 from gpuwatchd.core.alerts import AlertState, AlertTransition
 from gpuwatchd.core.clock import VirtualClock
 from gpuwatchd.core.errors import ConfigError, Location
+from gpuwatchd.core.fields import ExtraField
 from gpuwatchd.rules.engine import Alert, Engine
 from gpuwatchd.rules.loader import load_rule_set
 from gpuwatchd.rules.model import RuleSet
@@ -59,7 +64,7 @@ from gpuwatchd.rules.store import StateStore
 from gpuwatchd.scenario.model import Scenario, format_duration, load_scenario, parse_scenario
 from gpuwatchd.service.assembly import Wiring
 
-TOP_KEYS = ("rule_files", "tests")
+TOP_KEYS = ("rule_files", "fields", "tests")
 TEST_KEYS = ("name", "scenario", "input", "gpus_expected", "alerts", "transitions", "never")
 INPUT_KEYS = (
     "name",
@@ -139,6 +144,7 @@ class TestCase:
     checks: list[AlertsCheck] = field(default_factory=list)
     transitions: list[Matcher] | None = None
     never: list[Matcher] = field(default_factory=list)
+    fields: tuple[ExtraField, ...] = ()  # the file's extra NVML fields
 
 
 def _alert_text(rule: str, severity: str, labels: Any) -> str:
@@ -162,6 +168,7 @@ class TestFileParser:
         self.path = path
         self.base = os.path.dirname(os.path.abspath(path))
         self.r = Reader()
+        self.fields: tuple[ExtraField, ...] = ()
 
     def parse(self) -> tuple[RuleSet, list[TestCase]]:
         root = load_limited(self.path)
@@ -183,8 +190,9 @@ class TestFileParser:
                     self.r.error(item.loc, f"rule_files: {text!r} does not exist")
                     continue
                 files.append(path)
+        self.fields = read_fields(self.r, keys.get("fields"))
         self.r.raise_if_any()
-        rules = load_rule_set(files, defaults=defaults)
+        rules = load_rule_set(files, defaults=defaults, extra_fields=self.fields)
         names = {r.name for r in rules.rules}
         tests: list[TestCase] = []
         for i, item in enumerate(self.r.sequence(keys["tests"], "tests") or []):
@@ -248,13 +256,13 @@ class TestFileParser:
                     never.append(m)
         if len(self.r.problems) > before or scenario is None or name is None:
             return None
-        return TestCase(name, node.loc, scenario, expected, checks, transitions, never)
+        return TestCase(name, node.loc, scenario, expected, checks, transitions, never, self.fields)
 
     def scenario(self, node: Node, what: str) -> Scenario | None:
         if isinstance(node.value, str):
             path = os.path.normpath(os.path.join(self.base, node.value))
             try:
-                return load_scenario(path)
+                return load_scenario(path, self.fields)
             except ConfigError as exc:
                 self.r.problems.extend(exc.problems)
                 return None
@@ -341,7 +349,7 @@ class TestFileParser:
     def _compile(self, plain: Any, node: Node, what: str) -> Scenario | None:
         text = yaml.safe_dump(plain, sort_keys=False)
         try:
-            return parse_scenario(text, f"{self.path}")
+            return parse_scenario(text, f"{self.path}", self.fields)
         except ConfigError as exc:
             for _loc, message in exc.problems:
                 self.r.error(node.loc, f"{what}: {message}")
@@ -420,7 +428,7 @@ class Outcome:
 
 def _config(test: TestCase) -> Config:
     config = default_config({})
-    config = dataclasses.replace(config, node_name="rule-test")
+    config = dataclasses.replace(config, node_name="rule-test", fields=test.fields)
     if test.gpus_expected is not None:
         config = dataclasses.replace(config, gpus=GpusConfig(expected=test.gpus_expected))
     return config

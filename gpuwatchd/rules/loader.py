@@ -22,6 +22,7 @@ from gpuwatchd.config.loader import Config, normalize_gpu_id
 from gpuwatchd.config.yamlsrc import Node, Reader
 from gpuwatchd.core.alerts import AlertSeverity
 from gpuwatchd.core.errors import ConfigError, Location
+from gpuwatchd.core.fields import ExtraField, gpu_fields_with
 from gpuwatchd.rules.conditions.reading import BodyReader, hint
 from gpuwatchd.rules.conditions.registry import BY_KEY, KINDS
 from gpuwatchd.rules.model import Condition, Escalation, Guard, Rule, RuleSet, Selector
@@ -78,10 +79,14 @@ def placeholders_for(kind: str, link: bool) -> frozenset[str]:
 class RuleParser:
     """Reads rule files into ``Rule`` objects, collecting every problem in one ``Reader``."""
 
-    def __init__(self, catalog: xid_catalog.Catalog | None = None) -> None:
+    def __init__(
+        self,
+        catalog: xid_catalog.Catalog | None = None,
+        extra_fields: tuple[ExtraField, ...] = (),
+    ) -> None:
         self.r = Reader()
         self.catalog = catalog or xid_catalog.Catalog.default()
-        self.body = BodyReader(self.r, self.catalog)
+        self.body = BodyReader(self.r, self.catalog, gpu_fields_with(extra_fields))
         self.seen: dict[str, Location] = {}
 
     # -- helpers ------------------------------------------------------------------------
@@ -364,9 +369,10 @@ class RuleParser:
 
 
 # -- files and sets -------------------------------------------------------------------------
-def parse_rules(text: str, path: str) -> list[Rule]:
-    """The rules in one file's text; raises ``ConfigError`` listing every problem."""
-    parser = RuleParser()
+def parse_rules(text: str, path: str, extra_fields: tuple[ExtraField, ...] = ()) -> list[Rule]:
+    """The rules in one file's text; raises ``ConfigError`` listing every problem.
+    ``extra_fields`` (the config's ``fields``) are field names the rules may use."""
+    parser = RuleParser(extra_fields=extra_fields)
     rules = parser.file(parse_limited(text, path), path)
     parser.r.raise_if_any()
     return rules
@@ -404,10 +410,12 @@ def load_rule_set(
     disable: Iterable[str] = (),
     config_source: str | None = None,
     catalog: xid_catalog.Catalog | None = None,
+    extra_fields: tuple[ExtraField, ...] = (),
 ) -> RuleSet:
     """Load the shipped rules (``defaults``) then ``files`` (paths or globs), drop the
-    rules named in ``disable``; raises one ``ConfigError`` with every problem."""
-    parser = RuleParser(catalog)
+    rules named in ``disable``; raises one ``ConfigError`` with every problem. Rules may
+    use the ``extra_fields`` (the config's ``fields`` section) by name."""
+    parser = RuleParser(catalog, extra_fields)
     rules: list[Rule] = []
     loaded: list[str] = []
     paths = (default_rule_files() if defaults else []) + [p for _, p in expand_files(files)]
@@ -477,6 +485,7 @@ def rules_from_config(config: Config, extra_files: Iterable[str] = ()) -> RuleSe
         disable=disable,
         config_source=config.source,
         catalog=xid.catalog() if xid is not None else None,
+        extra_fields=tuple(getattr(config, "fields", ())),
     )
 
 

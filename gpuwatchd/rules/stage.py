@@ -11,6 +11,7 @@ rules stay, the problems are logged as ``PATH:LINE:COL: message`` and
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable, Iterable
 
@@ -61,7 +62,10 @@ class RulesStage:
 
     def reload_hook(self, new: Config) -> Callable[[], None]:
         """``Daemon.reload``'s hook: validate the new rules now (raising ``ConfigError``,
-        which keeps the old rules), swap them in when every hook has succeeded."""
+        which keeps the old rules), swap them in when every hook has succeeded. The extra
+        NVML fields stay the running ones (the backend polls them from start-up), so a rule
+        on a field added by the reload is refused until a restart."""
+        new = dataclasses.replace(new, fields=self.config.fields)
         try:
             rules = self.load(new)
         except ConfigError:

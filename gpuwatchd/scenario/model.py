@@ -27,7 +27,15 @@ from typing import Literal
 from gpuwatchd.config.yamlsrc import Node, Reader, load_file, parse
 from gpuwatchd.core.digest import sha256
 from gpuwatchd.core.errors import Location
-from gpuwatchd.core.fields import CLOCK_EVENT_REASON_BITS, GPU_FIELDS, LINK_FIELDS, FieldSpec
+from gpuwatchd.core.fields import (
+    CLOCK_EVENT_REASON_BITS,
+    DERIVED_FIELDS,
+    GPU_FIELDS,
+    LINK_FIELDS,
+    ExtraField,
+    FieldSpec,
+    gpu_fields_with,
+)
 from gpuwatchd.core.records import GpuInfo, LinkSample, ProcessInfo
 from gpuwatchd.core.units import format_duration, value_with_unit
 
@@ -77,7 +85,28 @@ _ECC_MIRRORS: tuple[tuple[str, str], ...] = (
     ("ecc_uncorrected_volatile", "ecc_uncorrected_volatile_dev"),
 )
 
-_ALL_FIELDS: Mapping[str, FieldSpec] = MappingProxyType({**GPU_FIELDS, **LINK_FIELDS})
+# Fields the scenario computes from others, as the NVML backend does (plus the GPU's
+# temperature margin, which NVML reports itself and a scenario derives from the model's
+# slowdown temperature): a timeline drives their sources, never them.
+SCENARIO_DERIVED: Mapping[str, str] = MappingProxyType(
+    {
+        **DERIVED_FIELDS,
+        "temperature_gpu_margin": "the model's slowdown temperature minus temperature_gpu",
+    }
+)
+# How each is computed: (field, source, part or None, use the slowdown limit?). With a part
+# the value is max(source - part, 0); without, limit - source.
+_DERIVATIONS: tuple[tuple[str, str, str | None, bool], ...] = (
+    ("ecc_corrected_volatile_sram", "ecc_corrected_volatile", "ecc_corrected_volatile_dev", False),
+    (
+        "ecc_uncorrected_volatile_sram",
+        "ecc_uncorrected_volatile",
+        "ecc_uncorrected_volatile_dev",
+        False,
+    ),
+    ("temperature_memory_margin", "temperature_memory", None, False),
+    ("temperature_gpu_margin", "temperature_gpu", None, True),
+)
 
 
 # -- GPU models --------------------------------------------------------------------------
@@ -254,7 +283,10 @@ class _Series:
 # A moving field in a plan: name, segment (start, base, rate), integer?, jitter amplitude,
 # noise phases, whole-degree rounding?, clamp kind (see _clamp_kind).
 _Moving = tuple[str, float, float, float, bool, float, tuple[float, float], bool, int]
-_FieldsPlan = tuple[float, float, dict[str, float], tuple[_Moving, ...]]
+# A derived field computed at every call (a source of it moves): name, source, part or
+# None, limit (see _DERIVATIONS).
+_Derived = tuple[str, str, str | None, float]
+_FieldsPlan = tuple[float, float, dict[str, float], tuple[_Moving, ...], tuple[_Derived, ...]]
 
 _W1 = 2 * math.pi / 173.0  # the two periods of the deterministic jitter, in seconds
 _W2 = 2 * math.pi / 31.0
@@ -333,6 +365,12 @@ class Scenario:
             elif clamp == 2:
                 value = max(value, 0.0)
             fields[name] = value
+        for name, source, part, limit in cached[4]:
+            if part is None:
+                fields[name] = limit - fields[source]
+            else:
+                value = fields[source] - fields[part]
+                fields[name] = value if value > 0.0 else 0.0
         links = self._links_at(gpu, t)
         count = int(fields.get("compute_processes", 0.0))
         used = fields.get("memory_used")
@@ -383,7 +421,24 @@ class Scenario:
                 value = series.value(t)
                 assert value is not None
                 still[name] = _clamp(name, value)
-        cached = (lo, hi, still, tuple(moving))
+        derived: list[_Derived] = []
+        moving_names = {m[0] for m in moving}
+        spec = self.gpus[gpu]
+        for name, source, part, slowdown in _DERIVATIONS:
+            limit = spec.slowdown_temperature if slowdown else spec.memory_max_temperature
+            if source not in still or (part is not None and part not in still):
+                continue
+            if part is None and limit is None:
+                continue
+            entry = (name, source, part, limit or 0.0)
+            if source in moving_names or part in moving_names:
+                still[name] = 0.0
+                derived.append(entry)
+            elif part is None:
+                still[name] = entry[3] - still[source]
+            else:
+                still[name] = max(still[source] - still[part], 0.0)
+        cached = (lo, hi, still, tuple(moving), tuple(derived))
         self._fields_cache[gpu] = cached
         return cached
 
@@ -601,9 +656,12 @@ class _Event:
 
 
 class _Parser:
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, extra: tuple[ExtraField, ...] = ()) -> None:
         self.path = path
         self.r = Reader()
+        self.extra = extra
+        self.gpu_fields = gpu_fields_with(extra)
+        self.all_fields: Mapping[str, FieldSpec] = {**self.gpu_fields, **LINK_FIELDS}
 
     # -- top level ------------------------------------------------------------------
     def scenario(self, root: Node | None) -> Scenario:
@@ -649,7 +707,16 @@ class _Parser:
         r.raise_if_any()
         assert gpus is not None and duration is not None
         return _compile(
-            self.path, name, description, duration, step, gpus, baseline, jitter, events
+            self.path,
+            name,
+            description,
+            duration,
+            step,
+            gpus,
+            baseline,
+            jitter,
+            events,
+            self.gpu_fields,
         )
 
     # -- gpus -----------------------------------------------------------------------
@@ -751,10 +818,22 @@ class _Parser:
         if not isinstance(name, str):
             self.r.error(node.loc, f"{what}: a field name must be a string")
             return None
-        spec = _ALL_FIELDS.get(name)
+        spec = self.all_fields.get(name)
         if spec is None:
+            close = _hint(name, list(self.all_fields))
             self.r.error(
-                node.loc, f"{what}: unknown field {name!r}{_hint(name, list(_ALL_FIELDS))}"
+                node.loc,
+                f"{what}: unknown field {name!r}"
+                + (
+                    close
+                    or " (another NVML field id needs an entry in the config's `fields` section)"
+                ),
+            )
+            return None
+        if name in SCENARIO_DERIVED:
+            self.r.error(
+                node.loc,
+                f"{what}: {name!r} is derived ({SCENARIO_DERIVED[name]}); set those instead",
             )
             return None
         if name in LINK_FIELDS and not allow_links:
@@ -997,7 +1076,7 @@ class _Parser:
         if not per_link or not node.is_mapping():
             return
         for key, _ in node.items():
-            if key.value in GPU_FIELDS:
+            if key.value in self.gpu_fields:
                 self.r.error(
                     key.loc,
                     f"{what}: {key.value!r} is a GPU field; an entry with `link:` sets only "
@@ -1021,7 +1100,7 @@ class _Parser:
             if got is None:
                 continue
             name, spec = got
-            if per_link is True and name in GPU_FIELDS:
+            if per_link is True and name in self.gpu_fields:
                 r.error(
                     keys["field"].loc,
                     f"{w}.field: {name!r} is a GPU field; an entry with `link:` ramps only "
@@ -1101,6 +1180,7 @@ def _compile(
     baseline: dict[str, float],
     jitter: dict[str, float],
     events: list[_Event],
+    gpu_fields: Mapping[str, FieldSpec] = GPU_FIELDS,
 ) -> Scenario:
     specs: list[GpuSpec] = []
     count = len(raw_gpus)
@@ -1131,7 +1211,7 @@ def _compile(
 
     for spec in specs:
         gpu_series, gpu_links, lost_spans, stall_spans, gpu_xids = _compile_gpu(
-            spec, baseline, [e for e in ordered if spec.index in e.gpus]
+            spec, baseline, [e for e in ordered if spec.index in e.gpus], gpu_fields
         )
         series.append(gpu_series)
         link_series.append(gpu_links)
@@ -1170,7 +1250,10 @@ def _get(table: dict[str, _Builder], f: str, specs: Mapping[str, FieldSpec]) -> 
 
 
 def _compile_gpu(
-    spec: GpuSpec, baseline: dict[str, float], mine: list[_Event]
+    spec: GpuSpec,
+    baseline: dict[str, float],
+    mine: list[_Event],
+    gpu_fields: Mapping[str, FieldSpec] = GPU_FIELDS,
 ) -> tuple[
     Mapping[str, _Series],
     tuple[Mapping[str, _Series], ...],
@@ -1180,7 +1263,9 @@ def _compile_gpu(
 ]:
     """Turn one GPU's events (in time order) into closed-form series and spans."""
     model = KNOWN_MODELS.get(spec.model)
-    start = dict(model.baseline) if model else dict.fromkeys(GPU_FIELDS, 0.0)
+    start = (
+        dict(model.baseline) if model else {f: 0.0 for f in GPU_FIELDS if f not in SCENARIO_DERIVED}
+    )
     start.update(baseline)
     if "memory_free" not in baseline and "memory_total" in start:
         start["memory_free"] = max(start["memory_total"] - start.get("memory_used", 0.0), 0.0)
@@ -1203,7 +1288,7 @@ def _compile_gpu(
 
     b: dict[str, _Builder] = {}
     for f, v in start.items():
-        _get(b, f, GPU_FIELDS).push(0.0, v, 0.0)
+        _get(b, f, gpu_fields).push(0.0, v, 0.0)
 
     def violations(t: float) -> None:
         mask = int(b["clock_event_reasons"].current(t)[0]) if "clock_event_reasons" in b else 0
@@ -1234,7 +1319,7 @@ def _compile_gpu(
         t = e.at
         tables: list[tuple[dict[str, _Builder], Mapping[str, FieldSpec]]]
         if e.links is None:
-            tables = [(b, GPU_FIELDS)]
+            tables = [(b, gpu_fields)]
         else:
             tables = [(links[k], LINK_FIELDS) for k in e.links if k < len(links)]
         for table, fspecs in tables:
@@ -1307,11 +1392,15 @@ def _merge(spans: list[tuple[float, float]]) -> list[tuple[float, float]]:
 # -- entry points ------------------------------------------------------------------------
 
 
-def parse_scenario(text: str, path: str = "<scenario>") -> Scenario:
-    """Parse and validate scenario YAML; raises ``ConfigError`` listing every problem."""
-    return _Parser(path).scenario(parse(text, path))
+def parse_scenario(
+    text: str, path: str = "<scenario>", extra_fields: tuple[ExtraField, ...] = ()
+) -> Scenario:
+    """Parse and validate scenario YAML; raises ``ConfigError`` listing every problem.
+
+    ``extra_fields`` (the config's ``fields`` section) are settable like built-in fields."""
+    return _Parser(path, extra_fields).scenario(parse(text, path))
 
 
-def load_scenario(path: str) -> Scenario:
+def load_scenario(path: str, extra_fields: tuple[ExtraField, ...] = ()) -> Scenario:
     """Load, validate and compile a scenario file; raises ``ConfigError``."""
-    return _Parser(path).scenario(load_file(path))
+    return _Parser(path, extra_fields).scenario(load_file(path))

@@ -167,6 +167,7 @@ class Node:
             self.state.view,
             config.metrics,
             (self.pipeline.families, self._input_families, *wiring.extra_families),
+            config.fields,
         )
         self.infos: list[GpuInfo] = []
         self.events: XidEventReader | None = None

@@ -51,6 +51,7 @@ RESTART_ONLY = (
     "poll",
     "gpus",
     "metrics",
+    "fields",  # extra NVML field ids: the backend builds its poll batches at start-up
     "web",  # the web config *file* is re-read when it changes; the key takes a restart
 )
 """Config keys a reload does not change (the running value stays until a restart)."""

@@ -51,6 +51,10 @@ _MEMBER = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVa
 DRIVER_FIELD_MAX = 303
 LINK_FIELD_IDS = frozenset({161, 162, 163, 164, 165, 166})
 HOPPER_NOT_SUPPORTED = frozenset({29, 30, 31, 92, 93, 38, 45, 52, 59, 160})
+# An H100 on driver 580.159.04 also answered NOT_SUPPORTED for the per-location ECC field
+# ids 7-20 (device memory 11/12 among them) while nvmlDeviceGetMemoryErrorCounter by
+# location answered (tests/test_gpu_fields.py, docs/real-gpu.md). ``h100_580()`` models it.
+PER_LOCATION_ECC_FIELDS = frozenset(range(7, 21))
 
 
 @dataclass
@@ -82,6 +86,10 @@ class FakeGpu:
     pcie_width: int = 16
     pcie_width_max: int = 16
     thresholds: dict[int, int] = field(default_factory=lambda: {0: 95, 1: 89, 2: 95, 3: 87})
+    margin_temperature: int = 54  # nvidia-smi showed 52-56 on an idle H100 and H200
+    # Row-remapper histogram: banks with max, high, partial, low, none spare rows (an
+    # H200 answered 3072 banks at max; docs/real-gpu.md).
+    remap_histogram: tuple[int, int, int, int, int] = (3072, 0, 0, 0, 0)
     processes: list[tuple[int, int]] = field(default_factory=list)
     # (fieldId, scopeId) -> (valueType, value); scope 0 for GPU-wide fields.
     field_values: dict[tuple[int, int], tuple[int, float]] = field(default_factory=dict)
@@ -391,6 +399,13 @@ class FakeNvml:
     def nvmlDeviceGetTemperatureV(self, handle: Any, sensor: int, version: int = 0) -> int:
         return self._gpu("nvmlDeviceGetTemperatureV", handle)[1].temperature
 
+    def nvmlDeviceGetMarginTemperature(self, handle: Any) -> int:
+        return self._gpu("nvmlDeviceGetMarginTemperature", handle)[1].margin_temperature
+
+    def nvmlDeviceGetRowRemapperHistogram(self, handle: Any) -> Any:
+        gpu = self._gpu("nvmlDeviceGetRowRemapperHistogram", handle)[1]
+        return _pynvml.c_nvmlRowRemapperHistogramValues(*gpu.remap_histogram)
+
     def nvmlDeviceGetPowerUsage(self, handle: Any) -> int:
         return self._gpu("nvmlDeviceGetPowerUsage", handle)[1].power_mw
 
@@ -471,6 +486,16 @@ class FakeNvml:
         if ret != NVML_SUCCESS:
             raise NVMLError(ret)
         return gpu.field_values[(fid, scope)][1]
+
+    def nvmlDeviceGetMemoryErrorCounter(
+        self, handle: Any, error_type: int, counter_type: int, location: int
+    ) -> int:
+        """Device memory (location 2) answers from the HBM fields' values, whether or not the
+        field ids themselves are supported; other locations are not supported."""
+        gpu = self._gpu("nvmlDeviceGetMemoryErrorCounter", handle)[1]
+        if location != 2 or counter_type != 0:
+            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+        return int(gpu.field_values[(11 + error_type, 0)][1])
 
     def nvmlDeviceGetTotalEccErrors(self, handle: Any, error_type: int, counter_type: int) -> int:
         fid = 3 + error_type + 2 * counter_type

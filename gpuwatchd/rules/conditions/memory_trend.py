@@ -19,7 +19,8 @@ at least ``quiet`` of silence). One condition, three signals (``signal``):
 - ``activity``: a new regime (or one younger than ``min_baseline``) with at least
   ``min_active`` buckets and ``min_episodes`` episodes in the longest window.
 - ``corroborated``: activity in the longest window together with the GPU certifying the
-  fault itself in that window: a correctable row remap, or XID 92 or 63 on this GPU.
+  fault itself: a correctable row remap or XID 92 or 63 on this GPU in that window, or a
+  bank with low or no spare rows left (row-remapper histogram) in its latest sample.
 """
 
 from __future__ import annotations
@@ -52,6 +53,8 @@ SIGNALS: tuple[Signal, ...] = ("acceleration", "activity", "corroborated")
 RECHECK = 300.0  # seconds between looks at a GPU whose counter did not move
 REMAP_FIELD = "remapped_rows_correctable"
 CORROBORATING_XIDS = frozenset({63, 92})
+# Row-remapper histogram levels that mean a bank has been remapping rows again and again.
+SPARE_ROWS_SHORT = ("row_remap_banks_low", "row_remap_banks_none")
 
 
 @dataclass(frozen=True)
@@ -79,6 +82,9 @@ def _corroboration(c: MemoryTrend, g: GpuView, snap: Snapshot, now: float) -> st
     remaps = g.data.hist.get(REMAP_FIELD)
     if remaps is not None and remaps.increase(now - c.window, now) > 0:
         return "a correctable row remap"
+    sample = g.data.sample
+    if sample is not None and any(sample.fields.get(f, 0.0) > 0 for f in SPARE_ROWS_SHORT):
+        return "a bank with low or no spare rows left"
     start = now - c.window
     for x in snap.xids.events:
         ev = x.event
@@ -315,7 +321,8 @@ class MemoryTrendKind(ConditionKind):
             },
             "Device-memory errors as activity (10-minute buckets, episodes, regimes): a "
             "significant acceleration within a regime (exact conditional binomial test), new "
-            "activity, or activity the GPU corroborates (a correctable remap, XID 92 or 63).",
+            "activity, or activity the GPU corroborates (a correctable remap, a bank low on "
+            "spare rows, XID 92 or 63).",
             optional_body=True,
         )
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import difflib
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from gpuwatchd.config.yamlsrc import Node, Reader
 from gpuwatchd.core.fields import GPU_FIELDS, LINK_FIELDS, FieldSpec
@@ -23,9 +23,16 @@ def hint(word: str, choices: Iterable[str]) -> str:
 class BodyReader:
     """Reads typed values from rule YAML, reporting every problem into one ``Reader``."""
 
-    def __init__(self, r: Reader, catalog: xid_catalog.Catalog) -> None:
+    def __init__(
+        self,
+        r: Reader,
+        catalog: xid_catalog.Catalog,
+        gpu_fields: Mapping[str, FieldSpec] = GPU_FIELDS,
+    ) -> None:
         self.r = r
         self.catalog = catalog
+        # The built-in fields plus the config's extra NVML fields (``fields:``).
+        self.gpu_fields = gpu_fields
 
     def error(self, node: Node, message: str) -> None:
         self.r.error(node.loc, message)
@@ -59,14 +66,17 @@ class BodyReader:
         name = self.r.string(node, what)
         if name is None:
             return None
-        if name in GPU_FIELDS:
-            spec, link = GPU_FIELDS[name], False
+        if name in self.gpu_fields:
+            spec, link = self.gpu_fields[name], False
         elif name in LINK_FIELDS and allow_link:
             spec, link = LINK_FIELDS[name], True
         else:
-            choices = list(GPU_FIELDS) + (list(LINK_FIELDS) if allow_link else [])
+            choices = list(self.gpu_fields) + (list(LINK_FIELDS) if allow_link else [])
             extra = "" if allow_link or name not in LINK_FIELDS else " (a per-link field)"
-            self.r.error(node.loc, f"{what}: unknown field {name!r}{extra}{hint(name, choices)}")
+            close = hint(name, choices)
+            if not close and not extra:
+                close = " (another NVML field id needs an entry in the config's `fields` section)"
+            self.r.error(node.loc, f"{what}: unknown field {name!r}{extra}{close}")
             return None
         if counter and spec.kind != "counter" and not spec.integer:
             self.r.error(

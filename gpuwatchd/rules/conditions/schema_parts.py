@@ -23,9 +23,19 @@ VALUE: Schema = {
 
 
 def fields(*, links: bool = True) -> Schema:
-    """Any sampled field name (GPU fields, then per-link fields when ``links``)."""
+    """Any sampled field name (GPU fields, then per-link fields when ``links``), or the
+    name of an extra NVML field from the config's ``fields`` section."""
     names = sorted(GPU_FIELDS) + (sorted(LINK_FIELDS) if links else [])
-    return {"enum": names}
+    return {
+        "anyOf": [
+            {"enum": names},
+            {
+                "type": "string",
+                "pattern": "^[a-z][a-z0-9_]{0,63}$",
+                "description": "An extra NVML field named in the config's `fields` section.",
+            },
+        ]
+    }
 
 
 def op(default: str | None = None) -> Schema:

@@ -18,6 +18,12 @@ Design notes (facts behind them: docs/real-gpu.md and the shared NVML reference)
   other reading about 10 us or less). These SLOW fields are read every ``slow_interval_s``
   (default 10 s) and their last values are carried in the samples between reads; 0 reads
   everything on every poll. See docs/PERFORMANCE.md.
+- Derived fields (``core.fields.add_derived_fields``): SRAM ECC counts are the totals
+  minus the device-memory counts of the same batch (no extra call; NVML's own
+  ``nvmlDeviceGetSramEccErrorStatus`` is a versioned struct call that older drivers lack),
+  and the HBM margin is the memory max temperature, read once per GPU with the other
+  thresholds, minus the HBM temperature. The config's extra field ids (``fields``) ride
+  in the same batch as the built-in ones.
 - Per-GPU state is separate and guarded by its own lock, so one thread per GPU can poll
   concurrently. pynvml itself is safe to call from several threads.
 - pynvml is imported lazily (``nvml`` is the seam: tests pass a fake module object).
@@ -47,6 +53,7 @@ from gpuwatchd.core.errors import (
     NotSupported,
     ResetRequired,
 )
+from gpuwatchd.core.fields import ROW_REMAP_AVAILABILITY, ExtraField, add_derived_fields
 from gpuwatchd.core.records import GpuInfo, GpuSample, LinkSample, ProcessInfo, XidEvent
 
 log = logging.getLogger(__name__)
@@ -179,9 +186,28 @@ GPU_FIELD_IDS: tuple[_FieldSpec, ...] = (
     _FieldSpec("recovery_action", FI_DEV_GET_GPU_RECOVERY_ACTION),
 )
 
+# HBM ECC through nvmlDeviceGetMemoryErrorCounter when the field ids are not supported
+# (field 11/12 answered NOT_SUPPORTED on an H100 with driver 580.159.04, while the counter
+# by location answered): (field, nvmlMemoryErrorType_t, field id it stands in for).
+NVML_VOLATILE_ECC = 0
+HBM_ECC_FALLBACKS: tuple[tuple[str, int, int], ...] = (
+    ("ecc_corrected_volatile_dev", 0, FI_DEV_ECC_SBE_VOL_DEV),
+    ("ecc_uncorrected_volatile_dev", 1, FI_DEV_ECC_DBE_VOL_DEV),
+)
+
+# The row-remapper histogram (one getter): field name per member of its struct.
+ROW_REMAP_FIELDS: tuple[tuple[str, str], ...] = tuple(
+    (f"row_remap_banks_{level}", level) for level in ROW_REMAP_AVAILABILITY
+)
+
 # Fields read only every slow_interval_s (the batch ones above marked slow, and getters).
+# The histogram changes only when a row is remapped (a rare, recorded event) and is a
+# read of InfoROM state: 10 s late is as good as now.
 SLOW_FIELDS = frozenset(
-    {s.name for s in GPU_FIELD_IDS if s.slow} | {"violation_power", "violation_thermal"}
+    {s.name for s in GPU_FIELD_IDS if s.slow}
+    | {"violation_power", "violation_thermal"}
+    | {name for name, _ in ROW_REMAP_FIELDS}
+    | {"temperature_gpu_margin"}
 )
 DEFAULT_SLOW_INTERVAL_S = 10.0
 
@@ -369,8 +395,15 @@ class _Fallbacks:
 class _Gpu:
     """Everything the backend keeps about one GPU; touched only under ``lock``."""
 
-    def __init__(self, index: int, handle: Any, info: GpuInfo) -> None:
+    def __init__(
+        self,
+        index: int,
+        handle: Any,
+        info: GpuInfo,
+        extra: tuple[_FieldSpec, ...] = (),
+    ) -> None:
         self.index = index
+        self.extra = extra  # the config's extra field ids, after the built-in ones
         self.info = info
         self.lock = threading.Lock()
         self.handle = handle
@@ -396,7 +429,7 @@ class _Gpu:
     def rebuild_batch(self) -> None:
         ids: list[tuple[int, int]] = []
         specs: list[tuple[_FieldSpec, int | None]] = []
-        for spec in GPU_FIELD_IDS:
+        for spec in (*GPU_FIELD_IDS, *self.extra):
             if (spec.field_id, 0) not in self.bad_fields:
                 ids.append((spec.field_id, 0))
                 specs.append((spec, None))
@@ -414,6 +447,7 @@ class _Gpu:
 
     def not_supported(self) -> list[str]:
         by_id = {s.field_id: s.name for s in (*GPU_FIELD_IDS, *LINK_FIELD_IDS)}
+        by_id.update((s.field_id, s.name) for s in self.extra if s.field_id not in by_id)
         link_ids = {s.field_id for s in LINK_FIELD_IDS}
         out = []
         for fid, scope in sorted(self.bad_fields):
@@ -436,8 +470,12 @@ class NvmlBackend:
         clock: Clock,
         nvml: Any | None = None,
         slow_interval_s: float = DEFAULT_SLOW_INTERVAL_S,
+        extra_fields: tuple[ExtraField, ...] = (),
     ) -> None:
         self._clock = clock
+        # The config's ``fields`` section: asked in the same field-values call.
+        self._extra = tuple(_FieldSpec(e.name, e.field_id, e.scale, e.slow) for e in extra_fields)
+        self._slow_fields = SLOW_FIELDS | {e.name for e in extra_fields if e.slow}
         self._slow_interval = max(0.0, slow_interval_s)
         self._nvml_arg = nvml
         self._nvml: Any = None
@@ -449,6 +487,7 @@ class NvmlBackend:
         self._event_set: Any = None
         self._events_unavailable = False
         self._temperature: _Fallbacks | None = None
+        self._hbm_counter: _Fallbacks | None = None
         self._clock_reasons: _Fallbacks | None = None
         self._memory_info: _Fallbacks | None = None
 
@@ -505,6 +544,15 @@ class NvmlBackend:
                 "nvmlDeviceGetMemoryInfo",
             ],
         )
+        # HBM ECC counts when fields 11/12 answer NOT_SUPPORTED (an H100 on driver 580 does):
+        # the memory-error counter by location, DRAM (Turing and later) then device memory
+        self._hbm_counter = _Fallbacks(
+            nv,
+            [
+                functools.partial(_memory_error_counter, nv, "NVML_MEMORY_LOCATION_DRAM"),
+                functools.partial(_memory_error_counter, nv, "NVML_MEMORY_LOCATION_DEVICE_MEMORY"),
+            ],
+        )
         driver = self._try_static(nv.nvmlSystemGetDriverVersion, default="")
         gpus = [self._open_gpu(i, str(driver)) for i in range(count)]
         self._gpus = gpus
@@ -527,8 +575,8 @@ class NvmlBackend:
             # Keep the slot: the first sample() reports the GPU as lost and retries by
             # index; identity is read once a handle comes.
             info = GpuInfo(index=index, uuid="", name="", pci_bus_id="", driver=driver)
-            return _Gpu(index, None, info)
-        return _Gpu(index, handle, self._read_info(index, handle, driver))
+            return _Gpu(index, None, info, self._extra)
+        return _Gpu(index, handle, self._read_info(index, handle, driver), self._extra)
 
     def _read_info(self, index: int, handle: Any, driver: str) -> GpuInfo:
         """Static facts of one GPU; each read may fail alone and leaves its default."""
@@ -758,6 +806,17 @@ class NvmlBackend:
             )
             if value is not None:
                 fields["energy"] = value / 1000.0  # mJ
+        for name, error_type, fid in HBM_ECC_FALLBACKS:
+            if (fid, 0) in gpu.bad_fields:  # the field id is not supported: ask by location
+                assert self._hbm_counter is not None
+                value = call(
+                    f"nvmlDeviceGetMemoryErrorCounter({name})",
+                    (name,),
+                    self._hbm_counter,
+                    error_type,
+                )
+                if value is not None:
+                    fields[name] = float(value)
         value = call(
             "nvmlDeviceGetClockInfo(SM)", ("sm_clock",), nv.nvmlDeviceGetClockInfo, NVML_CLOCK_SM
         )
@@ -801,6 +860,24 @@ class NvmlBackend:
                 )
                 if viol is not None:
                     fields[name] = viol.violationTime * 1e-9  # ns
+        # 1 ms of driver CPU per call on an H100 (tests/test_gpu_fields.py prints it): slow
+        if full and hasattr(nv, "nvmlDeviceGetMarginTemperature"):
+            value = call(
+                "nvmlDeviceGetMarginTemperature",
+                ("temperature_gpu_margin",),
+                nv.nvmlDeviceGetMarginTemperature,
+            )
+            if value is not None:
+                fields["temperature_gpu_margin"] = float(value)
+        if full and hasattr(nv, "nvmlDeviceGetRowRemapperHistogram"):  # slow: see SLOW_FIELDS
+            hist = call(
+                "nvmlDeviceGetRowRemapperHistogram",
+                tuple(name for name, _ in ROW_REMAP_FIELDS),
+                nv.nvmlDeviceGetRowRemapperHistogram,
+            )
+            if hist is not None:
+                for name, member in ROW_REMAP_FIELDS:
+                    fields[name] = float(getattr(hist, member))
         value = call(
             "nvmlDeviceGetCurrentClocksEventReasons", ("clock_event_reasons",), self._clock_reasons
         )
@@ -842,7 +919,7 @@ class NvmlBackend:
             fields["compute_processes"] = float(len(processes))
 
         if full:
-            gpu.slow_values = {n: fields[n] for n in SLOW_FIELDS if n in fields}
+            gpu.slow_values = {n: fields[n] for n in self._slow_fields if n in fields}
             gpu.slow_link_values = [
                 {n: lf[n] for n in SLOW_LINK_FIELDS if n in lf} for lf in link_fields
             ]
@@ -852,6 +929,7 @@ class NvmlBackend:
             for lf, kept in zip(link_fields, gpu.slow_link_values, strict=False):
                 lf.update(kept)
 
+        add_derived_fields(fields, gpu.info.memory_max_temperature)
         links = tuple(
             LinkSample(link=i, fields=MappingProxyType(f)) for i, f in enumerate(link_fields)
         )
@@ -1016,6 +1094,13 @@ def reexec_with_single_arena() -> None:
 
 def _label(spec: _FieldSpec, link: int | None) -> str:
     return spec.name if link is None else f"{spec.name}[link {link}]"
+
+
+def _memory_error_counter(nv: Any, location: str, handle: Any, error_type: int) -> Any:
+    """Volatile ECC count of one kind at one memory location (``location``: the pynvml
+    constant's name; 2 for both DRAM and device memory in nvml.h)."""
+    where = getattr(nv, location, 2)
+    return nv.nvmlDeviceGetMemoryErrorCounter(handle, error_type, NVML_VOLATILE_ECC, where)
 
 
 def _memory_info_v2(nv: Any, version: int, handle: Any) -> Any:
