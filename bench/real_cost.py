@@ -100,7 +100,7 @@ def compile_package(root: Path = ROOT) -> None:
     )
 
 
-def measure(name: str, config_text: str, seconds: float) -> dict[str, Any]:
+def measure(name: str, config_text: str, seconds: float, tree: Path = ROOT) -> dict[str, Any]:
     work = tempfile.mkdtemp(prefix="gpuwatchd-cost-")
     config = Path(work) / "gpuwatchd.yaml"
     config.write_text(f"state_dir: {work}/state\n{config_text}")
@@ -118,7 +118,8 @@ def measure(name: str, config_text: str, seconds: float) -> dict[str, Any]:
         ],
         stdout=subprocess.DEVNULL,
         stderr=open(Path(work) / "daemon.log", "w"),  # noqa: SIM115
-        cwd=ROOT,
+        cwd=tree,
+        env={**os.environ, "PYTHONPATH": str(tree)},
     )
     url = f"http://127.0.0.1:{port}/metrics"
     deadline = time.monotonic() + 60
@@ -196,10 +197,12 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=180.0)
     ap.add_argument("--out", default=".")
     ap.add_argument("--configs", default="default,1s")
+    ap.add_argument("--tree", type=Path, default=ROOT, help="the gpuwatchd tree to run")
     args = ap.parse_args()
     configs = {"default": "", "1s": "poll:\n  interval: 1s\n"}
-    compile_package()
-    results = [measure(c, configs[c], args.seconds) for c in args.configs.split(",")]
+    compile_package(args.tree.resolve())
+    tree = args.tree.resolve()
+    results = [measure(c, configs[c], args.seconds, tree) for c in args.configs.split(",")]
     for r in results:
         print("COST " + json.dumps(r), flush=True)
     with open(os.path.join(args.out, "real_cost.json"), "w") as fh:

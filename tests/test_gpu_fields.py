@@ -105,7 +105,7 @@ def test_sram_status_agrees_with_total_minus_device_memory(backend: NvmlBackend)
 def test_what_the_new_getters_cost(backend: NvmlBackend) -> None:
     """What each new getter costs. On an H100 (driver 580.159.04) the margin temperature
     took 1.0 ms of CPU per call, the histogram 0.8 us: both are read on the slow cadence
-    (every 10 s), like energy and the violation counters (docs/real-gpu.md). The HBM ECC
+    (every 20 s), like energy and the violation counters (docs/real-gpu.md). The HBM ECC
     counter by location is read on every poll where fields 11/12 are not supported."""
     import pynvml
 

@@ -41,7 +41,8 @@ def make(*gpus_nvlink: bool, **kwargs: Any) -> tuple[NvmlBackend, FakeNvml, Virt
     gpus = [h100(i, nvlink=n) for i, n in enumerate(gpus_nvlink or (False,))]
     fake = FakeNvml(gpus, **kwargs)
     clock = VirtualClock()
-    backend = NvmlBackend(clock, nvml=fake)
+    # the cadence tests below count in 10 s (the default is DEFAULT_SLOW_INTERVAL_S)
+    backend = NvmlBackend(clock, nvml=fake, slow_interval_s=10.0)
     return backend, fake, clock
 
 
@@ -665,3 +666,19 @@ def test_real_gpus_open_and_sample() -> None:
         assert isinstance(backend.wait_xid_events(0.2), list)
     finally:
         backend.close()
+
+
+def test_the_default_slow_cadence_is_twenty_seconds() -> None:
+    """Energy (4 ms of driver CPU), the violation counters and the margin temperature
+    (~1 ms each) are read every 20 s by default: at 1 s polls that keeps the daemon under
+    0.3 % of a core on an H100 (docs/PERFORMANCE.md)."""
+    fake = FakeNvml([h100(0)])
+    clock = VirtualClock()
+    backend = NvmlBackend(clock, nvml=fake)
+    backend.open()
+    for _ in range(20):
+        backend.sample(0)
+        clock.advance(1)
+    assert fake.calls["nvmlDeviceGetViolationStatus"] == 2  # the first poll only
+    backend.sample(0)  # 20 s after the first
+    assert fake.calls["nvmlDeviceGetViolationStatus"] == 4

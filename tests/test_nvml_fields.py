@@ -19,7 +19,8 @@ def make(
 ) -> tuple[NvmlBackend, FakeNvml, VirtualClock]:
     fake = FakeNvml([h100(0, **gpu_kwargs)])  # type: ignore[arg-type]
     clock = VirtualClock()
-    return NvmlBackend(clock, nvml=fake, extra_fields=extra), fake, clock
+    backend = NvmlBackend(clock, nvml=fake, extra_fields=extra, slow_interval_s=10.0)
+    return backend, fake, clock
 
 
 def test_histogram_margins_and_sram_are_read() -> None:

@@ -86,3 +86,21 @@ def test_real_device_opens_and_reports_up(tmp_path: Path) -> None:
     source.stop()
     assert states and states[0] == (True, "reading /dev/kmsg")
     assert all(up for up, _ in states)
+
+
+def test_an_idle_device_reader_sleeps_until_a_record_or_stop(tmp_path: Path) -> None:
+    """Idle, the reader turns once per IDLE_POLL_MS (5 s), not twice a second; stop()
+    still ends it at once through its wake-up pipe."""
+    if not os.access("/dev/kmsg", os.R_OK):
+        pytest.fail("/dev/kmsg is not readable: run the tests as root (CI does)")
+    states: list[tuple[bool, str]] = []
+    handler = KernelLineHandler("kmsg", GpuResolver(make_infos(8)), lambda e: None)
+    source = KmsgSource(handler, SystemClock(), status=lambda up, d: states.append((up, d)))
+    source.start()
+    time.sleep(1.6)
+    started = time.monotonic()
+    source.stop()
+    assert time.monotonic() - started < 1.0
+    assert source._thread is not None and not source._thread.is_alive()
+    assert 1 <= len(states) <= 2, states  # one idle turn (two if a record came), not 4
+    assert source._wake_w is None  # the pipe is closed with the reader

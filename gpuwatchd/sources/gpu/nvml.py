@@ -16,7 +16,7 @@ Design notes (facts behind them: docs/real-gpu.md and the shared NVML reference)
 - A few readings cost the driver milliseconds of CPU each (measured on an H200 with driver
   580: total energy 4 ms, each violation counter 0.75 ms, PCIe replays 0.15 ms; every
   other reading about 10 us or less). These SLOW fields are read every ``slow_interval_s``
-  (default 10 s) and their last values are carried in the samples between reads; 0 reads
+  (default 20 s) and their last values are carried in the samples between reads; 0 reads
   everything on every poll. See docs/PERFORMANCE.md.
 - Derived fields (``core.fields.add_derived_fields``): SRAM ECC counts are the totals
   minus the device-memory counts of the same batch (no extra call; NVML's own
@@ -202,18 +202,18 @@ ROW_REMAP_FIELDS: tuple[tuple[str, str], ...] = tuple(
 
 # Fields read only every slow_interval_s (the batch ones above marked slow, and getters).
 # The histogram changes only when a row is remapped (a rare, recorded event) and is a
-# read of InfoROM state: 10 s late is as good as now.
+# read of InfoROM state: 20 s late is as good as now.
 SLOW_FIELDS = frozenset(
     {s.name for s in GPU_FIELD_IDS if s.slow}
     | {"violation_power", "violation_thermal"}
     | {name for name, _ in ROW_REMAP_FIELDS}
     | {"temperature_gpu_margin"}
 )
-DEFAULT_SLOW_INTERVAL_S = 10.0
+DEFAULT_SLOW_INTERVAL_S = 20.0
 
 # Link state is read every poll; the three error counters (54 of the 72 per-link values
 # on an 18-link GPU, ~0.2 ms of driver CPU each) on the slow cadence, like the other
-# costly counters: a counter read 10 s late loses nothing, rules look at increases.
+# costly counters: a counter read 20 s late loses nothing, rules look at increases.
 LINK_FIELD_IDS: tuple[_FieldSpec, ...] = (
     _FieldSpec("nvlink_up", FI_DEV_NVLINK_GET_STATE),
     _FieldSpec("nvlink_replay_errors", FI_DEV_NVLINK_ERROR_DL_REPLAY, slow=True),

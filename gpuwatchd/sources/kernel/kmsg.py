@@ -13,6 +13,7 @@ A regular file (a saved dump, or tests) is read line by line and followed as it 
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import os
@@ -33,6 +34,7 @@ log = logging.getLogger(__name__)
 
 StatusFn = Callable[[bool, str], None]
 BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
+IDLE_POLL_MS = 5000  # an idle /dev/kmsg reader wakes this often (its heartbeat allows 30 s)
 SAVE_EVERY = 1.0  # seconds: the position is saved when the log pauses, and at least this often
 
 
@@ -77,6 +79,8 @@ class KmsgSource:
         self._dirty = False
         self._saved_at = 0.0  # monotonic time of the last save
         self.heartbeat: Heartbeat | None = None  # beats once per turn of the read loop
+        self._wake_w: int | None = None  # write end of the stop pipe while reading a device
+        self._wake_lock = threading.Lock()
 
     # -- records -----------------------------------------------------------------------
     def _resume_seq(self) -> int | None:
@@ -124,6 +128,22 @@ class KmsgSource:
         self.time_base = self._boot_time() or None
         poller = select.poll()
         poller.register(fd, select.POLLIN)
+        # stop() writes to this pipe, so the wait for a record can be long (IDLE_POLL_MS):
+        # an idle reader wakes only to beat its heartbeat, not twice a second
+        wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        with self._wake_lock:
+            self._wake_w = wake_w
+        poller.register(wake_r, select.POLLIN)
+        try:
+            self._read_device(fd, poller)
+        finally:
+            with self._wake_lock:  # stop() must never write to a closed (reused) fd
+                wake_w, self._wake_w = self._wake_w, None
+                os.close(wake_r)
+                if wake_w is not None:
+                    os.close(wake_w)
+
+    def _read_device(self, fd: int, poller: select.poll) -> None:
         while not self._stop.is_set():
             if self.heartbeat is not None:
                 self.heartbeat.beat()
@@ -132,7 +152,7 @@ class KmsgSource:
             except BlockingIOError:
                 self.save()
                 self.status(True, "reading /dev/kmsg")
-                poller.poll(500)
+                poller.poll(IDLE_POLL_MS)
                 continue
             except OSError as exc:
                 if exc.errno == errno.EPIPE:
@@ -216,5 +236,9 @@ class KmsgSource:
 
     def stop(self) -> None:
         self._stop.set()
+        with self._wake_lock:
+            if self._wake_w is not None:
+                with contextlib.suppress(OSError):  # a full pipe is awake already
+                    os.write(self._wake_w, b"x")
         if self._thread is not None:
             self._thread.join(2.0)
