@@ -138,7 +138,10 @@ def _doubling(hours: float) -> Maker:
         tr = Trace()
         start = rng.uniform(4, 12) * DAY
         rate = rng.uniform(0.5, 2.0)  # per day at the start
-        length = rng.uniform(7, 10) * DAY if hours >= 24 else rng.uniform(4, 6) * DAY
+        if hours >= 48:
+            length = rng.uniform(10, 16) * DAY
+        else:
+            length = rng.uniform(7, 10) * DAY if hours >= 24 else rng.uniform(4, 6) * DAY
         end = min(start + length, (DAYS - 0.5) * DAY)
         t = start
         while t < end:
@@ -302,6 +305,7 @@ FAMILIES: tuple[Family, ...] = (
     ),
     Family("leak-doubling-24h", "rate doubles every 24 h for 7-10 d", _doubling(24), True),
     Family("leak-doubling-12h", "rate doubles every 12 h for 4-6 d", _doubling(12), True),
+    Family("leak-doubling-48h", "rate doubles every 48 h for 10-16 d", _doubling(48), True),
     Family("late-storm", "silent, then hourly for 2 d", _late_storm, True),
     Family(
         "corroborated",
