@@ -74,14 +74,19 @@ def test_resume_by_sequence_within_a_boot(tmp_path: Path) -> None:
     assert [e.xid for e in after_reboot] == [31, 48]
 
 
-def test_real_device_opens_and_reports_up(tmp_path: Path) -> None:
-    """The real /dev/kmsg (read only: tests never write to the kernel log)."""
+def real_device_source() -> tuple[KmsgSource, list[tuple[bool, str]]]:
+    """A started reader of the real /dev/kmsg (read only: tests never write to it)."""
     if not os.access("/dev/kmsg", os.R_OK):
         pytest.fail("/dev/kmsg is not readable: run the tests as root (CI does)")
     states: list[tuple[bool, str]] = []
     handler = KernelLineHandler("kmsg", GpuResolver(make_infos(8)), lambda e: None)
     source = KmsgSource(handler, SystemClock(), status=lambda up, d: states.append((up, d)))
     source.start()
+    return source, states
+
+
+def test_real_device_opens_and_reports_up(tmp_path: Path) -> None:
+    source, states = real_device_source()
     time.sleep(0.7)
     source.stop()
     assert states and states[0] == (True, "reading /dev/kmsg")
@@ -91,12 +96,7 @@ def test_real_device_opens_and_reports_up(tmp_path: Path) -> None:
 def test_an_idle_device_reader_sleeps_until_a_record_or_stop(tmp_path: Path) -> None:
     """Idle, the reader turns once per IDLE_POLL_MS (5 s), not twice a second; stop()
     still ends it at once through its wake-up pipe."""
-    if not os.access("/dev/kmsg", os.R_OK):
-        pytest.fail("/dev/kmsg is not readable: run the tests as root (CI does)")
-    states: list[tuple[bool, str]] = []
-    handler = KernelLineHandler("kmsg", GpuResolver(make_infos(8)), lambda e: None)
-    source = KmsgSource(handler, SystemClock(), status=lambda up, d: states.append((up, d)))
-    source.start()
+    source, states = real_device_source()
     time.sleep(1.6)
     started = time.monotonic()
     source.stop()
