@@ -43,8 +43,8 @@ from gpuwatchd.rules.conditions.base import (
     model_of,
 )
 from gpuwatchd.rules.conditions.reading import MAX_WINDOW, BodyReader
+from gpuwatchd.rules.conditions.recheck import Recheck
 from gpuwatchd.rules.evidence import BUCKET, Activity, bucket_of, rate_ratio_p_value
-from gpuwatchd.rules.history import CounterHistory
 from gpuwatchd.rules.model import Condition, Rule
 from gpuwatchd.rules.snapshot import GpuView, Snapshot
 
@@ -162,25 +162,21 @@ def _accelerated(
 
 
 class _Evaluator(Evaluator):
-    __slots__ = ("c", "checked", "last_look")
+    __slots__ = ("c", "look")
 
     def __init__(self, rule: Rule) -> None:
         super().__init__(rule)
         self.c = model_of(rule, MemoryTrend)
-        self.checked: dict[CounterHistory, tuple[int, float]] = {}  # no hit at (version, t)
-        self.last_look: float | None = None
+        self.look = Recheck(RECHECK)
 
     def evaluate(self, snap: Snapshot, now: float, active: bool, fresh: bool) -> Result:
         c = self.c
+        look = self.look
         corroborated = c.signal == "corroborated"
-        if not active and not fresh and not corroborated:
-            last = self.last_look
-            if not snap.field_moved(c.field) and last is not None and now - last < RECHECK:
-                return NO_HITS, set()
-            self.last_look = now
+        if not active and not fresh and not corroborated and look.node_quiet(snap, c.field, now):
+            return NO_HITS, set()
         targets, unknown = snap.targets(self.rule)
         hits: Hits = {}
-        checked = self.checked
         for g in targets:
             h = g.data.hist.get(c.field)
             if h is None:
@@ -188,13 +184,7 @@ class _Evaluator(Evaluator):
             act = h.activity
             if not act.buckets:
                 continue
-            seen = checked.get(h)
-            if (
-                not corroborated
-                and seen is not None
-                and seen[0] == act.version
-                and now - seen[1] < RECHECK
-            ):
+            if not corroborated and look.unchanged(h, act.version, now):
                 continue
             hit = judge(c, act, now)
             if hit is not None and corroborated:
@@ -204,10 +194,8 @@ class _Evaluator(Evaluator):
                 else:
                     assert hit[1] is not None
                     hit[1]["evidence"] = why
-            if hit is None:
-                checked[h] = (act.version, now)
-            else:
-                checked.pop(h, None)
+            look.record(h, act.version, now, hit is not None)
+            if hit is not None:
                 hits[(g.index, -1, -1)] = hit
         return hits, unknown
 

@@ -18,6 +18,7 @@ from gpuwatchd.rules.conditions.base import (
     model_of,
 )
 from gpuwatchd.rules.conditions.reading import BodyReader
+from gpuwatchd.rules.conditions.recheck import Recheck
 from gpuwatchd.rules.model import Condition, Rule
 from gpuwatchd.rules.snapshot import GpuView, Snapshot
 
@@ -43,22 +44,19 @@ def median(values: list[float]) -> float:
 
 
 class _Evaluator(Evaluator):
-    __slots__ = ("c", "last_look")
+    __slots__ = ("c", "look")
 
     def __init__(self, rule: Rule) -> None:
         super().__init__(rule)
         self.c = model_of(rule, PeerOutlier)
-        self.last_look: float | None = None
+        self.look = Recheck(RECHECK)
 
     def evaluate(self, snap: Snapshot, now: float, active: bool, fresh: bool) -> Result:
         c = self.c
-        if c.window is not None and not active:
-            # Counters: nothing to do unless one of them moved (or once a minute, for
-            # errors leaving the window).
-            last = self.last_look
-            if not snap.field_moved(c.field) and last is not None and now - last < RECHECK:
-                return {}, set()
-            self.last_look = now
+        # Counters: nothing to do unless one of them moved (or once a minute, for errors
+        # leaving the window).
+        if c.window is not None and not active and self.look.node_quiet(snap, c.field, now):
+            return {}, set()
         targets, unknown = snap.targets(self.rule)
         pairs: list[tuple[float, GpuView]] = []
         for g in targets:

@@ -20,6 +20,7 @@ from gpuwatchd.rules.conditions.base import (
     model_of,
 )
 from gpuwatchd.rules.conditions.reading import MAX_WINDOW, BodyReader
+from gpuwatchd.rules.conditions.recheck import Recheck
 from gpuwatchd.rules.history import CounterHistory
 from gpuwatchd.rules.model import Condition, Rule
 from gpuwatchd.rules.snapshot import Snapshot
@@ -70,36 +71,27 @@ def accelerating(c: Trend, h: CounterHistory, now: float) -> Hit | None:
 
 
 class _Evaluator(Evaluator):
-    __slots__ = ("c", "checked", "last_look")
+    __slots__ = ("c", "look")
 
     def __init__(self, rule: Rule) -> None:
         super().__init__(rule)
         self.c = model_of(rule, Trend)
-        self.checked: dict[CounterHistory, tuple[int, float]] = {}  # no hit at (version, t)
-        self.last_look: float | None = None
+        self.look = Recheck(RECHECK)
 
     def evaluate(self, snap: Snapshot, now: float, active: bool, fresh: bool) -> Result:
         c = self.c
-        if not active and not fresh:
-            last = self.last_look
-            if not snap.field_moved(c.field) and last is not None and now - last < RECHECK:
-                return NO_HITS, set()
-            self.last_look = now
+        look = self.look
+        if not active and not fresh and look.node_quiet(snap, c.field, now):
+            return NO_HITS, set()
         targets, unknown = snap.targets(self.rule)
-        checked = self.checked
         hits: Hits = {}
         for g in targets:
             for link, h in snap.series(g, c.field, c.link):
-                if len(h) < 2:
-                    continue
-                seen = checked.get(h)
-                if seen is not None and seen[0] == h.version and now - seen[1] < RECHECK:
+                if len(h) < 2 or look.unchanged(h, h.version, now):
                     continue
                 hit = accelerating(c, h, now)
-                if hit is None:
-                    checked[h] = (h.version, now)
-                else:
-                    checked.pop(h, None)
+                look.record(h, h.version, now, hit is not None)
+                if hit is not None:
                     hits[(g.index, link, -1)] = hit
         return hits, unknown
 
