@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, TypeVar
 
 from gpuwatchd.config.yamlsrc import Node
+from gpuwatchd.core.records import GpuSample
 from gpuwatchd.rules.conditions.reading import BodyReader
 from gpuwatchd.rules.conditions.schema_parts import Schema
 from gpuwatchd.rules.model import Condition, Rule
@@ -68,6 +69,31 @@ class Evaluator:
 
     def save(self, store: StateStore, now: float) -> None:
         """Write what must survive a restart (every minute and at shutdown)."""
+
+
+UNKNOWN = "unknown"  # SampleEvaluator.judge: this sample cannot tell
+
+
+class SampleEvaluator(Evaluator):
+    """A condition judged on each target GPU's latest sample alone: ``judge`` says whether
+    it holds (a ``Hit``), not (None), or cannot be told (``UNKNOWN``); a GPU without a
+    sample cannot be told either."""
+
+    __slots__ = ()
+
+    def judge(self, sample: GpuSample) -> Hit | str | None:
+        raise NotImplementedError
+
+    def evaluate(self, snap: Snapshot, now: float, active: bool, fresh: bool) -> Result:
+        targets, unknown = snap.targets(self.rule)
+        hits: Hits = {}
+        for g in targets:
+            verdict = UNKNOWN if g.sample is None else self.judge(g.sample)
+            if verdict == UNKNOWN:
+                unknown.add(g.index)
+            elif isinstance(verdict, tuple):
+                hits[(g.index, -1, -1)] = verdict
+        return hits, unknown
 
 
 class ConditionKind(ABC):

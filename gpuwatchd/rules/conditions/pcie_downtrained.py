@@ -6,8 +6,16 @@ import math
 from dataclasses import dataclass
 
 from gpuwatchd.config.yamlsrc import Node
+from gpuwatchd.core.records import GpuSample
 from gpuwatchd.rules.conditions import schema_parts as sp
-from gpuwatchd.rules.conditions.base import ConditionKind, Evaluator, Hits, Result, model_of
+from gpuwatchd.rules.conditions.base import (
+    UNKNOWN,
+    ConditionKind,
+    Evaluator,
+    Hit,
+    SampleEvaluator,
+    model_of,
+)
 from gpuwatchd.rules.conditions.reading import BodyReader
 from gpuwatchd.rules.model import Condition, Rule
 from gpuwatchd.rules.snapshot import Snapshot
@@ -21,46 +29,39 @@ class PcieDowntrained(Condition):
     width: bool = True
 
 
-class _Evaluator(Evaluator):
+class _Evaluator(SampleEvaluator):
     __slots__ = ("c",)
 
     def __init__(self, rule: Rule) -> None:
         super().__init__(rule)
         self.c = model_of(rule, PcieDowntrained)
 
-    def evaluate(self, snap: Snapshot, now: float, active: bool, fresh: bool) -> Result:
+    def judge(self, sample: GpuSample) -> Hit | str | None:
         c = self.c
-        targets, unknown = snap.targets(self.rule)
-        hits: Hits = {}
-        for g in targets:
-            s = g.sample
-            if s is None:
-                unknown.add(g.index)
-                continue
-            f = s.fields
-            gen, gen_max = f.get("pcie_link_generation"), f.get("pcie_link_generation_max")
-            width, width_max = f.get("pcie_link_width"), f.get("pcie_link_width_max")
-            down = False
-            known = False
-            if c.generation and gen is not None and gen_max is not None:
-                known = True
-                down = gen < gen_max
-            if c.width and width is not None and width_max is not None:
-                known = True
-                down = down or width < width_max
-            if not known:
-                unknown.add(g.index)
-            elif down:
-                hits[(g.index, -1, -1)] = (
-                    gen if gen is not None else math.nan,
-                    {
-                        "generation": gen,
-                        "generation_max": gen_max,
-                        "width": width,
-                        "width_max": width_max,
-                    },
-                )
-        return hits, unknown
+        f = sample.fields
+        gen, gen_max = f.get("pcie_link_generation"), f.get("pcie_link_generation_max")
+        width, width_max = f.get("pcie_link_width"), f.get("pcie_link_width_max")
+        down = False
+        known = False
+        if c.generation and gen is not None and gen_max is not None:
+            known = True
+            down = gen < gen_max
+        if c.width and width is not None and width_max is not None:
+            known = True
+            down = down or width < width_max
+        if not known:
+            return UNKNOWN
+        if not down:
+            return None
+        return (
+            gen if gen is not None else math.nan,
+            {
+                "generation": gen,
+                "generation_max": gen_max,
+                "width": width,
+                "width_max": width_max,
+            },
+        )
 
 
 class PcieDowntrainedKind(ConditionKind):

@@ -6,8 +6,16 @@ from dataclasses import dataclass
 
 from gpuwatchd.config.yamlsrc import Node
 from gpuwatchd.core.fields import GPU_FIELDS
+from gpuwatchd.core.records import GpuSample
 from gpuwatchd.rules.conditions import schema_parts as sp
-from gpuwatchd.rules.conditions.base import ConditionKind, Evaluator, Hits, Result, model_of
+from gpuwatchd.rules.conditions.base import (
+    UNKNOWN,
+    ConditionKind,
+    Evaluator,
+    Hit,
+    SampleEvaluator,
+    model_of,
+)
 from gpuwatchd.rules.conditions.reading import BodyReader
 from gpuwatchd.rules.model import Condition, Rule
 from gpuwatchd.rules.snapshot import Snapshot
@@ -21,32 +29,23 @@ class StuckWorkload(Condition):
     min_processes: int = 1
 
 
-class _Evaluator(Evaluator):
+class _Evaluator(SampleEvaluator):
     __slots__ = ("c",)
 
     def __init__(self, rule: Rule) -> None:
         super().__init__(rule)
         self.c = model_of(rule, StuckWorkload)
 
-    def evaluate(self, snap: Snapshot, now: float, active: bool, fresh: bool) -> Result:
-        c = self.c
-        targets, unknown = snap.targets(self.rule)
-        hits: Hits = {}
-        for g in targets:
-            s = g.sample
-            if s is None:
-                unknown.add(g.index)
-                continue
-            util = s.fields.get("utilization_gpu")
-            procs = s.fields.get("compute_processes")
-            if procs is None and s.processes:
-                procs = float(len(s.processes))
-            if util is None or procs is None:
-                unknown.add(g.index)
-                continue
-            if procs >= c.min_processes and util <= c.max_utilization:
-                hits[(g.index, -1, -1)] = (util, {"utilization": util, "processes": procs})
-        return hits, unknown
+    def judge(self, sample: GpuSample) -> Hit | str | None:
+        util = sample.fields.get("utilization_gpu")
+        procs = sample.fields.get("compute_processes")
+        if procs is None and sample.processes:
+            procs = float(len(sample.processes))
+        if util is None or procs is None:
+            return UNKNOWN
+        if procs >= self.c.min_processes and util <= self.c.max_utilization:
+            return (util, {"utilization": util, "processes": procs})
+        return None
 
 
 class StuckWorkloadKind(ConditionKind):

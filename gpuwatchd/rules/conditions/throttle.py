@@ -7,8 +7,16 @@ from typing import Literal
 
 from gpuwatchd.config.yamlsrc import Node
 from gpuwatchd.core.fields import CLOCK_EVENT_REASON_BITS, decode_clock_event_reasons
+from gpuwatchd.core.records import GpuSample
 from gpuwatchd.rules.conditions import schema_parts as sp
-from gpuwatchd.rules.conditions.base import ConditionKind, Evaluator, Hits, Result, model_of
+from gpuwatchd.rules.conditions.base import (
+    UNKNOWN,
+    ConditionKind,
+    Evaluator,
+    Hit,
+    SampleEvaluator,
+    model_of,
+)
 from gpuwatchd.rules.conditions.reading import BodyReader, hint
 from gpuwatchd.rules.model import Condition, Rule
 from gpuwatchd.rules.snapshot import Snapshot
@@ -23,30 +31,22 @@ class Throttle(Condition):
     match: Literal["any", "all"] = "any"
 
 
-class _Evaluator(Evaluator):
+class _Evaluator(SampleEvaluator):
     __slots__ = ("c",)
 
     def __init__(self, rule: Rule) -> None:
         super().__init__(rule)
         self.c = model_of(rule, Throttle)
 
-    def evaluate(self, snap: Snapshot, now: float, active: bool, fresh: bool) -> Result:
+    def judge(self, sample: GpuSample) -> Hit | str | None:
         c = self.c
-        targets, unknown = snap.targets(self.rule)
-        hits: Hits = {}
-        for g in targets:
-            s = g.sample
-            mask = s.fields.get("clock_event_reasons") if s is not None else None
-            if mask is None:
-                unknown.add(g.index)
-                continue
-            m = int(mask) & c.mask
-            if (m == c.mask) if c.match == "all" else m:
-                hits[(g.index, -1, -1)] = (
-                    mask,
-                    {"reasons": ", ".join(decode_clock_event_reasons(m))},
-                )
-        return hits, unknown
+        mask = sample.fields.get("clock_event_reasons")
+        if mask is None:
+            return UNKNOWN
+        m = int(mask) & c.mask
+        if (m == c.mask) if c.match == "all" else m:
+            return (mask, {"reasons": ", ".join(decode_clock_event_reasons(m))})
+        return None
 
 
 class ThrottleKind(ConditionKind):
