@@ -69,12 +69,6 @@ def cmd_run(args: argparse.Namespace) -> int:
         except ValueError as exc:
             print(f"gpuwatchd run: --backend: {exc}", file=sys.stderr)
             return 2
-        if config.backend.kind == "nvml":
-            from gpuwatchd.sources.gpu.nvml import reexec_with_single_arena
-
-            # before anything is opened or started: NVML on worker threads needs one
-            # malloc arena from process start (see reexec_with_single_arena)
-            reexec_with_single_arena()
         _setup_logging(config.log_level, args.verbose, config.log_format)
         clock = SystemClock()
         backend = open_backend(str(config.backend), clock, extra_fields=config.fields)
@@ -414,7 +408,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if first == ["run"]:
         # A reload asked for while the daemon starts (systemctl reload, logrotate) must not
         # kill it: SIGHUP's default action is to terminate. Ignored until the daemon's own
-        # handler takes over (the disposition survives the MALLOC_ARENA_MAX re-exec).
+        # handler takes over.
         signal.signal(signal.SIGHUP, signal.SIG_IGN)
     parser = build_parser(first[0] if first else None)
     args = parser.parse_args(argv)
