@@ -31,6 +31,7 @@ from gpuwatchd.actions.model import (
     GO_ZERO_TIME,
     am_labels,
     clean_text,
+    new_pages,
     rfc3339,
     short_hash,
     xid_of,
@@ -367,7 +368,12 @@ def slack_message(notes: list[dict[str, Any]]) -> dict[str, Any]:
                 seen[a["fingerprint"]] = len(alerts)
                 alerts.append(a)
     node = str(notes[-1].get("node") or notes[-1]["group_labels"].get("node", ""))
+    paged: dict[str, int] = {}  # the pages these messages announce: they head it
+    for n in notes:
+        for fp in new_pages(n):
+            paged.setdefault(fp, len(paged))
     firing = [a for a in alerts if a["state"] != "resolved"]
+    firing.sort(key=lambda a: paged.get(a["fingerprint"], len(paged)))
     resolved = [a for a in alerts if a["state"] == "resolved"]
     repeat = all(n.get("kind") == "repeat" for n in notes)
     status = "FIRING" if firing else "RESOLVED"
@@ -380,7 +386,7 @@ def slack_message(notes: list[dict[str, Any]]) -> dict[str, Any]:
         head = f"[{status}] {alert_title(resolved[0])}"
         if len(resolved) > 1:
             head += f" (+{len(resolved) - 1} more)"
-    update = not repeat and any(n.get("kind") == "update" for n in notes)
+    update = not repeat and not paged and any(n.get("kind") == "update" for n in notes)
     tail = " - still firing" if repeat else " - update" if update else ""
     head = clean_text(head + where + tail, 150)
     lines = [head]
