@@ -21,7 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from gpuwatchd.config.loader import Config, load_config
@@ -177,7 +177,9 @@ def poll_once(config: Config) -> Report:
 
     clock = SystemClock()
     stage = rules_stage(config, clock, durable=False)
-    backend = open_backend(str(config.backend), clock, extra_fields=config.fields)
+    # one look, in this process: no worker to supervise for a single poll
+    poll = replace(config.poll, worker=False)
+    backend = open_backend(str(config.backend), clock, extra_fields=config.fields, poll=poll)
     try:
         infos = backend.open()
         state = NodeState(config.node_name, clock.now(), config.gpus.expected)

@@ -71,7 +71,13 @@ def cmd_run(args: argparse.Namespace) -> int:
             return 2
         _setup_logging(config.log_level, args.verbose, config.log_format)
         clock = SystemClock()
-        backend = open_backend(str(config.backend), clock, extra_fields=config.fields)
+        backend = open_backend(
+            str(config.backend),
+            clock,
+            extra_fields=config.fields,
+            poll=config.poll,
+            nvml_events=config.sources.nvml_events,
+        )
     except ConfigError as exc:
         return _config_errors(exc)
     except BackendUnavailable as exc:

@@ -32,7 +32,7 @@ from gpuwatchd.exposition.metrics import MetricsRenderer
 from gpuwatchd.rules.stage import SIMULATE_BOOT_ID, RulesStage, rules_stage
 from gpuwatchd.service.handoff import Record
 from gpuwatchd.service.pipeline import Pipeline, Stage
-from gpuwatchd.sources.gpu.backend import Backend, XidEventSource
+from gpuwatchd.sources.gpu.backend import Backend, SupervisedBackend, XidEventSource
 from gpuwatchd.sources.gpu.poller import Poller
 from gpuwatchd.sources.gpu.xid_events import XidEventReader
 from gpuwatchd.sources.xid_inputs import XidInputs
@@ -170,6 +170,8 @@ class Node:
             config.fields,
         )
         self.infos: list[GpuInfo] = []
+        if isinstance(backend, SupervisedBackend):
+            backend.set_status(self.source_status)
         self.events: XidEventReader | None = None
         if config.sources.nvml_events and isinstance(backend, XidEventSource):
             self.events = XidEventReader(
@@ -262,6 +264,8 @@ class Node:
     # -- reading -------------------------------------------------------------------------
     def _input_families(self, view: NodeView, fams: Families) -> None:
         self.xids.families(fams)
+        if isinstance(self.backend, SupervisedBackend):
+            self.backend.families(fams)
         state_families(fams, self.state_health())
 
     def state_health(self) -> list[StoreHealth]:
@@ -318,6 +322,8 @@ class Node:
             ],
             "alerts": self.firing(),
         }
+        if isinstance(self.backend, SupervisedBackend):
+            out["nvml_worker"] = self.backend.health()
         if self.actions is not None:  # pending deliveries, silences, drain state
             out.update(self.actions.status())
         return out
