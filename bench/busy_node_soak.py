@@ -178,11 +178,17 @@ def rss_kib(pid: int) -> int:
 
 
 def children(pid: int) -> list[int]:
-    try:
-        text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
-    except OSError:
-        return []
-    return [int(p) for p in text.split()]
+    """Direct children (the NVML worker), by their parent pid in /proc."""
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(stat[1]) == pid:
+                out.append(int(entry))
+    return out
 
 
 class Hooks:
