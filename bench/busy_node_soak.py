@@ -92,7 +92,7 @@ def plain_loop(interval: float, seconds: float) -> None:
                 break
         links.append(n)
     end = time.monotonic() + seconds
-    next_slow = next_links = 0.0
+    next_slow = next_links = next_state = 0.0
     while time.monotonic() < end:
         now = time.monotonic()
         for h, n in zip(handles, links, strict=True):
@@ -104,16 +104,23 @@ def plain_loop(interval: float, seconds: float) -> None:
                 (nv.nvmlDeviceGetUtilizationRates, ()),
                 (nv.nvmlDeviceGetMemoryInfo, ()),
                 (nv.nvmlDeviceGetCurrentClocksEventReasons, ()),
-                (nv.nvmlDeviceGetCurrPcieLinkGeneration, ()),
-                (nv.nvmlDeviceGetCurrPcieLinkWidth, ()),
                 (nv.nvmlDeviceGetRowRemapperHistogram, ()),
-                (nv.nvmlDeviceGetComputeRunningProcesses, ()),
+                (nv.nvmlDeviceGetMemoryErrorCounter, (0, 0, 2)),
+                (nv.nvmlDeviceGetMemoryErrorCounter, (1, 0, 2)),
                 (nv.nvmlDeviceGetFieldValues, (ids,)),
             ):
                 with contextlib.suppress(nv.NVMLError):
                     fn(h, *args)
-            for link in range(n):
-                nv.nvmlDeviceGetNvLinkState(h, link)
+            if now >= next_state:  # the daemon's poll.state_interval
+                for fn, args in (
+                    (nv.nvmlDeviceGetCurrPcieLinkGeneration, ()),
+                    (nv.nvmlDeviceGetCurrPcieLinkWidth, ()),
+                    (nv.nvmlDeviceGetComputeRunningProcesses, ()),
+                ):
+                    with contextlib.suppress(nv.NVMLError):
+                        fn(h, *args)
+                for link in range(n):
+                    nv.nvmlDeviceGetNvLinkState(h, link)
             if now >= next_slow:
                 for fn, args in (
                     (nv.nvmlDeviceGetTotalEnergyConsumption, ()),
@@ -128,6 +135,8 @@ def plain_loop(interval: float, seconds: float) -> None:
                 nv.nvmlDeviceGetFieldValues(
                     h, [(f, link) for link in range(n) for f in (161, 162, 163)]
                 )
+        if now >= next_state:
+            next_state = now + 15.0
         if now >= next_slow:
             next_slow = now + 120.0
         if now >= next_links:
@@ -280,6 +289,7 @@ def main() -> int:
     ap.add_argument("--xid-every", type=float, default=8.0)
     ap.add_argument("--nccl-gpus", default="")
     ap.add_argument("--out", default=".")
+    ap.add_argument("--cost-only", action="store_true", help="no checker daemons, no XIDs")
     ap.add_argument("--plain", type=float, help=argparse.SUPPRESS)
     ap.add_argument("--bare", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -306,7 +316,7 @@ def main() -> int:
         stdout=(tmp / "nccl.log").open("wb"),
         stderr=subprocess.STDOUT,
     )
-    time.sleep(20)  # NCCL up: compute processes on the GPUs
+    time.sleep(15 if args.cost_only else 20)  # NCCL up: compute processes on the GPUs
     hooks = Hooks()
     kmsg = KmsgWatch()
     daemons = [
@@ -317,6 +327,7 @@ def main() -> int:
             ("1s-checker", "1s", CHECKER),
             ("default-checker", "default", CHECKER),
         )
+        if not (args.cost_only and env)
     ]
     me = Path(__file__).resolve()
     for name, extra in (
@@ -341,11 +352,12 @@ def main() -> int:
                 check=False,
             )
 
-    threading.Thread(target=provoke, daemon=True).start()
+    if not args.cost_only:
+        threading.Thread(target=provoke, daemon=True).start()
     rss: dict[str, list[tuple[float, int, int]]] = {d["name"]: [] for d in daemons}
     cpu0: dict[str, Any] = {}
     while time.monotonic() - start < args.seconds:
-        time.sleep(10)
+        time.sleep(5 if args.cost_only else 10)
         t = round(time.monotonic() - start)
         for d in daemons:
             kids = children(d["proc"].pid)
@@ -428,7 +440,7 @@ def main() -> int:
                 text = get(f"http://127.0.0.1:{d['port']}/metrics").decode()
                 ups = [ln for ln in text.splitlines() if ln.startswith("gpuwatchd_nvlink_up{")]
                 r["nvlink_links"] = len(ups)
-                r["nvlink_links_up"] = sum(1 for ln in ups if ln.endswith(" 1"))
+                r["nvlink_links_up"] = sum(1 for ln in ups if float(ln.rsplit(" ", 1)[1]) == 1.0)
                 status = json.loads(get(f"http://127.0.0.1:{d['port']}/api/v1/status"))
                 r["gpu_status"] = {str(g["index"]): g["status"] for g in status["gpus"]}
                 r["firing"] = sorted(

@@ -18,13 +18,25 @@ from typing import Any
 import pynvml as nv
 
 
-def cost(fn: Callable[[], Any], repeat: int) -> tuple[float, float, str]:
-    """(CPU us per call, wall us per call, outcome)."""
+def cost(fn: Callable[[], Any], repeat: int, gap: float = 0.0) -> tuple[float, float, str]:
+    """(CPU us per call, wall us per call, outcome). ``gap`` > 0: ``gap`` seconds between
+    calls (not counted), so a value NVML caches for a moment is read cold each time, as a
+    daemon polling every second reads it."""
     outcome = "ok"
     try:
         fn()
     except nv.NVMLError as exc:
         outcome = f"error {exc}"
+    if gap > 0:
+        cpu = wall = 0.0
+        for _ in range(repeat):
+            time.sleep(gap)
+            c0, w0 = time.process_time(), time.perf_counter()
+            with contextlib.suppress(nv.NVMLError):
+                fn()
+            cpu += time.process_time() - c0
+            wall += time.perf_counter() - w0
+        return cpu / repeat * 1e6, wall / repeat * 1e6, outcome
     c0, w0 = time.thread_time(), time.perf_counter()
     for _ in range(repeat):
         with contextlib.suppress(nv.NVMLError):
@@ -41,6 +53,7 @@ def main() -> None:
     ap.add_argument("--gpu", type=int, default=1)
     ap.add_argument("--repeat", type=int, default=50)
     ap.add_argument("--json")
+    ap.add_argument("--gap", type=float, default=0.0, help="seconds between calls (cold reads)")
     args = ap.parse_args()
     nv.nvmlInit()
     h = nv.nvmlDeviceGetHandleByIndex(args.gpu)
@@ -89,13 +102,20 @@ def main() -> None:
         "MemoryErrorCounter DRAM corrected": lambda: nv.nvmlDeviceGetMemoryErrorCounter(h, 0, 0, 2),
         "MarginTemperature": lambda: nv.nvmlDeviceGetMarginTemperature(h),
         "RowRemapperHistogram": lambda: nv.nvmlDeviceGetRowRemapperHistogram(h),
-        "GpuFabricInfoV": lambda: nv.nvmlDeviceGetGpuFabricInfoV(h),
+        "ECC fields 3,4,5,6": lambda: nv.nvmlDeviceGetFieldValues(
+            h, [(f, 0) for f in (3, 4, 5, 6)]
+        ),
+        "ECC fields 11,12": lambda: nv.nvmlDeviceGetFieldValues(h, [(11, 0), (12, 0)]),
+        "field 230 recovery action": lambda: nv.nvmlDeviceGetFieldValues(h, [(230, 0)]),
+        "ClockInfo MEM": lambda: nv.nvmlDeviceGetClockInfo(h, 2),
+        "TemperatureV": lambda: nv.nvmlDeviceGetTemperatureV(h, 0),
+        "MemoryInfo v2": lambda: nv.nvmlDeviceGetMemoryInfo(h, version=nv.nvmlMemory_v2),
         "temperature mem field 82": lambda: nv.nvmlDeviceGetFieldValues(h, [(82, 0)]),
     }
     out = {}
     for name, fn in cands.items():
         try:
-            cpu, wall, outcome = cost(fn, args.repeat)
+            cpu, wall, outcome = cost(fn, args.repeat, args.gap)
         except Exception as exc:  # a pynvml without the wrapper
             print(f"{name:45s} unavailable: {exc!r}")
             continue

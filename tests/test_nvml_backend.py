@@ -26,6 +26,7 @@ from gpuwatchd.core.errors import (
 from gpuwatchd.core.fields import GPU_FIELDS, LINK_FIELDS
 from gpuwatchd.sources.gpu.nvml import (
     DEFAULT_LINK_COUNTERS_INTERVAL_S,
+    DEFAULT_STATE_INTERVAL_S,
     GPU_FIELD_IDS,
     LINK_FIELD_IDS,
     NvmlBackend,
@@ -224,7 +225,8 @@ def test_one_field_value_call_per_gpu_per_poll_link_counters_on_their_cadence() 
     assert (82, 0) in ids and (230, 0) in ids
     assert all(scope == 0 for _, scope in ids) and all(fid < 251 for fid, _ in ids)
     assert all(fid != 165 for fid, _ in ids)  # link state: the 1 us getter, not the field
-    assert fake.calls["nvmlDeviceGetNvLinkState"] == 5 * 18
+    # link state (1.5 ms of driver CPU for 18 links, read cold) on the state cadence
+    assert fake.calls["nvmlDeviceGetNvLinkState"] == 18
     # counters read once are carried in every sample until the next read
     s = backend.sample(0)
     assert s.links[17].fields["nvlink_crc_errors"] == 0 and s.links[0].fields["nvlink_up"] == 1
@@ -265,6 +267,27 @@ def test_a_moving_nvlink_total_reads_the_link_counters_at_once() -> None:
     clock.advance(5.0)
     backend.sample(0)  # nothing moved since: one call again
     assert fake.field_value_calls(0) == before + 3
+
+
+def test_slowly_changing_state_is_read_on_its_cadence_and_carried() -> None:
+    """Link state, compute processes and the PCIe link (0.25-1.5 ms of driver CPU each per
+    GPU, read cold on a busy H200) every state_interval_s; their last values in between."""
+    backend, fake, clock = make(True)
+    gpu = fake.gpus[0]
+    gpu.processes = [(4242, 1 << 30)]
+    backend.open()
+    first = backend.sample(0)
+    assert first.fields["compute_processes"] == 1 and first.processes[0].pid == 4242
+    gpu.set_field(165, 0, scope=3, value_type=1)  # link 3 goes down
+    gpu.processes = []
+    clock.advance(DEFAULT_STATE_INTERVAL_S - 1)
+    s = backend.sample(0)
+    assert s.links[3].fields["nvlink_up"] == 1.0 and s.processes == first.processes
+    assert s.fields["pcie_link_width"] == 16 and s.fields["compute_processes"] == 1
+    clock.advance(1)
+    s = backend.sample(0)
+    assert s.links[3].fields["nvlink_up"] == 0.0 and s.processes == ()
+    assert fake.calls["nvmlDeviceGetComputeRunningProcesses"] == 2
 
 
 def test_poll_nvlink_and_processes_off_are_not_read() -> None:
@@ -335,7 +358,7 @@ def test_not_supported_fields_and_calls_are_asked_only_once() -> None:
     assert fake.calls["nvmlDeviceGetFieldValues"] == 4
     # the pcie maxima are facts of the slot: read once
     assert fake.calls["nvmlDeviceGetMaxPcieLinkGeneration"] == 1
-    assert fake.calls["nvmlDeviceGetCurrPcieLinkGeneration"] == 4
+    assert fake.calls["nvmlDeviceGetCurrPcieLinkGeneration"] == 1  # the state cadence
     listed = backend.not_supported(0)
     assert "field 29 (retired_pages_sbe)" in listed
     assert "field 94 (pcie_replay)" in listed

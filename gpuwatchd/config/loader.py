@@ -108,6 +108,7 @@ class PollConfig:
     # NVLink error counters; see sources/gpu/nvml.py
     slow_interval: float = 120.0
     nvlink_counters_interval: float = 600.0
+    state_interval: float = 15.0
 
 
 @dataclass(frozen=True)
@@ -375,7 +376,7 @@ def _read_poll(r: Reader, node: Node | None, ctx: _Context) -> PollConfig:
         values["worker_hang_timeout"] = _duration(
             r, keys["worker_hang_timeout"], "poll.worker_hang_timeout", at_least=1.0, at_most=3600.0
         )
-    for name in ("slow_interval", "nvlink_counters_interval"):
+    for name in ("slow_interval", "nvlink_counters_interval", "state_interval"):
         if name in keys:
             values[name] = _duration(r, keys[name], f"poll.{name}", at_least=0.0, at_most=86400.0)
     return dataclasses.replace(d, **{k: v for k, v in values.items() if v is not None})

@@ -28,6 +28,7 @@ def open_backend(
             settings = WorkerSettings(
                 slow_interval_s=poll.slow_interval,
                 link_interval_s=poll.nvlink_counters_interval,
+                state_interval_s=poll.state_interval,
                 nvlink=poll.nvlink,
                 processes=poll.processes,
                 events=nvml_events,
@@ -42,6 +43,7 @@ def open_backend(
             extra_fields=extra_fields,
             slow_interval_s=poll.slow_interval,
             link_interval_s=poll.nvlink_counters_interval,
+            state_interval_s=poll.state_interval,
             nvlink=poll.nvlink,
             processes=poll.processes,
         )

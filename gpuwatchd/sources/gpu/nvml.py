@@ -228,6 +228,12 @@ SLOW_FIELDS = frozenset(
 DEFAULT_SLOW_INTERVAL_S = 120.0
 # The per-link error counters when no GPU-wide total says they moved: a safety net.
 DEFAULT_LINK_COUNTERS_INTERVAL_S = 600.0
+# State that changes rarely and whose rules wait minutes anyway (NvlinkLinkDown: 1m,
+# pcie_downtrained and stuck_workload: 10m): NVLink link state, compute processes, PCIe
+# link generation and width. Read cold on a busy H200 these cost 1.5 ms (18 links), 0.5 ms
+# and 0.25 ms of CPU per GPU, most of a 1 s poll (bench/nvml_call_cost.py --gap).
+DEFAULT_STATE_INTERVAL_S = 15.0
+STATE_FIELDS = frozenset({"compute_processes", "pcie_link_generation", "pcie_link_width"})
 
 # The per-link data-link error counters (~0.75 ms of driver CPU per link each on an H200:
 # 40 ms for the three on 18 links). Read when a sentinel total moved, on the link cadence,
@@ -453,6 +459,11 @@ class _Gpu:
         # slow fields: when next due (clock.monotonic), and their last values
         self.slow_due: float | None = None
         self.slow_values: dict[str, float] = {}
+        # slowly changing state (link state, processes, PCIe link): when due, last values
+        self.state_due: float | None = None
+        self.state_fields: dict[str, float] = {}
+        self.state_processes: tuple[ProcessInfo, ...] = ()
+        self.link_up: dict[int, float] = {}
         # per-link error counters: when next due, the sentinels that last saw them, values
         self.links_due: float | None = None
         self.sentinels: dict[str, float] = {}
@@ -518,9 +529,11 @@ class NvmlBackend:
         link_interval_s: float = DEFAULT_LINK_COUNTERS_INTERVAL_S,
         nvlink: bool = True,
         processes: bool = True,
+        state_interval_s: float = DEFAULT_STATE_INTERVAL_S,
     ) -> None:
         self._clock = clock
         self._link_interval = max(0.0, link_interval_s)
+        self._state_interval = max(0.0, state_interval_s)
         self._nvlink = nvlink  # the config's poll.nvlink: links not read at all when off
         self._processes = processes  # poll.processes
         # The config's ``fields`` section: asked in the same field-values call.
@@ -794,6 +807,7 @@ class NvmlBackend:
             gpu.slow_due = None  # counters may have restarted: read everything now
             gpu.slow_values.clear()
             gpu.links_due = None
+            gpu.state_due = None
             gpu.sentinels.clear()
             gpu.link_values = []
             return handle
@@ -816,6 +830,7 @@ class NvmlBackend:
 
         now = self._clock.monotonic()
         full = gpu.slow_due is None or now >= gpu.slow_due or self._slow_interval <= 0
+        state = gpu.state_due is None or now >= gpu.state_due or self._state_interval <= 0
 
         # 1. Everything with a GPU-wide field id: one call.
         if gpu.batch_dirty:
@@ -825,7 +840,7 @@ class NvmlBackend:
         if ids:
             self._read_batch(gpu, handle, ids, specs, fields, link_fields, errors, sentinels)
         if gpu.nvlink_count:
-            self._read_links(gpu, handle, now, sentinels, link_fields, errors)
+            self._read_links(gpu, handle, now, state, sentinels, link_fields, errors)
 
         # 2. The rest: one getter each; a NOT_SUPPORTED getter is never called again.
         def call(key: str, names: tuple[str, ...], fn: Callable[..., Any], *args: Any) -> Any:
@@ -943,20 +958,21 @@ class NvmlBackend:
         )
         if value is not None:
             fields["clock_event_reasons"] = float(value)
-        value = call(
-            "nvmlDeviceGetCurrPcieLinkGeneration",
-            ("pcie_link_generation",),
-            nv.nvmlDeviceGetCurrPcieLinkGeneration,
-        )
-        if value is not None:
-            fields["pcie_link_generation"] = float(value)
-        value = call(
-            "nvmlDeviceGetCurrPcieLinkWidth",
-            ("pcie_link_width",),
-            nv.nvmlDeviceGetCurrPcieLinkWidth,
-        )
-        if value is not None:
-            fields["pcie_link_width"] = float(value)
+        if state:
+            value = call(
+                "nvmlDeviceGetCurrPcieLinkGeneration",
+                ("pcie_link_generation",),
+                nv.nvmlDeviceGetCurrPcieLinkGeneration,
+            )
+            if value is not None:
+                fields["pcie_link_generation"] = float(value)
+            value = call(
+                "nvmlDeviceGetCurrPcieLinkWidth",
+                ("pcie_link_width",),
+                nv.nvmlDeviceGetCurrPcieLinkWidth,
+            )
+            if value is not None:
+                fields["pcie_link_width"] = float(value)
         # The maxima are facts of the card and the slot: read until they answer once.
         for name, getter in (
             ("pcie_link_generation_max", "nvmlDeviceGetMaxPcieLinkGeneration"),
@@ -969,7 +985,7 @@ class NvmlBackend:
             if name in gpu.pcie_max:
                 fields[name] = gpu.pcie_max[name]
         procs = None
-        if self._processes:
+        if self._processes and state:
             procs = call(
                 "nvmlDeviceGetComputeRunningProcesses",
                 ("compute_processes",),
@@ -979,6 +995,13 @@ class NvmlBackend:
         if procs is not None:
             processes = tuple(_process_info(p) for p in procs)
             fields["compute_processes"] = float(len(processes))
+        if state:
+            gpu.state_fields = {n: fields[n] for n in STATE_FIELDS if n in fields}
+            gpu.state_processes = processes
+            gpu.state_due = now + self._state_interval
+        else:
+            fields.update(gpu.state_fields)
+            processes = gpu.state_processes
 
         if full:
             gpu.slow_values = {n: fields[n] for n in self._slow_fields if n in fields}
@@ -1060,18 +1083,24 @@ class NvmlBackend:
         gpu: _Gpu,
         handle: Any,
         now: float,
+        state: bool,
         sentinels: dict[str, float],
         link_fields: list[dict[str, float]],
         errors: dict[str, str],
     ) -> None:
-        """Link state every poll (one cheap getter per link); the per-link error counters
-        when due: first poll, a GPU-wide total moved, or the link cadence came round."""
+        """Link state on the state cadence (one getter per link, carried between); the
+        per-link error counters when due: first poll, a GPU-wide total moved, or the link
+        cadence came round."""
         nv = self._nvml
         for link in range(gpu.nvlink_count):
             if link in gpu.bad_link_state:
                 continue
+            if not state:
+                if link in gpu.link_up:
+                    link_fields[link]["nvlink_up"] = gpu.link_up[link]
+                continue
             try:
-                state = nv.nvmlDeviceGetNvLinkState(handle, link)
+                answer = nv.nvmlDeviceGetNvLinkState(handle, link)
             except nv.NVMLError as exc:
                 code = nvml_code(exc)
                 if code in _CALL_UNSUPPORTED:
@@ -1082,7 +1111,8 @@ class NvmlBackend:
                     raise err from exc
                 errors[f"nvlink_up[link {link}]"] = str(err)
                 continue
-            link_fields[link]["nvlink_up"] = 1.0 if state == NVLINK_STATE_ACTIVE else 0.0
+            up = gpu.link_up[link] = 1.0 if answer == NVLINK_STATE_ACTIVE else 0.0
+            link_fields[link]["nvlink_up"] = up
         moved = bool(sentinels) and bool(gpu.sentinels) and sentinels != gpu.sentinels
         if sentinels:
             gpu.sentinels = sentinels

@@ -68,6 +68,7 @@ class WorkerSettings:
 
     slow_interval_s: float
     link_interval_s: float
+    state_interval_s: float = 15.0
     nvlink: bool = True
     processes: bool = True
     events: bool = True
@@ -78,6 +79,7 @@ class WorkerSettings:
         return {
             "slow_interval_s": self.slow_interval_s,
             "link_interval_s": self.link_interval_s,
+            "state_interval_s": self.state_interval_s,
             "nvlink": self.nvlink,
             "processes": self.processes,
             "events": self.events,

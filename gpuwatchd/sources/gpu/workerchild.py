@@ -35,7 +35,10 @@ from gpuwatchd.sources.gpu.nvml import NvmlBackend
 log = logging.getLogger("gpuwatchd.nvml-worker")
 
 MODULE_ENV = "GPUWATCHD_NVML_MODULE"
-BEAT_S = 1.0
+BEAT_S = 2.0
+# One nvmlEventSetWait call costs driver CPU whether or not an event comes (about 1 ms a
+# second at a 1 s wait on a busy H200): wait long; an event still returns at once.
+EVENT_WAIT_S = 10.0
 
 
 def error_to_wire(exc: BaseException) -> dict[str, Any]:
@@ -71,6 +74,7 @@ class Worker:
             slow_interval_s=float(args["slow_interval_s"]),
             extra_fields=extra,
             link_interval_s=float(args["link_interval_s"]),
+            state_interval_s=float(args.get("state_interval_s", 15.0)),
             nvlink=bool(args["nvlink"]),
             processes=bool(args["processes"]),
         )
@@ -108,7 +112,7 @@ class Worker:
         assert self.backend is not None
         while not self._stop.is_set():
             try:
-                events = self.backend.wait_xid_events(1.0)
+                events = self.backend.wait_xid_events(EVENT_WAIT_S)
             except BackendError as exc:
                 self.send({"events_error": error_to_wire(exc)})
                 self._stop.wait(5.0)
