@@ -162,6 +162,10 @@ def _event_report(event: XidEvent, catalog: Catalog, kmsg: bool) -> dict[str, An
         "severity": verdict.severity.value,
         "action": verdict.action.value,
     }
+    if event.gpu_instance is not None:
+        out["gpu_instance"] = event.gpu_instance
+    if event.compute_instance is not None:
+        out["compute_instance"] = event.compute_instance
     if event.uuid:
         out["uuid"] = event.uuid
     if kmsg:

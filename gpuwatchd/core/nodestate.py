@@ -60,6 +60,11 @@ class NodeView:
     expected_gpus: int | None = None
     extra: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
     pci_gpus: int | None = None  # NVIDIA GPUs on the PCI bus (udev/sysfs); None: not watched
+    # Reports the driver attributed to a MIG instance, apart from xid_counts' totals:
+    # (gpu index or None, xid, GPU instance, compute instance or None) -> count.
+    mig_xid_counts: Mapping[tuple[int | None, int, int, int | None], int] = field(
+        default_factory=lambda: MappingProxyType({})
+    )
 
 
 class NodeState:
@@ -75,6 +80,7 @@ class NodeState:
         self._sources: dict[str, SourceHealth] = {}
         self._xids: dict[tuple[int | None, int], int] = {}
         self._last_xid: dict[int | None, int] = {}
+        self._mig_xids: dict[tuple[int | None, int, int, int | None], int] = {}
         self._pci_gpus: int | None = None
         self._view: NodeView | None = None
 
@@ -143,10 +149,22 @@ class NodeState:
             )
             self._touch()
 
-    def count_xid(self, gpu: int | None, xid: int, n: int = 1) -> None:
+    def count_xid(
+        self,
+        gpu: int | None,
+        xid: int,
+        n: int = 1,
+        *,
+        gpu_instance: int | None = None,
+        compute_instance: int | None = None,
+    ) -> None:
+        """Count ``n`` reports; a MIG-attributed one is also counted per instance."""
         with self._lock:
             key = (gpu, xid)
             self._xids[key] = self._xids.get(key, 0) + n
+            if gpu_instance is not None:
+                mig = (gpu, xid, gpu_instance, compute_instance)
+                self._mig_xids[mig] = self._mig_xids.get(mig, 0) + n
             self._last_xid[gpu] = xid
             self._touch()
 
@@ -180,5 +198,6 @@ class NodeState:
                     last_xid=MappingProxyType(dict(self._last_xid)),
                     expected_gpus=self._expected,
                     pci_gpus=self._pci_gpus,
+                    mig_xid_counts=MappingProxyType(dict(self._mig_xids)),
                 )
             return self._view

@@ -230,7 +230,12 @@ class Node:
             )
         else:
             if event.trusted:
-                self.state.count_xid(event.gpu, event.xid)
+                self.state.count_xid(
+                    event.gpu,
+                    event.xid,
+                    gpu_instance=event.gpu_instance,
+                    compute_instance=event.compute_instance,
+                )
             log.warning(
                 "XID %d on GPU %s (%s) via %s: %s",
                 event.xid,

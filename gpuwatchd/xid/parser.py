@@ -13,7 +13,12 @@ journald ``MESSAGE``) whose text **starts** with the driver's header, and reads 
 record's first line, field by field:
 
 - ``NVRM: Xid (PCI:DDDD:BB:DD): CODE`` then the end of the line or ``,`` and the text;
-  ``PCI:`` is optional (old drivers), CODE has 1 to 6 ASCII digits;
+  ``PCI:`` is optional (old drivers), CODE has 1 to 6 ASCII digits. On a GPU split into
+  MIG instances the driver names the instance inside the parentheses, after one space:
+  ``NVRM: Xid (PCI:DDDD:BB:DD GPU-I:NN): CODE`` or ``... GPU-I:NN GPU-CI:NN): CODE``
+  (open-gpu-kernel-modules, ``src/nvidia/src/kernel/gpu/rc/kernel_rc.c``, macro
+  ``XID_PRINT_WITH_ATTR``: the attribute ``"PCI:%04x:%02x:%02x GPU-I:%02u GPU-CI:%02u"``,
+  so each id has at least two decimal digits). Nothing else may stand there;
 - ``nvidia-nvswitchN: SXid (PCI:DDDD:BB:DD.F): CODE`` likewise;
 - ``NVRM: GPU [PCI:][DDDD:]BB:DD.F: GPU has fallen off the bus...``;
 - ``NVRM: The NVIDIA GPU DDDD:BB:DD.F`` whose following lines (the driver's one
@@ -78,7 +83,9 @@ _BDF_OPT_DOMAIN = (
 _CODE = r"[ \t]*(?P<code>[0-9]{1,6})(?=,|[ \t]*$)"
 
 # Every pattern below is used with .match() on the start of a record's first line.
-_XID_RE = re.compile(rf"NVRM: Xid \((?:PCI:)?{_BDF}\):{_CODE}", _A)
+# The MIG attribution: GPU instance, then optionally compute instance (``%02u`` each).
+_MIG = r"(?: GPU-I:(?P<gi>[0-9]{2,10})(?: GPU-CI:(?P<ci>[0-9]{2,10}))?)?"
+_XID_RE = re.compile(rf"NVRM: Xid \((?:PCI:)?{_BDF}{_MIG}\):{_CODE}", _A)
 _SXID_RE = re.compile(rf"nvidia-nvswitch[0-9]{{1,4}}: SXid \((?:PCI:)?{_BDF}\):{_CODE}", _A)
 _FELL_RE = re.compile(
     rf"NVRM: GPU (?:PCI:)?{_BDF_OPT_DOMAIN}: (?P<msg>GPU has fallen off the bus.*)", _A
@@ -136,9 +143,12 @@ class ParsedXid:
     message: str
     raw: str
     uuid: str | None = None
+    # MIG attribution (``GPU-I:``/``GPU-CI:`` in the header); None on a whole GPU.
+    gpu_instance: int | None = None
+    compute_instance: int | None = None
 
     def as_dict(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "kind": self.kind,
             "pci": self.pci,
             "xid": self.xid,
@@ -146,6 +156,11 @@ class ParsedXid:
             "process": self.process,
             "message": self.message,
         }
+        if self.gpu_instance is not None:
+            out["gpu_instance"] = self.gpu_instance
+        if self.compute_instance is not None:
+            out["compute_instance"] = self.compute_instance
+        return out
 
     def to_event(self, timestamp: float, source: str, *, trusted: bool = True) -> XidEvent:
         """The record a source emits for this report (GPU index is the merger's job)."""
@@ -160,6 +175,8 @@ class ParsedXid:
             process=self.process,
             message=self.message,
             trusted=trusted,
+            gpu_instance=self.gpu_instance,
+            compute_instance=self.compute_instance,
         )
 
 
@@ -297,7 +314,19 @@ def _build(kind: XidKind, m: re.Match[str], line: str, raw: str) -> ParsedXid | 
         pid, process, body = _split_pid(body)
     if process is not None and not _printable(process):
         process = process.encode("unicode_escape").decode("ascii")
-    return ParsedXid(kind, _pci_of(m), int(m.group("code")), pid, process, body, raw)
+    groups = m.groupdict()
+    gi, ci = groups.get("gi"), groups.get("ci")
+    return ParsedXid(
+        kind,
+        _pci_of(m),
+        int(m.group("code")),
+        pid,
+        process,
+        body,
+        raw,
+        gpu_instance=int(gi) if gi is not None else None,
+        compute_instance=int(ci) if ci is not None else None,
+    )
 
 
 def _join_continuations(lines: list[str]) -> str:

@@ -67,6 +67,16 @@ class XidMatch(Condition):
         return self.quiet
 
 
+def mig_text(ev: XidEvent) -> str:
+    """``{mig}``: where on a MIG-split GPU the driver placed the report, or ""."""
+    if ev.gpu_instance is None:
+        return ""
+    where = f" in MIG GPU instance {ev.gpu_instance}"
+    if ev.compute_instance is not None:
+        where += f", compute instance {ev.compute_instance},"
+    return where
+
+
 def xid_values(snap: Snapshot, ev: XidEvent, count: int) -> dict[str, Any]:
     """Template values for an XID: its text and what to do about it (config overrides apply)."""
     catalog = snap.catalog
@@ -74,7 +84,13 @@ def xid_values(snap: Snapshot, ev: XidEvent, count: int) -> dict[str, Any]:
     verdict = catalog.classify(ev.xid, ev.message, ev.kind)
     text = entry.description if entry is not None else "not in NVIDIA's XID catalog"
     action = catalog.action_text(ev.xid, verdict)
-    values: dict[str, Any] = {"xid": ev.xid, "xid_text": text, "action": action, "count": count}
+    values: dict[str, Any] = {
+        "xid": ev.xid,
+        "xid_text": text,
+        "action": action,
+        "count": count,
+        "mig": mig_text(ev),
+    }
     if snap.gpu_of(ev) < 0 and ev.pci_bus_id:
         values["pci_bus_id"] = ev.pci_bus_id
     return values
@@ -143,7 +159,7 @@ class _Evaluator(Evaluator):
 class XidKind(ConditionKind):
     key = "xid"
     keys = ("codes", "buckets", "severities", "fatal", "count", "window", "quiet", "by_code")
-    placeholders = frozenset({"xid", "xid_text", "action", "count", "window"})
+    placeholders = frozenset({"xid", "xid_text", "action", "count", "window", "mig"})
     not_with: ClassVar[Mapping[str, str]] = {
         "keep_firing_for": "an xid rule resolves after condition.xid.quiet; set that instead",
         "for": (
