@@ -44,9 +44,10 @@ def add_parser(
     p = sub.add_parser(
         "parse",
         help="print one JSON object per XID line of kernel-log text",
-        description="Read kernel-log lines (bare, dmesg, dmesg -T/--decode, syslog, "
-        "journalctl, or raw /dev/kmsg records) and print one JSON object per XID, SXid or "
-        "fallen-off-the-bus report; other lines print nothing.",
+        description="Read kernel-log lines (bare, dmesg, dmesg -T/--decode, with or without "
+        "the printk caller id, syslog and RFC 5424 syslog, journalctl short, -iso, -precise, "
+        "-monotonic, -unix and -full, or raw /dev/kmsg records) and print one JSON object "
+        "per XID, SXid or fallen-off-the-bus report; other lines print nothing.",
     )
     p.add_argument(
         "file", nargs="?", default="-", metavar="FILE", help="log file to read (default: stdin)"

@@ -35,12 +35,18 @@ Text logs (``xid parse``): a line may carry one recognised tool prefix before th
 text: a raw /dev/kmsg record (``4,360,24122037,c;``, facility 0 only), the console's
 ``<4>`` (facility 0 only), ``dmesg --decode``'s ``kern  :warn  :`` (``kern`` only), a
 syslog or ``journalctl`` header whose tag is ``kernel`` (``Feb  5 17:37:45 host kernel:``,
-``2025-01-25T10:34:54+0000 host kernel:``, ``kernel:``), and dmesg's time
-(``[  219.470000]``, ``[Thu Nov 26 03:02:01 2026]``, an ISO time). The driver's header
-must follow the prefix directly. Any other prefix (``myapp[42]: NVRM: Xid ...``,
-``user  :warn  : ...``) is refused. A line that starts with white space is a continuation
-of the record above it (dmesg indents those) and never starts a report. Text logs cannot
-show where a record ends; the daemon's trust comes from its structured sources.
+``2025-01-25T10:34:54+0000 host kernel:``, ``kernel:``, and journalctl's short-monotonic
+``[   14.495505] host kernel:``, short-unix ``1732590121.123456 host kernel:`` and
+short-full ``Thu 2026-11-26 03:02:01 UTC host kernel:``), an RFC 5424 syslog header
+(``<4>1 TIME HOST kernel - - - ``, facility 0 only), and dmesg's time (``[  219.470000]``,
+``[Thu Nov 26 03:02:01 2026]``, an ISO time) with the printk caller id of a kernel built
+with CONFIG_PRINTK_CALLER (``[  T1234]``). The driver's header must follow the prefix
+directly. Text logs also take the legacy ``NVRM: GPU at 0000:01:00.0 has fallen off the
+bus.`` of drivers before about 2015; trusted records do not. Any other prefix
+(``myapp[42]: NVRM: Xid ...``, ``user  :warn  : ...``) is refused. A line that starts
+with white space is a continuation of the record above it (dmesg indents those) and never
+starts a report. Text logs cannot show where a record ends; the daemon's trust comes from
+its structured sources.
 
 PCI addresses are returned in NVML's form, ``00000000:3B:00.0`` (8 upper-case hex digits
 of domain, as ``nvmlDeviceGetPciInfo().busId`` prints them), so a parsed event can be
@@ -109,11 +115,32 @@ _CONSOLE_PRIO_RE = re.compile(r"<([0-9]{1,4})>", _A)
 _DECODE_RE = re.compile(r"([a-z0-9]{2,8}) *:([a-z]{3,6}) *: ", _A)
 _CLOCK = r"[0-9]{2}:[0-9]{2}:[0-9]{2}(?:[.,][0-9]{1,9})?"
 _ISO_TIME = rf"[0-9]{{4}}-[0-9]{{2}}-[0-9]{{2}}[T ]{_CLOCK}(?:Z|[+-][0-9]{{2}}:?[0-9]{{2}})?"
-_SYSLOG_RE = re.compile(
-    rf"(?:(?:[^\s0-9:\[\]]{{2,5}}\.? {{1,2}}[0-9]{{1,2}} {_CLOCK}|{_ISO_TIME})"
-    r"(?: [^\s:\[\]]{1,255})? )?kernel: ",
+# journalctl's time forms: short and short-precise (``Feb  5 17:37:45[.123456]``), short-iso
+# (``2025-01-25T10:34:54+0000``), short-monotonic (``[   14.495505]``), short-unix
+# (``1732590121.123456``) and short-full (``Thu 2026-11-26 03:02:01 UTC``).
+_JOURNAL_TIME = (
+    rf"(?:[^\s0-9:\[\]]{{2,5}}\.? {{1,2}}[0-9]{{1,2}} {_CLOCK}|{_ISO_TIME}"
+    r"|\[ {0,12}[0-9]{1,10}\.[0-9]{1,9}\]"
+    r"|[0-9]{1,12}\.[0-9]{1,9}"
+    rf"|[^\s0-9:\[\]]{{2,5}} [0-9]{{4}}-[0-9]{{2}}-[0-9]{{2}} {_CLOCK}"
+    r"(?: [A-Za-z0-9+:/_-]{1,32})?)"
 )
-_DMESG_TIME_RE = re.compile(rf"(?:\[[^\]\n]{{1,48}}\]|{_ISO_TIME}) ", _A)
+_SYSLOG_RE = re.compile(rf"(?:{_JOURNAL_TIME}(?: [^\s:\[\]]{{1,255}})? )?kernel: ")
+# RFC 5424: ``<PRI>1 TIMESTAMP HOST APP-NAME PROCID MSGID STRUCTURED-DATA MSG``; the
+# facility (PRI >> 3) must be 0 and APP-NAME ``kernel``; MSG may start with a BOM.
+_RFC5424_RE = re.compile(
+    r"<([0-9]{1,3})>1 [!-~]{1,64} [!-~]{1,255} kernel [!-~]{1,128} [!-~]{1,32} "
+    r"(?:-|(?:\[[^\]\n]{0,1024}\]){1,16}) \ufeff?",
+)
+# dmesg's time, then the printk caller id a kernel built with CONFIG_PRINTK_CALLER adds
+# (``[   14.495505] [  T1234]``, on the console ``[   14.495505][ T1234]``).
+_DMESG_TIME_RE = re.compile(
+    rf"(?:\[[^\]\n]{{1,48}}\]|{_ISO_TIME})(?: ?\[ {{0,10}}[TC][0-9]{{1,10}}\])? ", _A
+)
+# The wording of drivers before about 2015 (``xid parse`` only, see parse_record).
+_LEGACY_FELL_RE = re.compile(
+    rf"NVRM: GPU at (?:PCI:)?{_BDF_OPT_DOMAIN} (?P<msg>has fallen off the bus\.?)[ \t]*$", _A
+)
 
 
 def normalize_pci(domain: str, bus: str, device: str, function: str | None = None) -> str:
@@ -242,11 +269,17 @@ def kernel_text(line: str) -> str | None:
         if record is not None:
             return record.message if record.facility == 0 else None
     pos = 0
-    m = _CONSOLE_PRIO_RE.match(text, pos)
+    m = _RFC5424_RE.match(text) if text.startswith("<") else None
     if m is not None:
         if int(m.group(1)) >> 3 != 0:
             return None
         pos = m.end()
+    else:
+        m = _CONSOLE_PRIO_RE.match(text, pos)
+        if m is not None:
+            if int(m.group(1)) >> 3 != 0:
+                return None
+            pos = m.end()
     m = _DECODE_RE.match(text, pos)
     if m is not None:
         if m.group(1) != "kern":
@@ -365,12 +398,14 @@ def _parse_the_gpu(lines: list[str], raw: str) -> ParsedXid | None:
     return ParsedXid("fallen_off_bus", _pci_of(m), FALLEN_OFF_BUS_XID, None, None, msg, raw)
 
 
-def parse_record(text: str, raw: str | None = None) -> ParsedXid | None:
+def parse_record(text: str, raw: str | None = None, *, legacy: bool = False) -> ParsedXid | None:
     """The report in one kernel record's text (a /dev/kmsg message, a journald MESSAGE).
 
     The caller has decided that the kernel wrote the record (facility 0, kernel
     transport). The driver's header must start at the first character and only the first
-    line is read (see the module's description of a genuine record).
+    line is read (see the module's description of a genuine record). ``legacy`` also takes
+    old drivers' ``NVRM: GPU at 0000:01:00.0 has fallen off the bus.``: ``xid parse`` reads
+    old logs with it; the daemon's sources keep to the wordings of current drivers.
     """
     if raw is None:
         raw = text.rstrip("\r\n")
@@ -384,6 +419,12 @@ def parse_record(text: str, raw: str | None = None) -> ParsedXid | None:
     if first.startswith("nvidia-nvswitch"):
         m = _SXID_RE.match(first)
         return _build("sxid", m, first, raw) if m is not None else None
+    if legacy and first.startswith("NVRM: GPU at ") and _FALLEN in first:
+        m = _LEGACY_FELL_RE.match(first)
+        if m is None:
+            return None
+        msg = m.group("msg")
+        return ParsedXid("fallen_off_bus", _pci_of(m), FALLEN_OFF_BUS_XID, None, None, msg, raw)
     if first.startswith("NVRM: GPU ") and _FALLEN in first:
         m = _FELL_RE.match(first)
         if m is None:
@@ -412,7 +453,7 @@ def parse_line(line: str) -> ParsedXid | None:
         return None
     if nl and not first[:1].isdigit():
         text = text + nl + more  # a kmsg record already carries its own continuation
-    return parse_record(text, line.rstrip("\r\n"))
+    return parse_record(text, line.rstrip("\r\n"), legacy=True)
 
 
 def _identity(text: str, raw: str) -> GpuIdentity | None:
