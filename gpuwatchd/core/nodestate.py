@@ -65,6 +65,10 @@ class NodeView:
     mig_xid_counts: Mapping[tuple[int | None, int, int, int | None], int] = field(
         default_factory=lambda: MappingProxyType({})
     )
+    # NVLink5 XIDs 144-150 by decoded verdict: (gpu, xid, fatal|nonfatal|undecoded) -> count.
+    xid_verdict_counts: Mapping[tuple[int | None, int, str], int] = field(
+        default_factory=lambda: MappingProxyType({})
+    )
 
 
 class NodeState:
@@ -81,6 +85,7 @@ class NodeState:
         self._xids: dict[tuple[int | None, int], int] = {}
         self._last_xid: dict[int | None, int] = {}
         self._mig_xids: dict[tuple[int | None, int, int, int | None], int] = {}
+        self._verdicts: dict[tuple[int | None, int, str], int] = {}
         self._pci_gpus: int | None = None
         self._view: NodeView | None = None
 
@@ -157,14 +162,19 @@ class NodeState:
         *,
         gpu_instance: int | None = None,
         compute_instance: int | None = None,
+        verdict: str | None = None,
     ) -> None:
-        """Count ``n`` reports; a MIG-attributed one is also counted per instance."""
+        """Count ``n`` reports; a MIG-attributed one is also counted per instance, a
+        decoded one (XIDs 144-150) by its ``verdict``."""
         with self._lock:
             key = (gpu, xid)
             self._xids[key] = self._xids.get(key, 0) + n
             if gpu_instance is not None:
                 mig = (gpu, xid, gpu_instance, compute_instance)
                 self._mig_xids[mig] = self._mig_xids.get(mig, 0) + n
+            if verdict is not None:
+                judged = (gpu, xid, verdict)
+                self._verdicts[judged] = self._verdicts.get(judged, 0) + n
             self._last_xid[gpu] = xid
             self._touch()
 
@@ -199,5 +209,6 @@ class NodeState:
                     expected_gpus=self._expected,
                     pci_gpus=self._pci_gpus,
                     mig_xid_counts=MappingProxyType(dict(self._mig_xids)),
+                    xid_verdict_counts=MappingProxyType(dict(self._verdicts)),
                 )
             return self._view

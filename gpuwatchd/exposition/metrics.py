@@ -294,6 +294,20 @@ def _xid_families(view: NodeView, fams: Families) -> None:
     for (gpu, label, gi, ci), count in sorted(mig.items(), key=mig_order):
         instance = f'gpu_instance="{gi}",compute_instance="{"" if ci is None else ci}"'
         xid.add_text(f'{base_of(gpu)},xid="{escape_label_value(label)}",{instance}', float(count))
+    decoded = fams.get(
+        "gpuwatchd_xid_nvlink5_decoded_total",
+        "counter",
+        "NVLink5 XIDs 144-150 by the verdict of their decoded registers (NVIDIA's 144-150 "
+        "decode): fatal (RESET_GPU), nonfatal (IGNORE, or follow the XID 154), undecoded.",
+        [*GPU_LABELS, "xid", "verdict"],
+    )
+
+    def verdict_order(item: tuple[tuple[int | None, int, str], int]) -> tuple[int, int, str]:
+        (gpu, code, verdict), _ = item
+        return (-1 if gpu is None else gpu, code, verdict)
+
+    for (gpu, code, verdict), count in sorted(view.xid_verdict_counts.items(), key=verdict_order):
+        decoded.add_text(f'{base_of(gpu)},xid="{code}",verdict="{verdict}"', float(count))
 
 
 def build_families(

@@ -36,6 +36,7 @@ from gpuwatchd.sources.gpu.backend import Backend, XidEventSource
 from gpuwatchd.sources.gpu.poller import Poller
 from gpuwatchd.sources.gpu.xid_events import XidEventReader
 from gpuwatchd.sources.xid_inputs import XidInputs
+from gpuwatchd.xid.catalog import decoded_verdict
 
 if TYPE_CHECKING:  # actions (and httpx) load only when a config has receivers or a drain
     import httpx
@@ -235,6 +236,7 @@ class Node:
                     event.xid,
                     gpu_instance=event.gpu_instance,
                     compute_instance=event.compute_instance,
+                    verdict=decoded_verdict(event.xid, event.message, event.kind),
                 )
             log.warning(
                 "XID %d on GPU %s (%s) via %s: %s",

@@ -3,7 +3,10 @@
 ``fatal: true`` selects the catalog's fatal set with the config's ``xid.overrides`` applied
 (``Catalog.fatal_codes``); next to ``codes``, ``buckets`` or ``severities`` it narrows them
 (``fatal: false``: only codes outside the fatal set), so a code an override moves into the
-fatal set pages from the fatal rule alone.
+fatal set pages from the fatal rule alone. The NVLink5 XIDs 144-150 are judged per report,
+by their decoded verdict (``Catalog.judged_fatal``): a message whose registers decode as
+non-fatal is matched by ``fatal: false``, not by ``fatal: true``, whatever its code.
+NVSwitch SXid reports are never matched (their codes are another numbering).
 """
 
 from __future__ import annotations
@@ -62,6 +65,9 @@ class XidMatch(Condition):
     quiet: float = 3600.0
     by_code: bool = False
     include_unknown_gpu: bool = True
+    # Codes judged per report (XIDs 144-150), and which verdict the rule wants of them.
+    judged: frozenset[int] = frozenset()
+    fatal: bool | None = None
 
     def hold(self, keep_firing_for: float) -> float:
         return self.quiet
@@ -127,9 +133,16 @@ class _Evaluator(Evaluator):
         if self.rule.select is not None:
             allowed = {g.index for g in snap.selected(self.rule)}
         codes = c.codes
+        judged, fatal, catalog = c.judged, c.fatal, snap.catalog
+
+        def wanted(e: XidEvent) -> bool:
+            if e.xid not in codes or e.kind == "sxid":
+                return False
+            return e.xid not in judged or catalog.judged_fatal(e.xid, e.message) == fatal
+
         latest: dict[Key, XidEvent] = {}
         for ev in log.newest_first(cursor):
-            if ev.xid not in codes:
+            if not wanted(ev):
                 continue
             key = (snap.gpu_of(ev), -1, ev.xid if c.by_code else -1)
             if allowed is not None and key[0] not in allowed:
@@ -146,8 +159,8 @@ class _Evaluator(Evaluator):
                 e = x.event
                 if (
                     e.timestamp >= start
-                    and e.xid in codes
                     and (not c.by_code or e.xid == key[2])
+                    and wanted(e)
                     and snap.gpu_of(e) == key[0]
                 ):
                     count += 1
@@ -226,15 +239,20 @@ class XidKind(ConditionKind):
                 for entry in p.catalog:  # the config's xid.overrides apply
                     if entry.severity.value == text:
                         codes.add(entry.xid)
+        fatal: bool | None = None
+        judged: frozenset[int] = frozenset()
         if "fatal" in keys:
             fatal = r.boolean(keys["fatal"], f"{what}.fatal")
             if fatal is None:
                 return None
             in_set = p.catalog.fatal_codes()  # the config's xid.overrides apply
+            by_verdict = p.catalog.verdict_codes()  # judged per report (144-150)
             if not any(k in keys for k in ("codes", "buckets", "severities")):
                 codes = set(in_set) if fatal else set(catalog_codes() - in_set)
+                codes |= by_verdict
             else:
-                codes = {c for c in codes if (c in in_set) == fatal}
+                codes = {c for c in codes if c in by_verdict or (c in in_set) == fatal}
+            judged = frozenset(codes & by_verdict)
         count = 1
         if "count" in keys:
             count = r.integer(keys["count"], f"{what}.count", minimum=1, maximum=10000) or 1
@@ -248,7 +266,7 @@ class XidKind(ConditionKind):
         if not codes:
             p.error(body, f"{what}: matches no XID code")
             return None
-        return XidMatch(frozenset(codes), count, window, quiet, by_code)
+        return XidMatch(frozenset(codes), count, window, quiet, by_code, judged=judged, fatal=fatal)
 
     def schema(self) -> sp.Schema:
         out = sp.body(
