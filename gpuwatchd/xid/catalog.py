@@ -518,6 +518,15 @@ class Catalog:
     def codes(self) -> tuple[int, ...]:
         return tuple(sorted(self._entries))
 
+    def knows(self, xid: int) -> bool:
+        """Whether NVIDIA's catalog lists ``xid`` or an override says what it is."""
+        return xid in self._entries or xid in self._overrides
+
+    def unbucketed_codes(self) -> frozenset[int]:
+        """Catalog codes without an immediate resolution bucket (162-172 in the shipped
+        edition): NVIDIA lists them but says nothing about what to do."""
+        return frozenset(code for code, e in self._base.items() if not e.immediate)
+
     def lookup(self, xid: int) -> CatalogEntry | None:
         """The entry for ``xid`` (overrides applied), or None if NVIDIA does not list it."""
         return self._entries.get(xid)

@@ -7,6 +7,9 @@ fatal set pages from the fatal rule alone. The NVLink5 XIDs 144-150 are judged p
 by their decoded verdict (``Catalog.judged_fatal``): a message whose registers decode as
 non-fatal is matched by ``fatal: false``, not by ``fatal: true``, whatever its code.
 NVSwitch SXid reports are never matched (their codes are another numbering).
+``unclassified: true`` selects what nobody has classified: the catalog's codes without a
+resolution bucket, and every code the catalog does not list (a driver newer than the
+catalog) unless an override says what it is, so that no code goes unanswered.
 """
 
 from __future__ import annotations
@@ -68,6 +71,7 @@ class XidMatch(Condition):
     # Codes judged per report (XIDs 144-150), and which verdict the rule wants of them.
     judged: frozenset[int] = frozenset()
     fatal: bool | None = None
+    unknown: bool = False  # also codes outside the catalog (and its overrides)
 
     def hold(self, keep_firing_for: float) -> float:
         return self.quiet
@@ -135,9 +139,13 @@ class _Evaluator(Evaluator):
         codes = c.codes
         judged, fatal, catalog = c.judged, c.fatal, snap.catalog
 
+        unknown = c.unknown
+
         def wanted(e: XidEvent) -> bool:
-            if e.xid not in codes or e.kind == "sxid":
+            if e.kind == "sxid":
                 return False
+            if e.xid not in codes:
+                return unknown and not catalog.knows(e.xid)
             return e.xid not in judged or catalog.judged_fatal(e.xid, e.message) == fatal
 
         latest: dict[Key, XidEvent] = {}
@@ -171,7 +179,17 @@ class _Evaluator(Evaluator):
 
 class XidKind(ConditionKind):
     key = "xid"
-    keys = ("codes", "buckets", "severities", "fatal", "count", "window", "quiet", "by_code")
+    keys = (
+        "codes",
+        "buckets",
+        "severities",
+        "unclassified",
+        "fatal",
+        "count",
+        "window",
+        "quiet",
+        "by_code",
+    )
     placeholders = frozenset({"xid", "xid_text", "action", "count", "window", "mig"})
     not_with: ClassVar[Mapping[str, str]] = {
         "keep_firing_for": "an xid rule resolves after condition.xid.quiet; set that instead",
@@ -188,8 +206,12 @@ class XidKind(ConditionKind):
     def parse(
         self, p: BodyReader, body: Node, keys: dict[str, Node], what: str
     ) -> Condition | None:
-        if not any(k in keys for k in ("codes", "buckets", "severities", "fatal")):
-            p.error(body, f"{what}: needs at least one of codes, buckets, severities, fatal")
+        selectors = ("codes", "buckets", "severities", "unclassified")
+        if not any(k in keys for k in (*selectors, "fatal")):
+            p.error(
+                body,
+                f"{what}: needs at least one of codes, buckets, severities, unclassified, fatal",
+            )
             return None
         r = p.r
         known = catalog_codes()
@@ -241,13 +263,16 @@ class XidKind(ConditionKind):
                         codes.add(entry.xid)
         fatal: bool | None = None
         judged: frozenset[int] = frozenset()
+        unknown = p.boolean(keys, "unclassified", what, False)
+        if unknown:
+            codes |= p.catalog.unbucketed_codes()
         if "fatal" in keys:
             fatal = r.boolean(keys["fatal"], f"{what}.fatal")
             if fatal is None:
                 return None
             in_set = p.catalog.fatal_codes()  # the config's xid.overrides apply
             by_verdict = p.catalog.verdict_codes()  # judged per report (144-150)
-            if not any(k in keys for k in ("codes", "buckets", "severities")):
+            if not any(k in keys for k in selectors):
                 codes = set(in_set) if fatal else set(catalog_codes() - in_set)
                 codes |= by_verdict
             else:
@@ -263,10 +288,19 @@ class XidKind(ConditionKind):
         if "quiet" in keys:
             quiet = p.window(keys["quiet"], f"{what}.quiet") or quiet
         by_code = p.boolean(keys, "by_code", what, False)
-        if not codes:
+        if not codes and not unknown:
             p.error(body, f"{what}: matches no XID code")
             return None
-        return XidMatch(frozenset(codes), count, window, quiet, by_code, judged=judged, fatal=fatal)
+        return XidMatch(
+            frozenset(codes),
+            count,
+            window,
+            quiet,
+            by_code,
+            judged=judged,
+            fatal=fatal,
+            unknown=unknown,
+        )
 
     def schema(self) -> sp.Schema:
         out = sp.body(
@@ -278,6 +312,11 @@ class XidKind(ConditionKind):
                 },
                 "buckets": sp.enum_list(sorted(catalog_buckets())),
                 "severities": sp.enum_list(CATALOG_SEVERITIES),
+                "unclassified": {
+                    "type": "boolean",
+                    "description": "true: codes the catalog gives no resolution bucket, and "
+                    "codes it does not list at all (unless xid.overrides names them).",
+                },
                 "fatal": {
                     "type": "boolean",
                     "description": "true: the fatal set (catalog buckets that take the GPU "
@@ -296,6 +335,7 @@ class XidKind(ConditionKind):
             {"required": ["codes"]},
             {"required": ["buckets"]},
             {"required": ["severities"]},
+            {"required": ["unclassified"]},
             {"required": ["fatal"]},
         ]
         return out
