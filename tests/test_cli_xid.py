@@ -181,13 +181,16 @@ def test_every_code_has_an_answer() -> None:
     args = argparse.Namespace(config=None)
     silent = [c for c in (*catalog.codes(), 173, 185, 999) if not answering_rules(c, args, catalog)]
     # NVIDIA's own answer for these is "no action" (IGNORE; 45 follows the XID it cleans up
-    # after); 154 is answered by its recovery-action rule (issue 22 item 6)
-    no_action = {"IGNORE", "WORKFLOW_XID_45", "XID_154"}
+    # after)
+    no_action = {"IGNORE", "WORKFLOW_XID_45"}
     assert [
         c for c in silent if (e := catalog.lookup(c)) is None or e.immediate not in no_action
     ] == []
     for code in (162, 167, 169, 171, 172, 185):
         assert answering_rules(code, args, catalog)[0].startswith("GpuXidUnclassified (ticket")
+    assert answering_rules(154, args, catalog)[0].startswith(
+        "GpuRecoveryActionRequired (page, drains"
+    )
 
 
 def test_explain_rejects_non_numbers(capsys: pytest.CaptureFixture[str]) -> None:

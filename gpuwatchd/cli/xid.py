@@ -108,6 +108,12 @@ def answering_rules(code: int, args: argparse.Namespace, catalog: Catalog) -> li
     out: list[str] = []
     for rule in rules_from_config(config, []).rules:
         cond = rule.condition
+        drains = ", drains" if rule.drain else ""
+        if rule.kind == "recovery_action":
+            if code == 154 and getattr(cond, "kernel_log", False):
+                how = ", when its recovery-action code is not 0x0 (None)"
+                out.append(f"{rule.name} ({rule.severity.value}{drains}{how})")
+            continue
         codes = getattr(cond, "codes", None)
         if codes is None or rule.kind not in ("xid", "xid_recurrence"):
             continue
@@ -120,7 +126,6 @@ def answering_rules(code: int, args: argparse.Namespace, catalog: Catalog) -> li
             how = ", a code the catalog does not list"
         else:
             continue
-        drains = ", drains" if rule.drain else ""
         out.append(f"{rule.name} ({rule.severity.value}{drains}{how})")
     return out
 
