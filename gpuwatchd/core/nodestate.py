@@ -65,6 +65,8 @@ class NodeView:
     mig_xid_counts: Mapping[tuple[int | None, int, int, int | None], int] = field(
         default_factory=lambda: MappingProxyType({})
     )
+    # NVSwitch SXids: (switch PCI bus id, fatal|nonfatal|detail) -> count.
+    sxid_counts: Mapping[tuple[str, str], int] = field(default_factory=lambda: MappingProxyType({}))
     # NVLink5 XIDs 144-150 by decoded verdict: (gpu, xid, fatal|nonfatal|undecoded) -> count.
     xid_verdict_counts: Mapping[tuple[int | None, int, str], int] = field(
         default_factory=lambda: MappingProxyType({})
@@ -86,6 +88,7 @@ class NodeState:
         self._last_xid: dict[int | None, int] = {}
         self._mig_xids: dict[tuple[int | None, int, int, int | None], int] = {}
         self._verdicts: dict[tuple[int | None, int, str], int] = {}
+        self._sxids: dict[tuple[str, str], int] = {}
         self._pci_gpus: int | None = None
         self._view: NodeView | None = None
 
@@ -178,6 +181,13 @@ class NodeState:
             self._last_xid[gpu] = xid
             self._touch()
 
+    def count_sxid(self, pci_bus_id: str, verdict: str, n: int = 1) -> None:
+        """Count ``n`` NVSwitch SXid lines of one switch by what they say (``sxid_verdict``)."""
+        with self._lock:
+            key = (pci_bus_id, verdict)
+            self._sxids[key] = self._sxids.get(key, 0) + n
+            self._touch()
+
     def set_pci_gpus(self, count: int | None) -> None:
         """How many NVIDIA GPUs the PCI bus shows (``gpuwatchd.sources.gpu.pci``); None: unknown."""
         with self._lock:
@@ -210,5 +220,6 @@ class NodeState:
                     pci_gpus=self._pci_gpus,
                     mig_xid_counts=MappingProxyType(dict(self._mig_xids)),
                     xid_verdict_counts=MappingProxyType(dict(self._verdicts)),
+                    sxid_counts=MappingProxyType(dict(self._sxids)),
                 )
             return self._view

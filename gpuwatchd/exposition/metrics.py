@@ -257,7 +257,7 @@ def _xid_families(view: NodeView, fams: Families) -> None:
         (gpu, code), _ = item
         return (-1 if gpu is None else gpu, code)
 
-    # A code NVIDIA's catalog does not list (a forged or corrupt line, an SXid, a code
+    # A code NVIDIA's catalog does not list (a corrupt line, a code
     # newer than the catalog) is counted under one label, so that 100,000 distinct codes
     # cannot make 100,000 series. The exact code is in the log and in /api/v1/status.
     known = _catalog_codes()
@@ -308,6 +308,19 @@ def _xid_families(view: NodeView, fams: Families) -> None:
 
     for (gpu, code, verdict), count in sorted(view.xid_verdict_counts.items(), key=verdict_order):
         decoded.add_text(f'{base_of(gpu)},xid="{code}",verdict="{verdict}"', float(count))
+
+    sxid = fams.get(
+        "gpuwatchd_sxid_errors_total",
+        "counter",
+        "NVSwitch SXid lines from trusted sources, by switch and what the line says: fatal, "
+        "nonfatal, or detail (the Data and Severity lines that follow a report).",
+        ["pci_bus_id", "verdict"],
+    )
+    for (pci, verdict), count in sorted(view.sxid_counts.items()):
+        sxid.add_text(
+            f'pci_bus_id="{escape_label_value(pci)}",verdict="{escape_label_value(verdict)}"',
+            float(count),
+        )
 
 
 def build_families(

@@ -36,7 +36,7 @@ from gpuwatchd.sources.gpu.backend import Backend, XidEventSource
 from gpuwatchd.sources.gpu.poller import Poller
 from gpuwatchd.sources.gpu.xid_events import XidEventReader
 from gpuwatchd.sources.xid_inputs import XidInputs
-from gpuwatchd.xid.catalog import decoded_verdict
+from gpuwatchd.xid.catalog import decoded_verdict, sxid_verdict
 
 if TYPE_CHECKING:  # actions (and httpx) load only when a config has receivers or a drain
     import httpx
@@ -230,7 +230,9 @@ class Node:
                 extra=extra,
             )
         else:
-            if event.trusted:
+            if event.trusted and event.kind == "sxid":
+                self.state.count_sxid(event.pci_bus_id or "", sxid_verdict(event.message))
+            elif event.trusted:
                 self.state.count_xid(
                     event.gpu,
                     event.xid,

@@ -697,12 +697,26 @@ def _words(text: str | None, xid: int) -> str | None:
     return text.strip()
 
 
-def _classify_sxid(code: int, message: str) -> Verdict:
+def sxid_verdict(message: str) -> str:
+    """``fatal``, ``nonfatal`` or ``detail``: what an SXid line says of itself.
+
+    The NVSwitch driver prints ``CODE, Fatal, Link N ...`` or ``CODE, Non-fatal, ...`` on the
+    report's main line and follows it with detail lines (``Data {...}``, ``Severity 0
+    Engine instance ...``) that carry the same code and say nothing of their own."""
     head = message.lstrip().lower()
-    where = "see the NVIDIA Fabric Manager User Guide"
     if head.startswith(("non-fatal", "nonfatal")):
-        return Verdict(XidSeverity.WARNING, Action.INVESTIGATE, f"SXid {code} non-fatal; {where}")
+        return "nonfatal"
     if head.startswith("fatal"):
+        return "fatal"
+    return "detail"
+
+
+def _classify_sxid(code: int, message: str) -> Verdict:
+    where = "see the NVIDIA Fabric Manager User Guide"
+    verdict = sxid_verdict(message)
+    if verdict == "nonfatal":
+        return Verdict(XidSeverity.WARNING, Action.INVESTIGATE, f"SXid {code} non-fatal; {where}")
+    if verdict == "fatal":
         return Verdict(XidSeverity.CRITICAL, Action.INVESTIGATE, f"SXid {code} fatal; {where}")
     return Verdict(XidSeverity.UNKNOWN, Action.INVESTIGATE, f"SXid {code} detail line; {where}")
 
@@ -754,4 +768,5 @@ __all__ = [
     "nvlink5_registers",
     "parse_recovery_change",
     "recovery_actions",
+    "sxid_verdict",
 ]
