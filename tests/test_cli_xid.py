@@ -229,3 +229,44 @@ def test_config_overrides_change_severity_and_action(tmp_path: Path) -> None:
         check=False,
     )
     assert result.returncode == 1 and result.stderr.startswith(f"{bad}:3:20: ")
+
+
+def test_docs_table_lists_every_code_answered_otherwise_than_its_bucket() -> None:
+    """docs/xid.md's table of differences from NVIDIA's catalog is complete and exact."""
+    import argparse
+    import re
+    from pathlib import Path
+
+    from gpuwatchd.cli.xid import answering_rules
+    from gpuwatchd.xid import Catalog
+
+    catalog = Catalog.default()
+    args = argparse.Namespace(config=None)
+    # the plain answer of a bucket: what a reader of NVIDIA's bucket alone would expect
+    plain = {
+        "CONTACT_SUPPORT": {"GpuXidInvestigate"},
+        "UPDATE_SWFW": {"GpuXidInvestigate"},
+        "CHECK_UVM": {"GpuXidInvestigate"},
+        "RESTART_APP": {"GpuXidApplication"},
+        "IGNORE": set(),
+        "WORKFLOW_XID_45": set(),
+    }
+    differ = set()
+    for code in catalog.codes():
+        entry = catalog.lookup(code)
+        assert entry is not None
+        rules = {r.split(" (")[0] for r in answering_rules(code, args, catalog)}
+        if plain.get(entry.immediate) != rules:
+            differ.add(code)
+    doc = (Path(__file__).resolve().parent.parent / "docs" / "xid.md").read_text()
+    section = doc.split("## Where gpuwatchd's decision differs from NVIDIA's catalog")[1]
+    section = section.split("\n## ")[0]
+    listed: set[int] = set()
+    for line in section.splitlines():
+        if not line.startswith("| ") or "not in the catalog" in line or line.startswith("| codes"):
+            continue
+        first = line.split("|")[1]
+        for a, b in re.findall(r"(\d+)-(\d+)", first):
+            listed |= set(range(int(a), int(b) + 1))
+        listed |= {int(n) for n in re.findall(r"(?<![-\d])(\d+)(?![-\d])", first)}
+    assert listed == differ
