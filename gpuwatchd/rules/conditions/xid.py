@@ -7,6 +7,9 @@ fatal set pages from the fatal rule alone. The NVLink5 XIDs 144-150 are judged p
 by their decoded verdict (``Catalog.judged_fatal``): a message whose registers decode as
 non-fatal is matched by ``fatal: false``, not by ``fatal: true``, whatever its code.
 NVSwitch SXid reports are never matched (their codes are another numbering).
+``episode_gap`` counts *episodes* instead of lines: the lines of one process (by pid, else
+process name) on one GPU less than ``episode_gap`` apart are one episode, and another
+process starts another, so one program printing a storm of XIDs counts once.
 ``unclassified: true`` selects what nobody has classified: the catalog's codes without a
 resolution bucket, and every code the catalog does not list (a driver newer than the
 catalog) unless an override says what it is, so that no code goes unanswered.
@@ -72,9 +75,24 @@ class XidMatch(Condition):
     judged: frozenset[int] = frozenset()
     fatal: bool | None = None
     unknown: bool = False  # also codes outside the catalog (and its overrides)
+    episode_gap: float | None = None  # count episodes of one process, not lines
 
     def hold(self, keep_firing_for: float) -> float:
         return self.quiet
+
+
+def count_episodes(events: list[XidEvent], gap: float) -> int:
+    """Episodes among one GPU's ``events`` (in time order): the lines of one process (pid,
+    else process name; lines naming neither are one process) less than ``gap`` apart."""
+    last: dict[object, float] = {}
+    episodes = 0
+    for e in events:
+        who: object = e.pid if e.pid is not None else e.process
+        seen = last.get(who)
+        if seen is None or e.timestamp - seen >= gap:
+            episodes += 1
+        last[who] = e.timestamp
+    return episodes
 
 
 def mig_text(ev: XidEvent) -> str:
@@ -162,16 +180,16 @@ class _Evaluator(Evaluator):
             # The window ends at the newest event, not at ``now``: an XID that reaches the
             # engine later than its own time (a slow poll, a late log line) still counts.
             start = min(now, ev.timestamp) - c.window
-            count = 0
-            for x in log.events:
-                e = x.event
-                if (
-                    e.timestamp >= start
-                    and (not c.by_code or e.xid == key[2])
-                    and wanted(e)
-                    and snap.gpu_of(e) == key[0]
-                ):
-                    count += 1
+            matching = [
+                x.event
+                for x in log.events
+                if x.event.timestamp >= start
+                and (not c.by_code or x.event.xid == key[2])
+                and wanted(x.event)
+                and snap.gpu_of(x.event) == key[0]
+            ]
+            gap = c.episode_gap
+            count = len(matching) if gap is None else count_episodes(matching, gap)
             if count >= c.count:
                 hits[key] = (float(count), xid_values(snap, ev, count))
         return hits, set()
@@ -189,6 +207,7 @@ class XidKind(ConditionKind):
         "window",
         "quiet",
         "by_code",
+        "episode_gap",
     )
     placeholders = frozenset({"xid", "xid_text", "action", "count", "window", "mig"})
     not_with: ClassVar[Mapping[str, str]] = {
@@ -288,6 +307,9 @@ class XidKind(ConditionKind):
         if "quiet" in keys:
             quiet = p.window(keys["quiet"], f"{what}.quiet") or quiet
         by_code = p.boolean(keys, "by_code", what, False)
+        episode_gap: float | None = None
+        if "episode_gap" in keys:
+            episode_gap = p.window(keys["episode_gap"], f"{what}.episode_gap")
         if not codes and not unknown:
             p.error(body, f"{what}: matches no XID code")
             return None
@@ -300,6 +322,7 @@ class XidKind(ConditionKind):
             judged=judged,
             fatal=fatal,
             unknown=unknown,
+            episode_gap=episode_gap,
         )
 
     def schema(self) -> sp.Schema:
@@ -327,6 +350,11 @@ class XidKind(ConditionKind):
                 "window": sp.duration("10m"),
                 "quiet": sp.duration("1h"),
                 "by_code": {"type": "boolean", "default": False},
+                "episode_gap": {
+                    **sp.duration(),
+                    "description": "Count episodes, not lines: one process's lines on one GPU "
+                    "less than this apart are one episode; another process is another.",
+                },
             },
             "XID events matched by code, the catalog's immediate resolution bucket, catalog "
             "severity or the fatal set; count in window; resolves after quiet.",
