@@ -171,6 +171,7 @@ class Engine:
             self._loaded = loaded
             self._bank.watch(gpu_fields, link_fields, any(r.per_link for r in new.rules))
             self._snap.xids.retention = xid_window
+            self._snap.sxids.retention = xid_window
             self._book.adopt(new.rules)
 
     # -- observe ------------------------------------------------------------------------
@@ -180,9 +181,12 @@ class Engine:
                 with self._lock:
                     self._bank.observe(record)
         elif isinstance(record, XidEvent):
+            if record.trusted and record.kind == "sxid":
+                with self._lock:
+                    self._snap.sxids.add(record)  # the sxid condition's, not the XID rules'
+                return
             if (
                 not record.trusted
-                or record.kind == "sxid"
                 or (record.pci_bus_id or "").upper() in self.ignore
                 or (record.uuid or "").upper() in self.ignore
             ):

@@ -36,6 +36,7 @@ from gpuwatchd.sources.gpu.backend import Backend, SupervisedBackend, XidEventSo
 from gpuwatchd.sources.gpu.poller import Poller
 from gpuwatchd.sources.gpu.xid_events import XidEventReader
 from gpuwatchd.sources.xid_inputs import XidInputs
+from gpuwatchd.xid.catalog import decoded_verdict, sxid_verdict
 
 if TYPE_CHECKING:  # actions (and httpx) load only when a config has receivers or a drain
     import httpx
@@ -231,8 +232,16 @@ class Node:
                 extra=extra,
             )
         else:
-            if event.trusted:
-                self.state.count_xid(event.gpu, event.xid)
+            if event.trusted and event.kind == "sxid":
+                self.state.count_sxid(event.pci_bus_id or "", sxid_verdict(event.message))
+            elif event.trusted:
+                self.state.count_xid(
+                    event.gpu,
+                    event.xid,
+                    gpu_instance=event.gpu_instance,
+                    compute_instance=event.compute_instance,
+                    verdict=decoded_verdict(event.xid, event.message, event.kind),
+                )
             log.warning(
                 "XID %d on GPU %s (%s) via %s: %s",
                 event.xid,
