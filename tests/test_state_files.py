@@ -8,12 +8,16 @@ created could not be opened by the service user."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -178,3 +182,96 @@ def test_a_lock_left_by_root_is_usable_by_the_service_user(
             return 1
 
     assert _as_user(user, as_service) == 0
+
+
+# The service user's side of the race (issue 26 item 1): every temporary file that appears
+# in its state directory is replaced, at once, by a link to a file root keeps private.
+# Whatever root then does to that name by path lands on the private file.
+_RACER = r"""
+import os, sys, time
+state, target, deadline = sys.argv[1], sys.argv[2], time.monotonic() + float(sys.argv[3])
+swaps = 0
+stop = os.path.join(state, "stop-racing")
+while time.monotonic() < deadline and not os.path.exists(stop):
+    for entry in os.scandir(state):
+        if entry.name.startswith(".silences.json.") and not entry.is_symlink():
+            link = os.path.join(state, "link-" + str(swaps))
+            try:
+                os.symlink(target, link)
+                os.replace(link, entry.path)
+                swaps += 1
+            except OSError:
+                try:
+                    os.unlink(link)
+                except OSError:
+                    pass
+print(swaps)
+"""
+
+
+def test_root_silence_add_never_changes_a_file_through_a_swapped_link(
+    request: pytest.FixtureRequest,
+) -> None:
+    """Root's ``silence add`` in the service user's state directory, while that user (a
+    real second uid) swaps each temporary file for a link to a root-private file, about as
+    fast as the machine allows. On main the temporary file was ``chmod``-ed by path after
+    its write: the private file became 0644 (world-readable) within a few adds. Now its
+    mode is set with ``fchmod`` on the descriptor the file was created with (``O_EXCL``,
+    ``O_NOFOLLOW``, through the directory's descriptor), so no swap reaches the target."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root: the race is between root and a second user")
+    base = Path(tempfile.mkdtemp(prefix="gpuwatchd-test-race-"))
+    request.addfinalizer(lambda: shutil.rmtree(base, ignore_errors=True))
+    base.chmod(0o755)
+    secret = base / "shadow"
+    secret.write_text("root:$6$secret:19000:0:99999:7:::\n")
+    secret.chmod(0o600)
+    state = base / "state"
+    state.mkdir()
+    os.chown(state, SERVICE_UID, SERVICE_UID)  # the service user's state directory
+    racer = subprocess.Popen(
+        [
+            "setpriv",
+            f"--reuid={SERVICE_UID}",
+            f"--regid={SERVICE_UID}",
+            "--clear-groups",
+            sys.executable,
+            "-c",
+            _RACER,
+            str(state),
+            str(secret),
+            "60",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    adds = refused = 0
+    try:
+        deadline = time.monotonic() + 20.0
+        while adds < 3000 and time.monotonic() < deadline:
+            adds += 1
+            try:
+                add_silence(
+                    path_in(str(state)),
+                    node="n1",
+                    gpu=None,
+                    rule=None,
+                    duration=60,
+                    reason="maintenance",
+                    author="root",
+                    now=adds * 1e7,  # every earlier silence long over: the file stays small
+                )
+            except OSError:  # the swapped link became silences.json: refused, as it must
+                refused += 1
+                with contextlib.suppress(FileNotFoundError):
+                    (state / "silences.json").unlink()
+            assert secret.stat().st_mode & 0o777 == 0o600, f"after {adds} adds"
+    finally:
+        (state / "stop-racing").touch()
+        out, _ = racer.communicate(timeout=30)
+    swaps = int(out.strip() or 0)
+    print(f"RELIABILITY silence race: {adds} adds, {swaps} swaps, {refused} refused")
+    assert swaps > 0, "the racer never caught a temporary file: the test proved nothing"
+    assert secret.stat().st_mode & 0o777 == 0o600
+    assert secret.stat().st_uid == 0
+    assert secret.read_text().startswith("root:$6$secret")
