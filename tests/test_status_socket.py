@@ -189,3 +189,106 @@ def test_the_listener_retries_until_the_port_is_free() -> None:
         for server in up:
             assert isinstance(server, Server)
             server.sock.close()
+
+
+# -- a squatter as a real second user (issue 26 item 3) ----------------------------------------
+# Another user's program on the daemon's port: a healthy-looking node, and every
+# Authorization header it is sent written to its output.
+_SQUATTER = r"""
+import json, sys
+from http.server import BaseHTTPRequestHandler, HTTPServer
+gpu = lambda i: {"index": i, "pci_bus_id": f"00000000:{i}A:00.0", "status": "ok"}
+FAKE = {"node": "fake", "version": "9.9", "backend": "nvml", "gpus": [gpu(i) for i in range(4)],
+        "sources": {}, "alerts": [], "gpus_expected": 4}
+class H(BaseHTTPRequestHandler):
+    def do_GET(self):
+        auth = self.headers.get("Authorization")
+        if auth:
+            print("AUTH " + auth, flush=True)
+        body = b"ok\n" if self.path == "/healthz" else json.dumps(FAKE).encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *args):
+        pass
+server = HTTPServer(("127.0.0.1", int(sys.argv[1])), H)
+print("READY", flush=True)
+server.serve_forever()
+"""
+
+
+def _gw(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k != "RUNTIME_DIRECTORY"}
+    return subprocess.run(
+        [*GPUWATCHD, *args], cwd=ROOT, capture_output=True, text=True, env=env, timeout=60
+    )
+
+
+def test_a_squatter_of_another_user_never_makes_check_healthy_nor_gets_the_password(
+    tmp_path: Path,
+) -> None:
+    """A real second user (``nobody`` through ``setpriv``) serves a healthy fake on the
+    daemon's port. Failed on main: with the daemon down, ``check`` reported HEALTHY (exit 0)
+    and sent it the basic-auth password, ``status`` printed the fake; with the daemon up
+    on a node with a lost GPU and two firing pages, ``check`` still asked the squatter and
+    said HEALTHY. Now: cannot tell (exit 2) and no password while the daemon is down, even
+    with ``web.ask_over_http`` on; the daemon's own answer (UNHEALTHY) while it runs."""
+    import sys
+
+    if os.geteuid() != 0:
+        pytest.skip("needs root: the squatter runs as a second user")
+    from conftest import free_port
+
+    port = free_port()
+    squat = subprocess.Popen(
+        ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+         sys.executable, "-c", _SQUATTER, str(port)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    try:
+        assert squat.stdout is not None
+        assert squat.stdout.readline().strip() == "READY"
+        password = tmp_path / "password"
+        password.write_text("the-scrapers-password\n")
+        state = tmp_path / "state"
+        state.mkdir()  # the daemon's (root's here) state directory, as after an earlier run
+        cfg = tmp_path / "gpuwatchd.yaml"
+        base = f"listen: 127.0.0.1:{port}\nstate_dir: {state}\nsources: {{kernel_log: none}}\n"
+        cfg.write_text(base)
+        auth = ("--user", "prom", "--password-file", str(password))
+        # the daemon is down: the squatter is not asked
+        res = _gw("check", "-c", str(cfg), *auth, "--format", "nhc")
+        assert res.returncode == 2, res.stdout + res.stderr
+        assert "no status socket proving it is the daemon" in res.stdout
+        res = _gw("status", "-c", str(cfg), *auth)
+        assert res.returncode == 1 and "fake" not in res.stdout, res.stdout + res.stderr
+        # told to ask over HTTP: the listener runs as uid 65534, not the daemon's user
+        cfg.write_text(base + "web: {ask_over_http: true}\n")
+        for cmd in ("check", "status"):
+            res = _gw(cmd, "-c", str(cfg), *auth)
+            assert res.returncode in (1, 2) and "HEALTHY" not in res.stdout, res.stdout
+            assert "uid 65534" in res.stdout + res.stderr, res.stdout + res.stderr
+            assert "fake" not in res.stdout
+        # the daemon up (its port still squatted): its own answer, through its socket
+        cfg.write_text(base)
+        d = Daemon(tmp_path, cfg.read_text(), ROOT / "tests" / "data" / "check-unhealthy.yaml",
+                   port=port)  # fmt: skip
+        d.start(wait=False)
+        try:
+
+            def answered() -> subprocess.CompletedProcess[str] | None:
+                r = _gw("check", "-c", str(d.cfg), *auth, "--format", "json")
+                return r if "GpuRecoveryActionRequired" in r.stdout else None
+
+            res = wait_until(answered, 30, "the daemon's own verdict")
+            data = json.loads(res.stdout)
+            assert res.returncode == 1 and data["verdict"] == "unhealthy", res.stdout
+            assert data["where"].endswith("status.sock")
+            assert [g["status"] for g in data["gpus"]] == ["ok", "lost", "ok", "ok"]
+        finally:
+            d.stop()
+    finally:
+        squat.terminate()
+        out, _ = squat.communicate(timeout=10)
+    assert "AUTH" not in out, f"the squatter received credentials: {out!r}"

@@ -24,7 +24,12 @@ DEFAULT_RUNTIME_DIR = "/run/gpuwatchd"
 
 
 class StatusSocketError(Exception):
-    """The socket is missing, unverifiable or gave no valid answer."""
+    """The socket is missing, unverifiable or gave no valid answer. ``stale``: nothing
+    accepts on it (a socket a stopped daemon left): no daemon runs."""
+
+    def __init__(self, message: str, *, stale: bool = False) -> None:
+        super().__init__(message)
+        self.stale = stale
 
 
 def candidates(state_dir: str, environ: Mapping[str, str]) -> list[str]:
@@ -91,6 +96,8 @@ def read_verified(path: str, timeout: float) -> dict[str, Any]:
                 if size > MAX_ANSWER:
                     raise StatusSocketError(f"{path}: answer larger than {MAX_ANSWER} bytes")
                 chunks.append(chunk)
+    except (ConnectionRefusedError, FileNotFoundError) as exc:
+        raise StatusSocketError(f"{path}: {exc.strerror or exc}", stale=True) from None
     except OSError as exc:
         raise StatusSocketError(f"{path}: {exc.strerror or exc}") from None
     try:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import secrets
 from collections.abc import Iterator
 
 CREATE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -40,7 +39,7 @@ def create_exclusive(dir_fd: int, prefix: str, mode: int = 0o600) -> tuple[int, 
     existing name, link or not, is never opened) and given ``mode`` with ``fchmod``.
     """
     for _ in range(100):
-        name = f"{prefix}{secrets.token_hex(6)}"
+        name = f"{prefix}{os.urandom(6).hex()}"  # not secrets: it loads OpenSSL
         try:
             fd = os.open(name, CREATE_FLAGS, 0o600, dir_fd=dir_fd)
         except FileExistsError:
