@@ -122,3 +122,25 @@ def check_sqlite_files(path: str) -> None:
         return
     for suffix in SQLITE_COMPANIONS:
         check_state_file(path + suffix)
+
+
+def set_aside_unsafe(path: str, stamp: str) -> list[str]:
+    """Rename each of ``path``'s SQLite files that is not a regular file (a link, FIFO,
+    directory, device) to ``<name>.unsafe-<stamp>``, never opening it; the names moved.
+
+    A store calls this when ``check_sqlite_files`` refuses its files at start-up, so that
+    it can run on a fresh database instead of failing every start (a crash loop)."""
+    moved: list[str] = []
+    if path == ":memory:" or path.startswith("file:"):
+        return moved
+    for suffix in SQLITE_COMPANIONS:
+        name = path + suffix
+        try:
+            st = os.lstat(name)
+        except FileNotFoundError:
+            continue
+        if stat.S_ISREG(st.st_mode):
+            continue
+        os.replace(name, f"{name}.unsafe-{stamp}")
+        moved.append(f"{name} ({_kind(st.st_mode)})")
+    return moved
