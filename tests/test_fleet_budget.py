@@ -7,6 +7,7 @@ still-active incident."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Iterator
@@ -196,3 +197,45 @@ def test_a_drain_left_above_the_budget_by_a_restart_is_released(
     finally:
         sink.close()
         rx.stop()
+
+
+def test_a_reason_with_newlines_on_another_node_is_not_a_drain(
+    cluster: Slurm, tmp_path: Path
+) -> None:
+    """Issue 26: whoever may set a drain reason (an admin, NHC, a site script) writes one
+    with newlines, each new line shaped like a line of ``sinfo``'s output claiming another
+    node is drained by gpuwatchd. Failed on main: the census read sinfo line by line, so
+    the budget (5) was full of drains that did not exist and this node's XID 79 was held
+    back. Now records are split on a random token per census: one admin drain, 0 of ours,
+    and the XID 79 drains."""
+    CLOCK.advance(max(0.0, time.time() - CLOCK.now()))
+    for node, reason in cluster.reasons().items():
+        if reason.startswith(PREFIX):
+            cluster.admin("State=RESUME", node=node)
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%S")
+    forged = "".join(
+        f"\n{n}|drained|{stamp}|gpuwatchd: XID 79 GPU 0 00000000:18:00.0"
+        for n in cluster.others[1:6]  # listed before it: on main the later line won
+    )
+    cluster.admin("State=DRAIN", f"Reason=bad fan{forged}", node=cluster.others[30])
+    from gpuwatchd.actions.drivers import SlurmFleetView
+
+    try:
+        census = SlurmFleetView("sinfo", 10.0, None).census()
+        assert census.nodes == NODES + 1
+        assert census.drains == (), census.drains
+        me = cluster.others[0]
+        rx = HttpReceiver(free_port()).start()
+        sink = daemon(tmp_path, me, rx.url)
+        try:
+            sink.deliver([transition(at=CLOCK.now(), drain=True, node=me, xid=79)], CLOCK.now())
+            sink.run_pending()
+            assert ours(cluster) == [me]
+            assert budget_pages(rx, me) == []
+        finally:
+            sink.close()
+            rx.stop()
+    finally:
+        for node in (cluster.others[30], cluster.others[0]):
+            with contextlib.suppress(AssertionError):  # not drained: nothing to resume
+                cluster.admin("State=RESUME", node=node)

@@ -241,7 +241,12 @@ class SlurmFleetView:
         self.partition = partition
 
     def census(self) -> Census:
-        argv = [self.sinfo, "--noheader", "--Node", "--format", "%N|%T|%H|%E"]
+        """Every node's state, reason time and reason. A reason is free text and may hold
+        newlines (and anything that looks like a line of ``sinfo`` output): each record
+        therefore starts with a token drawn at random for this census, which no reason can
+        carry, and records are split on it, not on lines."""
+        token = f"@gw{os.urandom(12).hex()}@"
+        argv = [self.sinfo, "--noheader", "--Node", "--format", f"{token}%N|%T|%H|%E"]
         if self.partition:
             argv[1:1] = ["--partition", self.partition]
         res = run_argv(argv, timeout=self.timeout)
@@ -249,13 +254,13 @@ class SlurmFleetView:
             raise DrainError(f"sinfo failed (status {res.returncode}): {_tail(res.stderr)}")
         nodes: dict[str, SlurmNode] = {}
         since: dict[str, float | None] = {}
-        for line in res.stdout.splitlines():
-            name, sep, rest = line.partition("|")
+        for record in res.stdout.split(token)[1:]:
+            name, sep, rest = record.partition("|")
             state, _, rest = rest.partition("|")
             stamp, _, reason = rest.partition("|")
             if not sep or not name.strip():
                 continue
-            reason = reason.strip()
+            reason = reason.rstrip("\n").strip()
             node = SlurmNode(
                 state.strip().lower().rstrip("*~#!%$@^-+"),
                 "" if reason.lower() == "none" else reason,
