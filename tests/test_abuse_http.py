@@ -716,3 +716,28 @@ def test_slow_request_bodies_never_lock_a_scraper_out() -> None:
         for s in slow:
             s.close()
         server.stop()
+
+
+def test_wrong_passwords_never_evict_the_scrapers_cached_one() -> None:
+    """Issue 26: one cache held accepted and refused credentials alike, oldest out first,
+    so 1024 wrong guesses (within the bcrypt budget, given time) pushed the scraper's right
+    password out; its next scrape then needed a bcrypt check of its own, which the
+    guessers' traffic kept refusing (429). Failed on main: the right password was checked
+    again. Now refused credentials are cached apart and never evict an accepted one."""
+    from gpuwatchd.config.web import AUTH_CACHE_SIZE, BasicAuth
+
+    now = [0.0]
+    hashed = bcrypt.hashpw(PASSWORD.encode(), bcrypt.gensalt(4)).decode()
+    auth = BasicAuth((("prometheus", hashed),), clock=lambda: now[0])
+
+    def header(password: str) -> str:
+        return "Basic " + base64.b64encode(f"prometheus:{password}".encode()).decode()
+
+    assert auth.check(header(PASSWORD)) == (True, "prometheus")
+    assert auth.checks_run == 1
+    for i in range(AUTH_CACHE_SIZE + 10):  # the budget's clock moved on: every guess checked
+        now[0] += 10.0
+        assert auth.check(header(f"guess-{i}")) == (False, "prometheus")
+    checked = auth.checks_run
+    assert auth.check(header(PASSWORD)) == (True, "prometheus")
+    assert auth.checks_run == checked, "the right password had to be checked again"

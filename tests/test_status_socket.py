@@ -292,3 +292,64 @@ def test_a_squatter_of_another_user_never_makes_check_healthy_nor_gets_the_passw
         squat.terminate()
         out, _ = squat.communicate(timeout=10)
     assert "AUTH" not in out, f"the squatter received credentials: {out!r}"
+
+
+_FLOOD = r"""
+import socket, sys, time
+path, seconds = sys.argv[1], float(sys.argv[2])
+answered = closed = 0
+deadline = time.monotonic() + seconds
+while time.monotonic() < deadline:
+    with socket.socket(socket.AF_UNIX) as s:
+        s.connect(path)
+        data = b""
+        while chunk := s.recv(65536):
+            data += chunk
+        if data:
+            answered += 1
+        else:
+            closed += 1
+print(answered, closed)
+"""
+
+
+def test_one_users_flood_of_the_status_socket_is_rate_limited_per_uid() -> None:
+    """Issue 26: a real second user (``nobody``) connects to the 0666 status socket as
+    fast as it can for 3 s. Failed on main: every connection got a whole status document
+    built for it (tens of thousands; 71 % of a core in the issue's 30 s). Now that uid gets
+    its burst and then 5 answers a second, the rest closed unanswered, while root (another
+    uid) still gets its answer during the flood."""
+    import shutil
+    import sys
+    import tempfile
+
+    if os.geteuid() != 0:
+        pytest.skip("needs root: the flood comes from a second user")
+    base = Path(tempfile.mkdtemp(prefix="gpuwatchd-test-sock-"))
+    base.chmod(0o755)
+    path = base / "status.sock"
+    built = [0]
+
+    def document() -> dict[str, object]:
+        built[0] += 1
+        return {"status": {"node": "n1", "gpus": []}, "health": {"ok": True, "detail": "ok"}}
+
+    server = StatusSocket(str(path), document)
+    assert server.start()
+    try:
+        flood = subprocess.Popen(
+            ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+             sys.executable, "-c", _FLOOD, str(path), "3"],
+            stdout=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        time.sleep(1.0)
+        mine = read_verified(str(path), 5.0)  # root, in the middle of the flood
+        assert mine["status"]["node"] == "n1"
+        out, _ = flood.communicate(timeout=30)
+        answered, closed = map(int, out.split())
+        print(f"RELIABILITY status socket flood: {answered} answered, {closed} closed")
+        assert closed > 0 and answered <= 20 + 5 * 4 + 5, (answered, closed)
+        assert built[0] <= answered + 1 + 1
+    finally:
+        server.stop()
+        shutil.rmtree(base, ignore_errors=True)
