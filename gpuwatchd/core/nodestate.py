@@ -15,6 +15,10 @@ from typing import Any
 
 from gpuwatchd.core.records import GpuInfo, GpuSample, GpuStatus
 
+XID_CODES_APART = 1024  # codes below this (NVIDIA's are under 200) are always counted apart
+MAX_XID_KEYS = 4096  # distinct (GPU, code) pairs counted apart before larger codes fold
+XID_OVERFLOW = -1  # the code a larger one is counted under beyond MAX_XID_KEYS
+
 
 @dataclass(frozen=True)
 class SourceHealth:
@@ -144,8 +148,19 @@ class NodeState:
             self._touch()
 
     def count_xid(self, gpu: int | None, xid: int, n: int = 1) -> None:
+        """Count ``n`` XIDs. A code below ``XID_CODES_APART`` always has its own count; a
+        larger one only while fewer than ``MAX_XID_KEYS`` (GPU, code) pairs are counted,
+        else it is counted under ``XID_OVERFLOW`` of its GPU. So distinct codes cannot grow
+        memory and the status API without bound (issue 26), and no flood of them takes
+        a real code's own count away."""
         with self._lock:
             key = (gpu, xid)
+            if (
+                not 0 <= xid < XID_CODES_APART
+                and key not in self._xids
+                and len(self._xids) >= MAX_XID_KEYS
+            ):
+                key = (gpu, XID_OVERFLOW)
             self._xids[key] = self._xids.get(key, 0) + n
             self._last_xid[gpu] = xid
             self._touch()
