@@ -11,14 +11,17 @@ runs as that user.
 
 Any local user may ask (the socket is 0666, like HTTP on localhost), so answers are rate
 limited per peer uid (``SO_PEERCRED``): ``ANSWERS_BURST`` at once, then
-``ANSWERS_PER_SECOND``; beyond that a connection is closed unanswered, before the document
-is built (issue 26: one user opened 70,244 connections in 30 s and cost 71 % of a core).
-Each uid has its own bucket, so one user's flood never keeps another (root's prolog, the
-service user) from an answer.
+``ANSWERS_PER_SECOND``; beyond that a connection gets a few constant bytes,
+``{"busy": {"retry_after": S}}``, instead of a document built for it (issue 26: one user
+opened 70,244 connections in 30 s and cost 71 % of a core). Each uid has its own bucket,
+so one user's flood never keeps another (root's prolog, the service user) from an answer,
+and a client told to wait asks again (``gpuwatchd.cli.statusclient``), so many prologs
+starting at once are slowed, never refused.
 
 Protocol: connect, read one JSON document until the server closes. The document is
-``{"status": <what /api/v1/status serves>, "health": {"ok": bool, "detail": str},
-"http": {"listening": bool, "problem": str | null, "where": "HOST:PORT"}}``.
+``{"busy": ...}`` as above, or ``{"status": <what /api/v1/status serves>, "health":
+{"ok": bool, "detail": str}, "http": {"listening": bool, "problem": str | null, "where":
+"HOST:PORT"}}``.
 """
 
 from __future__ import annotations
@@ -60,7 +63,7 @@ class StatusSocket:
         self._thread: threading.Thread | None = None
         self.problem: str | None = None
         self._limit = RateLimiter(1.0 / ANSWERS_PER_SECOND, ANSWERS_BURST)
-        self.refused = 0  # connections closed unanswered for the rate limit
+        self.refused = 0  # connections answered "busy" for the rate limit
 
     def start(self) -> bool:
         """Bind and serve; False (logged, daemon unaffected) if the path cannot be used."""
@@ -107,8 +110,12 @@ class StatusSocket:
                     return
                 continue
             with conn:
-                if self._limit.allow(_peer_uid(conn)) > 0:
+                wait = self._limit.allow(_peer_uid(conn))
+                if wait > 0:
                     self.refused += 1
+                    with contextlib.suppress(OSError):
+                        conn.settimeout(SEND_TIMEOUT)
+                        conn.sendall(b'{"busy": {"retry_after": %.2f}}' % min(wait, 1.0))
                     continue
                 try:
                     data = json.dumps(self._document(), sort_keys=True).encode()
