@@ -132,10 +132,14 @@ def secured_daemon(tmp_path: Path) -> Iterator[tuple[Daemon, Path, Path]]:
     )
     password = tmp_path / "password"
     password.write_text(PASSWORD + "\n")
-    d = Daemon(tmp_path, "", UNHEALTHY)
+    # its status socket where the commands below do not look (a client in another
+    # container, say): they ask over HTTP, as web.ask_over_http allows
+    run = tmp_path / "run"
+    run.mkdir(mode=0o755)
+    d = Daemon(tmp_path, "", UNHEALTHY, env={"RUNTIME_DIRECTORY": str(run)})
     d.cfg.write_text(
         f"listen: 127.0.0.1:{d.port}\nstate_dir: {tmp_path / 'state'}\n"
-        "sources: {kernel_log: none}\nweb:\n  config_file: web.yml\n"
+        "sources: {kernel_log: none}\nweb:\n  config_file: web.yml\n  ask_over_http: true\n"
     )
     d.url = d.url.replace("http://", "https://")
     d.start(wait=False)
@@ -194,3 +198,7 @@ def test_check_and_status_reach_a_daemon_with_tls_and_basic_auth(
     assert denied.returncode == 1 and "401" in denied.stdout
     wrong_ca = gw("check", "-c", str(config), *auth, "--ca-file", str(password))
     assert wrong_ca.returncode == 2 and "TLS" in wrong_ca.stdout, wrong_ca.stdout
+    # where the status socket is found, it comes first: no credentials needed
+    env = dict(os.environ, RUNTIME_DIRECTORY=str(config.parent / "run"))
+    res = gw("check", "-c", str(config), "--format", "json", env=env)
+    assert res.returncode == 1 and json.loads(res.stdout)["where"].endswith("run/status.sock")

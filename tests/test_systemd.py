@@ -394,6 +394,7 @@ def test_unit_is_hardened_and_verifies(tmp_path: Path) -> None:
         "NoNewPrivileges=yes",
         "CapabilityBoundingSet=\n",
         "ExecReload=/bin/kill -HUP $MAINPID",
+        "MemoryMax=512M",  # a backstop behind the daemon's own bounds (issue 26)
     ):
         assert line in text, line
 

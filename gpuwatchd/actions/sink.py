@@ -62,7 +62,7 @@ def build_receivers(
 def drain_driver(drain: DrainConfig, node: str, clock: Clock) -> Driver:
     """The scheduler driver the config asks for (``DrainError`` when it cannot be made)."""
     if drain.mode == "exec":
-        return ExecDriver(drain.exec.command, node, drain.timeout)
+        return ExecDriver(drain.exec.command, node, drain.timeout, sinfo=drain.slurm.sinfo)
     if drain.mode == "slurm":
         return SlurmDriver(node, drain.timeout, drain.slurm.scontrol, drain.slurm.sinfo)
     from gpuwatchd.actions.kube import KubeClient, KubernetesDriver

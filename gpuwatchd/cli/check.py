@@ -1,8 +1,13 @@
 """``gpuwatchd check``: one-shot node health for Slurm prologs and epilogs, NHC and scripts.
 
 Exit status: 0 healthy, 1 unhealthy, 2 cannot tell. The answer comes from the running
-daemon when one answers (its GPU states and the alerts its rules hold firing, from
-/api/v1/status, over HTTP with the daemon's TLS and basic auth), else from one poll of its
+daemon when one answers (its GPU states and the alerts its rules hold firing), asked only
+where it is proven to be the daemon: its status socket first (only the daemon can have
+made it; the peer's uid is checked with ``SO_PEERCRED``), over HTTP only when
+``web.ask_over_http`` is on or ``--url`` is given, and then only a listener proven by TLS
+or, on this host, by the uid that owns it (see ``daemonclient``). Anything else on the
+daemon's port (a user who bound it while the daemon is down) is "cannot tell", never an
+answer. With no daemon at all (no live socket, nothing on the port), one poll of its
 own: every GPU sampled once through the configured backend and judged by the same rules the
 daemon runs (rules that need time, a ``for:`` or a window, cannot fire on one sample, and
 XIDs seen before are not known without the daemon).
@@ -145,6 +150,44 @@ def from_metrics(text: str) -> tuple[list[Gpu], int | None, list[Firing]]:
     return ordered, expected, firing
 
 
+def ask_socket(config: Config, environ: dict[str, str]) -> Report | None:
+    """The daemon's answer over its verified status socket; None when there is no live
+    socket (no daemon runs); ``DaemonError`` when one is there but not provably the
+    daemon's, or the daemon says it is not healthy."""
+    from gpuwatchd.cli import statusclient
+    from gpuwatchd.cli.daemonclient import DaemonError
+
+    path = statusclient.find_socket(config.state_dir, environ)
+    if path is None:
+        return None
+    try:
+        doc = statusclient.read_verified(path, 5.0)
+    except statusclient.StatusSocketError as exc:
+        if exc.stale:
+            return None
+        raise DaemonError(statusclient.printable(str(exc))) from None
+    health = doc.get("health")
+    if isinstance(health, dict) and health.get("ok") is False:
+        reason = statusclient.printable(str(health.get("detail", "")))[:200]
+        raise DaemonError(f"the daemon at {path} is not healthy: {reason}")
+    gpus, expected, firing = from_status(doc["status"])
+    return Report("daemon", path, gpus, expected, firing or [])
+
+
+def something_listens(base: str, timeout: float) -> bool:
+    """Whether a TCP connection to ``base`` (a URL) is accepted: nothing is sent."""
+    import socket
+    import urllib.parse
+
+    parts = urllib.parse.urlsplit(base)
+    try:
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+        with socket.create_connection((parts.hostname or "", port), timeout=timeout):
+            return True
+    except (OSError, ValueError):
+        return False
+
+
 def ask_daemon(client: Any) -> Report:
     """``DaemonError`` when the daemon cannot be asked or says it is not healthy."""
     from gpuwatchd.cli.daemonclient import DaemonError
@@ -278,9 +321,28 @@ def cmd_check(args: argparse.Namespace) -> int:
         return cannot_tell("config", f"--backend: {exc}")
     report: Report | None = None
     if args.mode in ("auto", "daemon"):
+        import os
+
         try:
-            client = client_from_args(args, config)
-            report = ask_daemon(client)
+            if not args.url:
+                report = ask_socket(config, dict(os.environ))
+            if report is None:
+                client = client_from_args(args, config, require_proof=True)
+                if args.url or config.web.ask_over_http:
+                    report = ask_daemon(client)
+                elif something_listens(client.base, args.timeout):
+                    return cannot_tell(
+                        "daemon",
+                        f"something listens on {client.base} but there is no status socket "
+                        "proving it is the daemon (not asked: it may be another user's "
+                        "program; set web.ask_over_http to ask the daemon over HTTP)",
+                    )
+                else:
+                    raise DaemonError(
+                        f"cannot reach the daemon: no status socket, nothing listens on "
+                        f"{client.base}",
+                        unreachable=True,
+                    )
         except ValueError as exc:
             return cannot_tell("daemon", str(exc))
         except DaemonError as exc:

@@ -234,25 +234,42 @@ def cmd_status(args: argparse.Namespace) -> int:
         config = None if args.url and not args.config else _load(args)
     except ConfigError as exc:
         return _config_errors(exc)
-    if config is not None and not args.url and not args.healthz:
+    over_http = bool(args.url)
+    if config is not None and not args.url:
         # the daemon's own socket first: only the daemon can have made it (a squatter on
-        # the HTTP port cannot); HTTP (TLS and basic auth as configured) only without one
+        # the HTTP port cannot); HTTP only when the config says so, and then only a
+        # listener proven to be the daemon (TLS, or the uid that owns it)
         sock = args.socket or statusclient.find_socket(config.state_dir, os.environ)
+        doc = None
         if sock is not None:
             try:
                 doc = statusclient.read_verified(sock, args.timeout)
             except statusclient.StatusSocketError as exc:
-                print(f"gpuwatchd status: {statusclient.printable(str(exc))}", file=sys.stderr)
-                return 1
+                if not exc.stale or not config.web.ask_over_http:
+                    print(f"gpuwatchd status: {statusclient.printable(str(exc))}", file=sys.stderr)
+                    return 1
+        if doc is not None:
+            if args.healthz:  # a probe: the daemon's own health, not the GPUs'
+                health = doc.get("health") or {}
+                print(statusclient.printable(str(health.get("detail", ""))))
+                return 0 if health.get("ok") is True else 1
             status = doc["status"]
             http = doc.get("http") or {}
             if http.get("listening") is False:
                 notes.append(f"  http: NOT listening on {http.get('where')}: {http.get('problem')}")
+        elif config.web.ask_over_http:
+            over_http = True
         else:
-            notes.append("  (no status socket found: asked over HTTP, which is not verified)")
-    if status is None:
+            print(
+                "gpuwatchd status: no status socket answers (is the daemon running?); "
+                "HTTP is not asked, since whoever holds the port may not be the daemon "
+                "(set web.ask_over_http, or give --url)",
+                file=sys.stderr,
+            )
+            return 1
+    if status is None and (over_http or config is None):
         try:
-            client = client_from_args(args, config)
+            client = client_from_args(args, config, require_proof=not args.url)
             if args.healthz:  # a probe: the daemon's own health, not the GPUs'
                 code, body = client.get("/healthz")
                 text = statusclient.printable(body.decode("utf-8", "replace").strip())

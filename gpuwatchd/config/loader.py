@@ -162,6 +162,9 @@ class WebSection:
     max_request_bytes: int = 65536
     rate_limit: float = 50.0  # requests per second per client address; 0 turns it off
     rate_burst: int = 100
+    # ``check`` and ``status`` may ask over HTTP when there is no status socket (a client
+    # in another container); even then only a listener proven to be the daemon is believed
+    ask_over_http: bool = False
 
 
 @dataclass(frozen=True)
@@ -506,6 +509,8 @@ def _read_web(r: Reader, node: Node | None, ctx: _Context) -> WebSection:
         values["rate_burst"] = r.integer(
             keys["rate_burst"], "web.rate_burst", minimum=1, maximum=1_000_000
         )
+    if "ask_over_http" in keys:
+        values["ask_over_http"] = r.boolean(keys["ask_over_http"], "web.ask_over_http")
     return dataclasses.replace(WebSection(), **{k: v for k, v in values.items() if v is not None})
 
 

@@ -15,6 +15,10 @@ from typing import Any
 
 from gpuwatchd.core.records import GpuInfo, GpuSample, GpuStatus
 
+XID_CODES_APART = 1024  # codes below this (NVIDIA's are under 200) are always counted apart
+MAX_XID_KEYS = 4096  # distinct (GPU, code) pairs counted apart before larger codes fold
+XID_OVERFLOW = -1  # the code a larger one is counted under beyond MAX_XID_KEYS
+
 
 @dataclass(frozen=True)
 class SourceHealth:
@@ -168,9 +172,18 @@ class NodeState:
         verdict: str | None = None,
     ) -> None:
         """Count ``n`` reports; a MIG-attributed one is also counted per instance, a
-        decoded one (XIDs 144-150) by its ``verdict``."""
+        decoded one (XIDs 144-150) by its ``verdict``. A code below ``XID_CODES_APART``
+        always has its own count; a larger one only while fewer than ``MAX_XID_KEYS``
+        (GPU, code) pairs are counted, else it is counted under ``XID_OVERFLOW`` of its GPU,
+        so distinct codes cannot grow memory and the status API without bound (issue 26)."""
         with self._lock:
             key = (gpu, xid)
+            if (
+                not 0 <= xid < XID_CODES_APART
+                and key not in self._xids
+                and len(self._xids) >= MAX_XID_KEYS
+            ):
+                key = (gpu, XID_OVERFLOW)
             self._xids[key] = self._xids.get(key, 0) + n
             if gpu_instance is not None:
                 mig = (gpu, xid, gpu_instance, compute_instance)

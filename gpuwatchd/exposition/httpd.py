@@ -7,15 +7,17 @@ callables it was given, so no request ever calls NVML or waits on a GPU.
 Guards, in the order a request meets them (``WebGuard`` holds the settings):
 
 - at most ``MAX_CONNECTIONS`` connections at once, each with a ``TIMEOUT`` for the TLS
-  handshake and every read. A connection that has no complete request yet is "waiting";
+  handshake and every read. A connection is "waiting" whenever the server waits for a
+  byte from it (the server reads nothing but request lines and headers: never a body);
   when every slot is taken, a new connection evicts the waiting one that has waited
   longest (at least ``EVICT_AFTER``), and any that waited ``HEADER_DEADLINE`` is closed.
   Slow clients (one byte every few seconds, idle keep-alives) can therefore never lock a
   normal scraper out; only as many busy, fast requests as slots refuse a new one;
 - TLS when the web config file (exporter-toolkit format, ``web.config_file``) asks;
 - a rate limit per client address (429 with ``Retry-After``);
-- the request line and headers together at most ``web.max_request_bytes`` (431), a body
-  larger than that 413 (no endpoint takes a body; a smaller one is read and ignored);
+- the request line and headers together at most ``web.max_request_bytes`` (431); any
+  body 413, unread (no endpoint takes one, and a body read a byte at a time would hold a
+  slot past the header deadline);
 - basic auth against bcrypt hashes when the web config has users (401); bcrypt checks that
   are not cached are bounded for the whole server, whatever the client address (429 past
   the budget, see ``BasicAuth``);
@@ -471,9 +473,13 @@ class _Handler(socketserver.StreamRequestHandler):
             return self._refuse(401, "auth", challenge, "", note, client, who)
         if self.command not in ("GET", "HEAD"):
             return self._refuse(405, "method", {"Allow": "GET, HEAD"})
-        return self._discard_body(guard.max_request_bytes)
+        return self._no_body()
 
-    def _discard_body(self, limit: int) -> bool:
+    def _no_body(self) -> bool:
+        """No endpoint takes a body, so none is ever read: a request that announces one is
+        answered 413 at once and closed, its body unread. Reading it would leave the
+        connection outside the header deadline and out of reach of eviction, so 64 clients
+        sending a body a byte at a time could hold every slot (issue 26)."""
         if self.headers.get("Transfer-Encoding"):
             return self._refuse(400, "bad_request", text="request bodies are not accepted")
         raw = self.headers.get("Content-Length")
@@ -481,15 +487,8 @@ class _Handler(socketserver.StreamRequestHandler):
             return True
         if not raw.strip().isdigit():
             return self._refuse(400, "bad_request", text="bad Content-Length")
-        length = int(raw)
-        if length > limit:
-            return self._refuse(413, "too_large")
-        while length > 0:
-            chunk = self.rfile.read(min(length, 65536))
-            if not chunk:
-                self.close_connection = True
-                return False
-            length -= len(chunk)
+        if int(raw) > 0:
+            return self._refuse(413, "too_large", text="request bodies are not accepted")
         return True
 
     def _send(self, code: int, body: bytes, content_type: str) -> None:
