@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -287,6 +288,15 @@ class Engine:
                 if (state is None and a.state is not AlertState.INACTIVE) or a.state is state
             ]
         return sorted(found, key=lambda a: (a.rule, sorted(a.labels.items())))
+
+    def current(self, rule: str, fingerprint: str) -> tuple[Mapping[str, str], float | None] | None:
+        """A firing alert's annotations and value as the last evaluation rendered them
+        (None when it is not firing): what a repeat or a later message says."""
+        with self._lock:
+            a = self._book.alerts.get(rule, {}).get(fingerprint)
+            if a is None or a.state is not AlertState.FIRING:
+                return None
+            return a.annotations, a.value
 
     # -- metrics ------------------------------------------------------------------------
     def families(self, view: NodeView, fams: Families) -> None:

@@ -159,6 +159,8 @@ class Node:
         self.pipeline = Pipeline(
             [self.rules, *wiring.extra_stages], [self.actions] if self.actions else []
         )
+        if self.actions is not None and isinstance(self.rules, RulesStage):
+            self.actions.use_current(self.rules.engine.current)
         self.listeners: list[Callable[[Record], None]] = []
         self.xids = XidInputs(
             config, backend, clock, self._xid, self.source_status, durable=wiring.durable
