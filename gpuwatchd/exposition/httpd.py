@@ -44,7 +44,7 @@ from http import HTTPStatus
 from typing import Any
 
 from gpuwatchd.config.web import PasswordChecksBusy, WebGuard
-from gpuwatchd.core.families import CONTENT_TYPE, Families
+from gpuwatchd.core.families import CONTENT_TYPE, OPENMETRICS_CONTENT_TYPE, Families
 from gpuwatchd.exposition.metrics import MetricsRenderer
 
 log = logging.getLogger(__name__)
@@ -93,8 +93,6 @@ class _Server(socketserver.ThreadingMixIn, socketserver.TCPServer):
     ) -> None:
         self.address_family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
         self.renderer = renderer
-        self._registry: Any = None  # the OpenMetrics registry, built on first use
-        self._registry_lock = threading.Lock()
         self.health = health
         self.status = status
         self.guard = guard
@@ -109,13 +107,8 @@ class _Server(socketserver.ThreadingMixIn, socketserver.TCPServer):
         super().__init__(address, _Handler)
 
     def openmetrics(self) -> tuple[bytes, str]:
-        """The OpenMetrics body and its content type; prometheus_client loads on first use."""
-        from gpuwatchd.exposition import openmetrics
-
-        with self._registry_lock:
-            if self._registry is None:
-                self._registry = openmetrics.client_registry(self.renderer)
-        return openmetrics.render(self._registry), openmetrics.CONTENT_TYPE_LATEST
+        """The OpenMetrics body and its content type (the renderer's own, cached)."""
+        return self.renderer.render_openmetrics(), OPENMETRICS_CONTENT_TYPE
 
     def refuse(self, reason: str, message: str | None = None, *args: object) -> None:
         """Count a refusal; log it at most once per ``_WARN_EVERY`` seconds per reason."""
