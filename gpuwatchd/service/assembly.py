@@ -25,10 +25,11 @@ from gpuwatchd.core.clock import Clock
 from gpuwatchd.core.errors import BackendError
 from gpuwatchd.core.families import Families
 from gpuwatchd.core.fields import decode_clock_event_reasons
+from gpuwatchd.core.health import HEALTH_STATES, firing_by_gpu, gpu_health
 from gpuwatchd.core.nodestate import GpuState, NodeState, NodeView
 from gpuwatchd.core.records import GpuInfo, GpuStatus, XidEvent
 from gpuwatchd.core.statehealth import StoreHealth, state_families
-from gpuwatchd.exposition.metrics import MetricsRenderer
+from gpuwatchd.exposition.metrics import GPU_LABELS, MetricsRenderer, gpu_label_text
 from gpuwatchd.rules.stage import SIMULATE_BOOT_ID, RulesStage, rules_stage
 from gpuwatchd.service.handoff import Record
 from gpuwatchd.service.pipeline import Pipeline, Stage
@@ -109,14 +110,17 @@ def gpu_status_dict(g: GpuState) -> dict[str, Any]:
     }
     if g.sample is not None:
         fields = g.sample.fields
-        out["readings"] = {k: fields[k] for k in STATUS_FIELDS if k in fields}
-        mask = fields.get("clock_event_reasons")
-        if mask is not None:
-            out["clock_event_reasons"] = decode_clock_event_reasons(int(mask))
-        down = [ls.link for ls in g.sample.links if ls.fields.get("nvlink_up") == 0.0]
-        out["nvlink_links_down"] = down
-    if g.sample is not None and g.status is not GpuStatus.OK:
-        out["error"] = "readings are from the last successful poll"
+        readings = {k: fields[k] for k in STATUS_FIELDS if k in fields}
+        if g.status is GpuStatus.OK:
+            out["readings"] = readings
+            mask = fields.get("clock_event_reasons")
+            if mask is not None:
+                out["clock_event_reasons"] = decode_clock_event_reasons(int(mask))
+            down = [ls.link for ls in g.sample.links if ls.fields.get("nvlink_up") == 0.0]
+            out["nvlink_links_down"] = down
+        else:  # never shown as current: what the GPU said before it stopped answering
+            out["last_readings"] = readings
+            out["last_readings_at"] = g.sample.timestamp
     return out
 
 
@@ -168,7 +172,12 @@ class Node:
         self.renderer = MetricsRenderer.for_config(
             self.state.view,
             config.metrics,
-            (self.pipeline.families, self._input_families, *wiring.extra_families),
+            (
+                self.pipeline.families,
+                self._input_families,
+                self._health_families,
+                *wiring.extra_families,
+            ),
             config.fields,
         )
         self.infos: list[GpuInfo] = []
@@ -266,6 +275,23 @@ class Node:
         self.xids.families(fams)
         state_families(fams, self.state_health())
 
+    def _health_families(self, view: NodeView, fams: Families) -> None:
+        """Each GPU's health verdict (the one ``status`` and ``check`` show) as a state set."""
+        fam = fams.get(
+            "gpuwatchd_gpu_health",
+            "gauge",
+            "The GPU's health as a state set: ok; degraded (a ticket fires on it); failing "
+            "(a page fires on it); lost, stale or error (it does not answer). The verdict "
+            "that gpuwatchd status, gpuwatchd check and the status API show.",
+            [*GPU_LABELS, "health"],
+        )
+        by_gpu = firing_by_gpu(self.firing())
+        for g in view.gpus:
+            verdict = gpu_health(g.status.value, by_gpu.get(str(g.info.index), ()))
+            base = gpu_label_text(g.info)
+            for state in HEALTH_STATES:
+                fam.add_text(f'{base},health="{state}"', 1.0 if verdict.health == state else 0.0)
+
     def state_health(self) -> list[StoreHealth]:
         """The rule engine's store and the kernel-log position (the outbox reports its own)."""
         out = []
@@ -297,9 +323,12 @@ class Node:
     def status(self) -> dict[str, Any]:
         view = self.state.view()
         now = self.clock.now()
+        firing = self.firing()
+        by_gpu = firing_by_gpu(firing)
         gpus = []
         for g in view.gpus:
             d = gpu_status_dict(g)
+            d.update(gpu_health(g.status.value, by_gpu.get(str(g.info.index), ())).as_dict())
             if g.sample is not None:
                 d["readings_age_seconds"] = round(now - g.sample.timestamp, 3)
             gpus.append(d)
@@ -318,7 +347,7 @@ class Node:
                     view.xid_counts.items(), key=lambda kv: (kv[0][0] or -1, kv[0][1])
                 )
             ],
-            "alerts": self.firing(),
+            "alerts": firing,
         }
         if self.actions is not None:  # pending deliveries, silences, drain state
             out.update(self.actions.status())
