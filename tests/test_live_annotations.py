@@ -90,7 +90,8 @@ def test_every_message_of_a_firing_alert_carries_the_current_count(tmp_path: Pat
         config = make_config(
             tmp_path,
             f"receivers:\n  - {{name: ops, type: webhook, url: '{rx.url}/'}}\n"
-            "routing:\n  group_wait: 0s\n  repeat_interval: 10m\n  group_by: [node, gpu]\n",
+            "routing:\n  group_wait: 0s\n  repeat_interval: 10m\n  ticket_repeat_interval: 10m\n"
+            "  group_by: [node, gpu]\n",
         )
         scenario = load_scenario(str(ROOT / "scenarios" / "nvlink-crc-storm.yaml"))
         sim = Simulation(scenario, config, wiring=Wiring(send_recorded=True))

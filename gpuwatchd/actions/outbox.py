@@ -381,11 +381,24 @@ class Outbox:
             conn.execute("DELETE FROM groups WHERE receiver=? AND gkey=?", where)
         elif sent or repeat:
             conn.execute(
-                "UPDATE groups SET flush_at=NULL, last_flush=? WHERE receiver=? AND gkey=?",
-                (mono, *where),
+                "UPDATE groups SET flush_at=NULL, last_flush=?, "
+                "repeat_interval=COALESCE(?, repeat_interval) WHERE receiver=? AND gkey=?",
+                (mono, self._repeat_every(receiver, members), *where),
             )
         else:
             conn.execute("UPDATE groups SET flush_at=NULL WHERE receiver=? AND gkey=?", where)
+
+    def _repeat_every(self, receiver: str, members: list[Member]) -> float | None:
+        """How often the group is repeated from now on: as its most urgent firing alert
+        asks (a page every ``repeat_interval``, a ticket at most daily; ``Router``)."""
+        every = [
+            d.repeat_interval
+            for m in members
+            if m.state == "firing"
+            for d in self.router.route(m.record)
+            if d.receiver == receiver
+        ]
+        return min(every, default=None)
 
     def _live(self, record: dict[str, Any], state: str) -> dict[str, Any]:
         """A firing alert's record with the annotations and value of the engine's last
