@@ -23,6 +23,7 @@ from gpuwatchd.core.families import (
     escape_label_value,
     label_text,
 )
+from gpuwatchd.core.fieldcheck import field_families
 from gpuwatchd.core.fields import (
     CLOCK_EVENT_REASONS,
     GPU_FIELD_LIST,
@@ -283,6 +284,7 @@ def build_families(
     fams = Families()
     _node_families(view, fams)
     _gpu_families(view, fams, per_link, extra_fields)
+    field_families(view, extra_fields, fams)  # configured fields no GPU answers
     _xid_families(view, fams)
     _source_families(view, fams)
     for add in extra:

@@ -24,6 +24,7 @@ from gpuwatchd.core.alerts import AlertState
 from gpuwatchd.core.clock import Clock
 from gpuwatchd.core.errors import BackendError
 from gpuwatchd.core.families import Families
+from gpuwatchd.core.fieldcheck import FieldCheck, field_status
 from gpuwatchd.core.fields import decode_clock_event_reasons
 from gpuwatchd.core.health import HEALTH_STATES, firing_by_gpu, gpu_health
 from gpuwatchd.core.nodestate import GpuState, NodeState, NodeView
@@ -180,6 +181,7 @@ class Node:
             ),
             config.fields,
         )
+        self.fieldcheck = FieldCheck(config.fields)
         self.infos: list[GpuInfo] = []
         self.events: XidEventReader | None = None
         if config.sources.nvml_events and isinstance(backend, XidEventSource):
@@ -267,7 +269,9 @@ class Node:
 
     # -- judging -------------------------------------------------------------------------
     def evaluate(self) -> None:
-        self.pipeline.evaluate(self.clock.now(), self.state.view())
+        view = self.state.view()
+        self.pipeline.evaluate(self.clock.now(), view)
+        self.fieldcheck.check(view)  # a configured field no GPU answers: logged once
         self.state.touch()
 
     # -- reading -------------------------------------------------------------------------
@@ -349,6 +353,8 @@ class Node:
             ],
             "alerts": firing,
         }
+        if self.config.fields:  # the config's extra field ids, and the GPUs that lack them
+            out["fields"] = field_status(view, self.config.fields)
         if self.actions is not None:  # pending deliveries, silences, drain state
             out.update(self.actions.status())
         return out
