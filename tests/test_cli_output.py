@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import argparse
 import io
+import os
+import pty
 import shlex
+import subprocess
+
+from conftest import GPUWATCHD, ROOT
 
 from gpuwatchd.cli.main import HELP_EXAMPLES, build_parser
 from gpuwatchd.harness.demo import wants_color
@@ -38,3 +43,37 @@ def test_demo_colours_only_a_terminal_without_no_color() -> None:
     assert not wants_color(Tty(), {"NO_COLOR": "1"})
     assert wants_color(Tty(), {"NO_COLOR": ""})  # no-color.org: set and not empty
     assert not wants_color(io.StringIO(), {})
+    assert not wants_color(Tty(), {"TERM": "dumb"})  # issue 23 item 8
+
+
+def test_term_dumb_gets_no_escape_sequence_from_the_demo() -> None:
+    """The whole demo on a real terminal (a pty) whose TERM is dumb: not one escape
+    sequence, from the narrator or from the log lines. Before: 128 of them."""
+    master, slave = pty.openpty()
+    env = {k: v for k, v in os.environ.items() if k != "NO_COLOR"}
+    env["TERM"] = "dumb"
+    proc = subprocess.Popen(
+        [*GPUWATCHD, "demo", "--seconds", "2", "--listen", "127.0.0.1:0", "-v"],
+        stdin=slave,
+        stdout=slave,
+        stderr=slave,
+        env=env,
+        cwd=ROOT,
+    )
+    os.close(slave)
+    chunks = []
+    try:
+        while True:
+            try:
+                data = os.read(master, 65536)
+            except OSError:  # EIO: the demo closed the terminal
+                break
+            if not data:
+                break
+            chunks.append(data)
+    finally:
+        os.close(master)
+        assert proc.wait(120) == 0
+    out = b"".join(chunks)
+    assert b"Summary" in out, out[-2000:]
+    assert b"\x1b" not in out, out[out.index(b"\x1b") - 200 :][:400]

@@ -371,8 +371,9 @@ def default_demo_config() -> Config:
 
 
 def wants_color(out: TextIO, environ: Mapping[str, str]) -> bool:
-    """Colour only on a terminal, and never when NO_COLOR is set (no-color.org)."""
-    return not environ.get("NO_COLOR") and out.isatty()
+    """Colour only on a terminal that can show it: never when NO_COLOR is set
+    (no-color.org) or TERM is ``dumb``."""
+    return not environ.get("NO_COLOR") and environ.get("TERM") != "dumb" and out.isatty()
 
 
 def memory_trend_pages(daemon: Daemon) -> frozenset[str]:
