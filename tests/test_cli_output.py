@@ -11,6 +11,7 @@ import subprocess
 
 from conftest import GPUWATCHD, ROOT
 
+from gpuwatchd.cli.examples import leaves
 from gpuwatchd.cli.main import HELP_EXAMPLES, build_parser
 from gpuwatchd.harness.demo import wants_color
 
@@ -34,6 +35,28 @@ def test_help_shows_examples_that_parse() -> None:
             argv = shlex.split(part)
             if argv[0] != "gpuwatchd":
                 continue
+            args = parser.parse_args(argv[1:])  # exits (SystemExit) on a wrong example
+            assert isinstance(args, argparse.Namespace)
+
+
+def test_every_command_has_help_examples_that_parse() -> None:
+    """Issue 23 item 8: not only `check`: every command's --help ends with examples, and
+    each example is a real invocation of that command."""
+    parser = build_parser()
+    commands = leaves(parser)
+    assert len(commands) >= 18
+    for name, sub in commands:
+        text = sub.format_help()
+        assert "\nexamples:\n" in text, f"gpuwatchd {name} --help has no examples"
+        examples = [
+            line.strip()
+            for line in text.split("\nexamples:\n", 1)[1].splitlines()
+            if line.startswith("  gpuwatchd ") or line.startswith("  dmesg |")
+        ]
+        assert examples, name
+        for example in examples:
+            argv = shlex.split(example.split("|")[-1], comments=True)
+            assert argv[: 1 + name.count(" ") + 1] == ["gpuwatchd", *name.split()], example
             args = parser.parse_args(argv[1:])  # exits (SystemExit) on a wrong example
             assert isinstance(args, argparse.Namespace)
 

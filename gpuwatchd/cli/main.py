@@ -449,11 +449,13 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 
     import importlib
 
-    if command in OWN_COMMANDS:
-        return parser
-    for name in COMMAND_MODULES:
-        module = importlib.import_module(f"gpuwatchd.cli.{name}")
-        module.add_parser(sub)
+    from gpuwatchd.cli.examples import attach
+
+    if command not in OWN_COMMANDS:
+        for name in COMMAND_MODULES:
+            module = importlib.import_module(f"gpuwatchd.cli.{name}")
+            module.add_parser(sub)
+    attach(parser)  # every command's --help ends with examples
     return parser
 
 
