@@ -202,7 +202,7 @@ def test_the_demo_clock_sleeps_a_little_instead_of_spinning() -> None:
     event.set()
     began = time.monotonic()
     assert clock.wait(event, 1e9)  # a set event returns at once
-    assert time.monotonic() - began < 0.5
+    assert time.monotonic() - began < 5.0  # not 1e9 s: a bound that holds under load
 
 
 def test_merge_window_and_stale_timeout_keep_their_wall_time_meaning() -> None:
