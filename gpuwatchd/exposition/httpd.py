@@ -46,6 +46,7 @@ from typing import Any
 from gpuwatchd.config.web import PasswordChecksBusy, WebGuard
 from gpuwatchd.core.families import CONTENT_TYPE, OPENMETRICS_CONTENT_TYPE, Families
 from gpuwatchd.exposition.metrics import MetricsRenderer
+from gpuwatchd.exposition.statuspage import render_page
 
 log = logging.getLogger(__name__)
 
@@ -68,14 +69,6 @@ REFUSALS = (
     "bad_request",
 )
 _WARN_EVERY = 10.0  # seconds between two warnings of one kind
-
-_LANDING = b"""<!doctype html><html><head><title>gpuwatchd</title></head><body>
-<h1>gpuwatchd</h1><ul>
-<li><a href="/metrics">/metrics</a> Prometheus metrics</li>
-<li><a href="/healthz">/healthz</a> daemon health</li>
-<li><a href="/api/v1/status">/api/v1/status</a> per-GPU health (JSON)</li>
-</ul></body></html>
-"""
 
 
 class _Server(socketserver.ThreadingMixIn, socketserver.TCPServer):
@@ -514,8 +507,8 @@ class _Handler(socketserver.StreamRequestHandler):
             elif path == "/api/v1/status":
                 body = json.dumps(self.server.status(), indent=2, sort_keys=True).encode()
                 self._send(200, body + b"\n", "application/json")
-            elif path == "/":
-                self._send(200, _LANDING, "text/html; charset=utf-8")
+            elif path == "/":  # the status page (statuspage.py); links to the rest
+                self._send(200, render_page(self.server.status()), "text/html; charset=utf-8")
             else:
                 self._send(404, b"not found\n", "text/plain; charset=utf-8")
         except (BrokenPipeError, ConnectionResetError, TimeoutError, _tls_error()):

@@ -489,7 +489,7 @@ def _play(
         f"{format_duration(scenario.step)} of node time. Pages and drains are printed, "
         "never sent.\n"
     )
-    out.write(f"  Metrics: {url}/metrics   Status: {url}/api/v1/status\n\n")
+    out.write(f"  Status page: {url}/   Metrics: {url}/metrics   API: {url}/api/v1/status\n\n")
     out.flush()
     stop = threading.Event()
     try:

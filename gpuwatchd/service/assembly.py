@@ -320,6 +320,9 @@ class Node:
                 "since": a.active_since,
                 "value": a.value,
                 "summary": a.annotations.get("summary"),
+                "fingerprint": a.fingerprint,
+                "fired_at": a.fired_at,
+                "annotations": dict(a.annotations),
             }
             for a in self.rules.engine.alerts(AlertState.FIRING)
         ]
@@ -328,6 +331,11 @@ class Node:
         view = self.state.view()
         now = self.clock.now()
         firing = self.firing()
+        if isinstance(self.rules, RulesStage):  # what the trend rules judged, for the page
+            for alert in firing:
+                judged = self.rules.engine.history(alert["rule"], alert["fingerprint"])
+                if judged is not None:
+                    alert["history"] = judged
         by_gpu = firing_by_gpu(firing)
         gpus = []
         for g in view.gpus:
