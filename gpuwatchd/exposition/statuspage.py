@@ -123,7 +123,7 @@ def _alert(a: Mapping[str, Any]) -> str:
         if notes.get(key):
             parts.append(f'<p class="{key}"><b>{key}:</b> {_e(notes[key])}</p>')
     url = str(notes.get("runbook_url") or "")
-    if url.startswith(("https://", "http://", "/")):
+    if url.startswith(("https://", "http://", "file:///", "/")):
         parts.append(f'<p><a class="runbook" href="{_e(url)}">runbook</a></p>')
     history = a.get("history")
     if isinstance(history, Mapping):
