@@ -26,7 +26,8 @@ from gpuwatchd.core.clock import SystemClock, VirtualClock
 def test_first_page_reaches_a_loopback_webhook_at_once_with_the_default_routing(
     tmp_path: Path,
 ) -> None:
-    """deliver() -> webhook received, default config: within 250 ms (a generous CI bound;
+    """deliver() -> webhook received, default config: well within the 5 s group_wait that
+    a held page would wait (a bound that holds on a loaded 2-core machine;
     bench/page_latency.py measures the real numbers: a few milliseconds)."""
     rx = HttpReceiver(free_port()).start()
     config = make_config(
@@ -41,8 +42,8 @@ def test_first_page_reaches_a_loopback_webhook_at_once_with_the_default_routing(
             sink.deliver([transition(node=f"node{i}", at=start)], start)
             arrived = rx.wait_for(i + 1, timeout=5)[i].at
             took.append(arrived - start)
-        assert statistics.median(took) < 0.25, took
-        assert max(took) < 1.0, took
+        assert statistics.median(took) < 2.5, took  # half of group_wait: not held
+        assert max(took) < 2.5, took
     finally:
         sink.close()
         rx.stop()
@@ -173,7 +174,7 @@ receivers:
             took.append(arrived - read_at(d.output(), gpu))
             time.sleep(5.5)  # past group_wait: the next page is a first message again
         print(f"read -> webhook, default config: {[round(t * 1000, 1) for t in took]} ms")
-        assert max(took) < 0.25, took
+        assert max(took) < 2.5, took  # half of group_wait (5 s): sent at once, not held
     finally:
         d.stop()
         rx.stop()

@@ -109,7 +109,7 @@ routing:
             "annotations": dict(fire.annotations),
             "startsAt": rfc3339(since),
             "endsAt": GO_ZERO_TIME,
-            "generatorURL": "http://node17:9835/api/v1/status",
+            "generatorURL": f"http://node17:9835/#alert-{fire.fingerprint}",
             "fingerprint": fire.fingerprint,
         }
         assert list(msg) == [

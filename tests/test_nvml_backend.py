@@ -646,7 +646,7 @@ def test_fake_event_wait_blocks_like_nvml_until_an_xid_or_the_timeout() -> None:
     threading.Timer(0.1, fake.inject_xid, (0, 79)).start()
     start = time.monotonic()
     events = backend.wait_xid_events(5.0)
-    assert [e.xid for e in events] == [79] and time.monotonic() - start < 2.0
+    assert [e.xid for e in events] == [79] and time.monotonic() - start < 4.0  # not 5 s
 
 
 def test_xid_events_survive_a_gpu_without_event_support() -> None:

@@ -110,7 +110,7 @@ sources: {{kernel_log: kmsg, kmsg_path: {kmsg.path}, nvml_events: false}}
         assert "node real-node" in res.stdout, res.stdout + res.stderr
         assert "http: NOT listening on 127.0.0.1:" in res.stdout
         assert "fake" not in res.stdout and "\x1b" not in res.stdout
-        assert res.returncode in (0, 3), res.stderr
+        assert res.returncode in (0, 1), res.stderr  # the verdict, not "cannot tell"
         # asked over HTTP on purpose, the squatter's escapes never reach the terminal
         res = _status_cli(d.cfg, "--url", f"http://127.0.0.1:{port}")
         assert "node fake\\x1b[2J\\x1b]0;owned\\x07" in res.stdout, res.stdout

@@ -38,6 +38,9 @@ KEEP_DONE = 7 * 86400.0  # finished deliveries and resolved alerts are kept this
 KEEP_INCIDENTS = 30 * 86400.0
 TRIMMED = "trimmed"  # outcome of a pending delivery that is retried with a trimmed payload
 
+Current = Callable[[str, str], "tuple[Mapping[str, str], float | None] | None"]
+"""A firing alert's annotations and value now (by rule and fingerprint), or None."""
+
 SilencedBy = Callable[[Mapping[str, Any], float], "str | None"]
 """The id of the silence muting an alert record at a wall-clock time, or None."""
 
@@ -74,6 +77,7 @@ class Outbox:
         self.clock = clock
         self.node = node
         self.busy = busy  # ids being sent right now: never dropped by the queue bound
+        self.current: Current | None = None  # the rule engine's live texts (use_current)
         self.configure(routing, receivers)
         self._rebase()
 
@@ -350,7 +354,7 @@ class Outbox:
                 bool(r["changed"]),
                 r["key"],
                 float(r["received"]),
-                loads(r["record"]),
+                self._live(loads(r["record"]), r["state"]),
             )
             for r in rows
         ]
@@ -412,11 +416,37 @@ class Outbox:
             conn.execute("DELETE FROM groups WHERE receiver=? AND gkey=?", where)
         elif sent or repeat:
             conn.execute(
-                "UPDATE groups SET flush_at=NULL, last_flush=? WHERE receiver=? AND gkey=?",
-                (mono, *where),
+                "UPDATE groups SET flush_at=NULL, last_flush=?, "
+                "repeat_interval=COALESCE(?, repeat_interval) WHERE receiver=? AND gkey=?",
+                (mono, self._repeat_every(receiver, members), *where),
             )
         else:
             conn.execute("UPDATE groups SET flush_at=NULL WHERE receiver=? AND gkey=?", where)
+
+    def _repeat_every(self, receiver: str, members: list[Member]) -> float | None:
+        """How often the group is repeated from now on: as its most urgent firing alert
+        asks (a page every ``repeat_interval``, a ticket at most daily; ``Router``)."""
+        every = [
+            d.repeat_interval
+            for m in members
+            if m.state == "firing"
+            for d in self.router.route(m.record)
+            if d.receiver == receiver
+        ]
+        return min(every, default=None)
+
+    def _live(self, record: dict[str, Any], state: str) -> dict[str, Any]:
+        """A firing alert's record with the annotations and value of the engine's last
+        evaluation: a repeat (or an update) says what holds now, not what held when the
+        transition was written."""
+        if state != "firing" or self.current is None:
+            return record
+        found = self.current(str(record.get("rule")), str(record.get("fingerprint")))
+        if found is not None:
+            annotations, value = found
+            record["annotations"] = dict(sorted(annotations.items()))
+            record["value"] = value
+        return record
 
     def _enforce_bound(self, conn: sqlite3.Connection, now: float) -> list[tuple[str, str]]:
         """Keep at most routing.queue_size pending deliveries: drop the least severe,

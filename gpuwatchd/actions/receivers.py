@@ -215,10 +215,10 @@ def daemon_url(external_url: str | None, node: str) -> str:
     return (external_url or f"http://{node}:{DEFAULT_PORT}").rstrip("/")
 
 
-def generator_url(base: str) -> str:
-    """The page that produced the alert: the node's status API, which shows the GPU's
-    readings and every firing alert."""
-    return f"{base}/api/v1/status"
+def generator_url(base: str, fingerprint: str = "") -> str:
+    """The page that produced the alert: the node's status page, at the alert's own
+    section (its texts, the GPU's health and, for trend rules, the chart they judged)."""
+    return f"{base}/#alert-{fingerprint}" if fingerprint else f"{base}/"
 
 
 def webhook_message(
@@ -239,7 +239,7 @@ def webhook_message(
                 "annotations": dict(sorted((a.get("annotations") or {}).items())),
                 "startsAt": rfc3339(_starts_at(a)),
                 "endsAt": rfc3339(float(a["timestamp"])) if resolved else GO_ZERO_TIME,
-                "generatorURL": generator_url(base),
+                "generatorURL": generator_url(base, str(a.get("fingerprint") or "")),
                 "fingerprint": a["fingerprint"],
             }
         )
@@ -568,7 +568,7 @@ def alertmanager_alerts(
                 "annotations": dict(sorted((a.get("annotations") or {}).items())),
                 "startsAt": rfc3339(_starts_at(a)),
                 "endsAt": rfc3339(ends),
-                "generatorURL": generator_url(base),
+                "generatorURL": generator_url(base, str(a.get("fingerprint") or "")),
             }
         )
     return out

@@ -12,8 +12,10 @@ own: every GPU sampled once through the configured backend and judged by the sam
 daemon runs (rules that need time, a ``for:`` or a window, cannot fire on one sample, and
 XIDs seen before are not known without the daemon).
 
-Unhealthy: a GPU lost, stale or failing; fewer GPUs than ``gpus.expected``; no GPU at all;
-a firing alert of severity ``page`` (``--fail-on ticket``: tickets too). Cannot tell: the
+Unhealthy: a GPU whose health (``core.health``: the verdict ``status`` and the status API
+show) is lost, stale, error or failing (a page fires on it; ``--fail-on ticket``: degraded
+too, a ticket fires on it); fewer GPUs than ``gpus.expected``; no GPU at all; a node-level
+alert of severity ``page`` (``--fail-on ticket``: tickets too). Cannot tell: the
 config does not load, the daemon answered but not usefully (credentials, TLS, its own
 /healthz failing), or ``--daemon`` was asked for and none answers.
 
@@ -24,6 +26,7 @@ Formats: ``human`` (default), ``json`` (one object) and ``nhc`` (one line, fit f
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import threading
 from dataclasses import dataclass, field, replace
@@ -32,8 +35,16 @@ from typing import Any
 from gpuwatchd.config.loader import Config, load_config
 from gpuwatchd.config.paths import default_config_path
 from gpuwatchd.core.errors import BackendUnavailable, ConfigError
+from gpuwatchd.core.health import (
+    DEGRADED,
+    EXIT_CANNOT_TELL,
+    EXIT_OK,
+    EXIT_UNHEALTHY,
+    FAILING,
+    gpu_health,
+)
 
-HEALTHY, UNHEALTHY, CANNOT_TELL = 0, 1, 2
+HEALTHY, UNHEALTHY, CANNOT_TELL = EXIT_OK, EXIT_UNHEALTHY, EXIT_CANNOT_TELL
 VERDICTS = {HEALTHY: "healthy", UNHEALTHY: "unhealthy", CANNOT_TELL: "unknown"}
 SEVERITY_RANK = {"info": 0, "ticket": 1, "page": 2}
 LOCAL_POLL_SLACK = 2.0  # seconds on top of poll.call_timeout per GPU for the one-shot poll
@@ -44,6 +55,8 @@ class Gpu:
     index: str
     pci_bus_id: str
     status: str  # ok, lost, stale, error
+    health: str = ""  # the verdict (core.health): ok, degraded, failing, lost, stale, error
+    rules: tuple[str, ...] = ()  # the firing page and ticket rules behind it
 
 
 @dataclass(frozen=True)
@@ -82,16 +95,35 @@ class Report:
 
 
 def judge(report: Report, fail_on: str = "page") -> Report:
-    """Fill ``problems``, ``warnings`` and ``code`` from the GPUs and firing alerts."""
+    """Fill each GPU's health (``core.health``, the verdict ``status`` and the status API
+    show too), ``problems``, ``warnings`` and ``code``: a GPU that does not answer or is
+    failing (a page fires on it) is a problem, one that is degraded (a ticket) a warning
+    unless ``fail_on`` is ``ticket``; alerts on no GPU count by their own severity."""
     threshold = SEVERITY_RANK[fail_on]
     if not report.gpus:
         report.problems.append("no GPU found")
+    on_gpu: dict[str, list[tuple[str, str]]] = {}
+    known = {g.index for g in report.gpus}
+    for f in report.firing:
+        if f.gpu not in (None, "") and f.gpu in known:
+            on_gpu.setdefault(str(f.gpu), []).append((f.rule, f.severity))
+    judged = []
     for g in report.gpus:
-        if g.status != "ok":
-            report.problems.append(f"GPU {g.index} ({g.pci_bus_id}) {g.status}")
+        verdict = gpu_health(g.status, on_gpu.get(g.index, ()))
+        judged.append(dataclasses.replace(g, health=verdict.health, rules=verdict.rules))
+        text = f"GPU {g.index} ({g.pci_bus_id}) {verdict.text()}"
+        if not verdict.answers or verdict.health == FAILING:
+            report.problems.append(text)
+        elif verdict.health == DEGRADED:
+            (report.problems if threshold <= SEVERITY_RANK["ticket"] else report.warnings).append(
+                text
+            )
+    report.gpus = judged
     if report.expected is not None and len(report.gpus) < report.expected:
         report.problems.append(f"{len(report.gpus)} GPU(s), expected {report.expected}")
     for f in report.firing:
+        if f.gpu not in (None, "") and f.gpu in known and SEVERITY_RANK.get(f.severity, 0) > 0:
+            continue  # in its GPU's verdict
         where = f" on GPU {f.gpu}" if f.gpu not in (None, "") else ""
         times = f" x{f.count}" if f.count > 1 else ""
         text = f"alert {f.rule} ({f.severity}){where}{times}"
@@ -286,7 +318,7 @@ def render(report: Report, fmt: str) -> str:
     source = "the running daemon" if report.source == "daemon" else "one local poll"
     lines = [f"gpuwatchd check: {head} ({source}, {report.where})"]
     if report.gpus:
-        states = ", ".join(f"{g.index}={g.status}" for g in report.gpus)
+        states = ", ".join(f"{g.index}={g.health or g.status}" for g in report.gpus)
         lines.append(f"  GPUs: {len(report.gpus)} ({states})")
     lines.extend(f"  problem: {p}" for p in report.problems)
     lines.extend(f"  warning: {w}" for w in report.warnings)

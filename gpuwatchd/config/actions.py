@@ -140,6 +140,7 @@ class RoutingConfig:
     group_by: tuple[str, ...] = ("node",)
     group_wait: float = 5.0
     repeat_interval: float = 4 * 3600.0
+    ticket_repeat_interval: float = 86400.0  # the shortest repeat of a ticket or info alert
     routes: tuple[RouteConfig, ...] = ()
     queue_size: int = 1000
     retry_initial: float = 1.0
@@ -578,7 +579,13 @@ def read_routing(
         values["group_by"] = _label_list(r, keys["group_by"], "routing.group_by")
     if "group_wait" in keys:
         values["group_wait"] = _duration(r, keys["group_wait"], "routing.group_wait")
-    for key in ("repeat_interval", "retry_initial", "retry_max", "give_up_after"):
+    for key in (
+        "repeat_interval",
+        "ticket_repeat_interval",
+        "retry_initial",
+        "retry_max",
+        "give_up_after",
+    ):
         if key in keys:
             values[key] = _duration(r, keys[key], f"routing.{key}", positive=True)
     if "queue_size" in keys:

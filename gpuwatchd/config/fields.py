@@ -12,7 +12,8 @@ Each entry becomes a sampled field under ``name``: rules use it as ``field: <nam
 scenarios set it by name, /metrics shows it as ``gpuwatchd_field_<name>`` (a gauge) or
 ``gpuwatchd_field_<name>_total`` (a counter). The NVML backend asks for these ids in its one
 ``nvmlDeviceGetFieldValues`` call per GPU per poll; an id the driver does not know answers
-INVALID_ARGUMENT or NOT_SUPPORTED and the field is simply absent, as a built-in one would be.
+INVALID_ARGUMENT or NOT_SUPPORTED and the field is absent from the samples, as a built-in one
+would be; ``core.fieldcheck`` reports it (a log line, a metric, the status API).
 """
 
 from __future__ import annotations

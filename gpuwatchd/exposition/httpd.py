@@ -46,8 +46,9 @@ from http import HTTPStatus
 from typing import Any
 
 from gpuwatchd.config.web import PasswordChecksBusy, WebGuard
-from gpuwatchd.core.families import CONTENT_TYPE, Families
+from gpuwatchd.core.families import CONTENT_TYPE, OPENMETRICS_CONTENT_TYPE, Families
 from gpuwatchd.exposition.metrics import MetricsRenderer
+from gpuwatchd.exposition.statuspage import render_page
 
 log = logging.getLogger(__name__)
 
@@ -71,14 +72,6 @@ REFUSALS = (
 )
 _WARN_EVERY = 10.0  # seconds between two warnings of one kind
 
-_LANDING = b"""<!doctype html><html><head><title>gpuwatchd</title></head><body>
-<h1>gpuwatchd</h1><ul>
-<li><a href="/metrics">/metrics</a> Prometheus metrics</li>
-<li><a href="/healthz">/healthz</a> daemon health</li>
-<li><a href="/api/v1/status">/api/v1/status</a> per-GPU health (JSON)</li>
-</ul></body></html>
-"""
-
 
 class _Server(socketserver.ThreadingMixIn, socketserver.TCPServer):
     daemon_threads = True
@@ -95,8 +88,6 @@ class _Server(socketserver.ThreadingMixIn, socketserver.TCPServer):
     ) -> None:
         self.address_family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
         self.renderer = renderer
-        self._registry: Any = None  # the OpenMetrics registry, built on first use
-        self._registry_lock = threading.Lock()
         self.health = health
         self.status = status
         self.guard = guard
@@ -111,13 +102,8 @@ class _Server(socketserver.ThreadingMixIn, socketserver.TCPServer):
         super().__init__(address, _Handler)
 
     def openmetrics(self) -> tuple[bytes, str]:
-        """The OpenMetrics body and its content type; prometheus_client loads on first use."""
-        from gpuwatchd.exposition import openmetrics
-
-        with self._registry_lock:
-            if self._registry is None:
-                self._registry = openmetrics.client_registry(self.renderer)
-        return openmetrics.render(self._registry), openmetrics.CONTENT_TYPE_LATEST
+        """The OpenMetrics body and its content type (the renderer's own, cached)."""
+        return self.renderer.render_openmetrics(), OPENMETRICS_CONTENT_TYPE
 
     def refuse(self, reason: str, message: str | None = None, *args: object) -> None:
         """Count a refusal; log it at most once per ``_WARN_EVERY`` seconds per reason."""
@@ -520,8 +506,8 @@ class _Handler(socketserver.StreamRequestHandler):
             elif path == "/api/v1/status":
                 body = json.dumps(self.server.status(), indent=2, sort_keys=True).encode()
                 self._send(200, body + b"\n", "application/json")
-            elif path == "/":
-                self._send(200, _LANDING, "text/html; charset=utf-8")
+            elif path == "/":  # the status page (statuspage.py); links to the rest
+                self._send(200, render_page(self.server.status()), "text/html; charset=utf-8")
             else:
                 self._send(404, b"not found\n", "text/plain; charset=utf-8")
         except (BrokenPipeError, ConnectionResetError, TimeoutError, _tls_error()):

@@ -2,11 +2,11 @@
 
 Every scrape builds fresh families from the latest immutable view, so a scrape never
 calls NVML and never waits on a GPU. ``MetricsRenderer`` caches the text per view
-version: scrapes between two polls cost a lookup. ``NodeCollector`` exposes the same
-families through a private prometheus_client registry (used for OpenMetrics). Both
-scrape paths add the daemon's own ``process_*`` metrics, read fresh at every scrape (they
-are not part of ``families()``, which ``simulate`` writes, so its output stays the same
-from run to run).
+version: scrapes between two polls cost a lookup. ``render_openmetrics`` is the same
+families in OpenMetrics 1.0 (what Prometheus asks for first), rendered by the same code
+and cached the same way, so neither format is the slow path. Both scrape paths add the
+daemon's own ``process_*`` metrics, read fresh at every scrape (they are not part of
+``families()``, which ``simulate`` writes, so its output stays the same from run to run).
 """
 
 from __future__ import annotations
@@ -17,7 +17,13 @@ from functools import lru_cache
 
 from gpuwatchd import __version__
 from gpuwatchd.config.loader import MetricsConfig
-from gpuwatchd.core.families import Families, escape_label_value, label_text
+from gpuwatchd.core.families import (
+    OPENMETRICS_EOF,
+    Families,
+    escape_label_value,
+    label_text,
+)
+from gpuwatchd.core.fieldcheck import field_families
 from gpuwatchd.core.fields import (
     CLOCK_EVENT_REASONS,
     GPU_FIELD_LIST,
@@ -334,6 +340,7 @@ def build_families(
     fams = Families()
     _node_families(view, fams)
     _gpu_families(view, fams, per_link, extra_fields)
+    field_families(view, extra_fields, fams)  # configured fields no GPU answers
     _xid_families(view, fams)
     _source_families(view, fams)
     for add in extra:
@@ -366,7 +373,7 @@ class MetricsRenderer:
             extra.append(lambda v, f: dcgm_families(v, f, hostname_label=hostname_label))
         self.extra = tuple(extra)
         self._lock = threading.Lock()
-        self._cache: tuple[int, bytes] | None = None
+        self._cache: dict[bool, tuple[int, bytes]] = {}  # openmetrics? -> (version, body)
 
     @classmethod
     def for_config(
@@ -396,14 +403,22 @@ class MetricsRenderer:
 
     def render(self) -> bytes:
         """The node's families (cached per view version), then the process metrics."""
-        return self._node_text() + self.process.render()
+        return self._node_body(False) + self.process.render()
 
-    def _node_text(self) -> bytes:
+    def render_openmetrics(self) -> bytes:
+        """The same in OpenMetrics 1.0, ending in ``# EOF``."""
+        process = Families()
+        self.process.add(process)
+        return self._node_body(True) + process.render_openmetrics() + OPENMETRICS_EOF
+
+    def _node_body(self, openmetrics: bool) -> bytes:
         view = self._view()
         with self._lock:
-            if self._cache is not None and self._cache[0] == view.version:
-                return self._cache[1]
-        body = self.families(view).render()
+            cached = self._cache.get(openmetrics)
+            if cached is not None and cached[0] == view.version:
+                return cached[1]
+        fams = self.families(view)
+        body = fams.render_openmetrics() if openmetrics else fams.render()
         with self._lock:
-            self._cache = (view.version, body)
+            self._cache[openmetrics] = (view.version, body)
         return body

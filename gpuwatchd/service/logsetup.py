@@ -303,7 +303,9 @@ def choose_mode(stream: IO[str], environ: Mapping[str, str]) -> Mode:
         return "plain"
     if journal_stream_matches(fd, environ):
         return "journal"
-    return "tty" if os.isatty(fd) else "plain"
+    if not os.isatty(fd) or environ.get("TERM") == "dumb" or environ.get("NO_COLOR"):
+        return "plain"  # a terminal that shows no colour (TERM=dumb) or does not want it
+    return "tty"
 
 
 _handler: logging.Handler | None = None
