@@ -262,7 +262,7 @@ def test_a_squatter_of_another_user_never_makes_check_healthy_nor_gets_the_passw
         assert res.returncode == 2, res.stdout + res.stderr
         assert "no status socket proving it is the daemon" in res.stdout
         res = _gw("status", "-c", str(cfg), *auth)
-        assert res.returncode == 1 and "fake" not in res.stdout, res.stdout + res.stderr
+        assert res.returncode == 2 and "fake" not in res.stdout, res.stdout + res.stderr
         # told to ask over HTTP: the listener runs as uid 65534, not the daemon's user
         cfg.write_text(base + "web: {ask_over_http: true}\n")
         for cmd in ("check", "status"):

@@ -291,7 +291,10 @@ class WorkerBackend:
 
     # -- lifecycle ------------------------------------------------------------------------
     def _spawn(self) -> list[GpuInfo]:
-        child = _Child(self._argv, self._on_message, self._on_exit)
+        try:
+            child = _Child(self._argv, self._on_message, self._on_exit)
+        except OSError as exc:  # no process could be started (fork failed, no memory)
+            raise WorkerDown(f"cannot start the NVML worker: {exc}") from exc
         with self._lock:
             self._child = child
         self._last_beat = self._clock.monotonic()
