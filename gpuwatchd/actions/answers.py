@@ -22,14 +22,26 @@ one grew without end while its delivery never finished (issue 26). So, for every
 from __future__ import annotations
 
 import contextlib
+import importlib
 import threading
 import time
 import zlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import httpcore
 import httpx
+
+# httpcore 1.x names its sync backend and stream at the top; 0.16 (Debian 12's
+# python3-httpcore, what the .deb runs on) keeps them in ``httpcore.backends``.
+_SyncBackend: Any = (
+    getattr(httpcore, "SyncBackend", None)
+    or importlib.import_module("httpcore.backends.sync").SyncBackend
+)
+_NetworkStream: Any = (
+    getattr(httpcore, "NetworkStream", None)
+    or importlib.import_module("httpcore.backends.base").NetworkStream
+)
 
 MAX_ANSWER_BYTES = 64 * 1024  # of an answer read (raw) and decoded, at most
 ERROR_BODY_LIMIT = 2000  # characters of an answer kept for the log and the status API
@@ -43,12 +55,15 @@ class AnswerTooLate(Exception):
 def read_answer(resp: httpx.Response, deadline: float) -> str:
     """The start of ``resp``'s body as text, read within the bounds above."""
     raw = bytearray()
-    for chunk in resp.iter_raw():
-        raw += chunk
-        if len(raw) >= MAX_ANSWER_BYTES:
-            break
-        if time.monotonic() > deadline:
-            raise AnswerTooLate
+    if resp.is_stream_consumed:  # built whole in this process (a MockTransport, simulate)
+        raw += resp.content[:MAX_ANSWER_BYTES]
+    else:
+        for chunk in resp.iter_raw():
+            raw += chunk
+            if len(raw) >= MAX_ANSWER_BYTES:
+                break
+            if time.monotonic() > deadline:
+                raise AnswerTooLate
     encoding = resp.headers.get("content-encoding", "").strip().lower()
     data = bytes(raw[:MAX_ANSWER_BYTES])
     if encoding in DECODED:
@@ -65,7 +80,7 @@ def read_answer(resp: httpx.Response, deadline: float) -> str:
     return "".join(c if c.isprintable() else " " for c in text)  # no NUL, ESC, BEL in logs
 
 
-class DeadlineBackend(httpcore.SyncBackend):
+class DeadlineBackend(_SyncBackend):  # type: ignore[misc]
     """httpcore's network backend, with every connect, read and write of the calling
     thread's current attempt (``attempt``) cut at that attempt's deadline."""
 
@@ -92,30 +107,21 @@ class DeadlineBackend(httpcore.SyncBackend):
         return left if timeout is None else min(timeout, left)
 
     def connect_tcp(
-        self,
-        host: str,
-        port: int,
-        timeout: float | None = None,
-        local_address: str | None = None,
-        socket_options: Iterable[Any] | None = None,
-    ) -> httpcore.NetworkStream:
-        stream = super().connect_tcp(
-            host,
-            port,
-            self.left(timeout, httpcore.ConnectTimeout),
-            local_address,
-            socket_options,
-        )
-        return _DeadlineStream(stream, self)
+        self, host: str, port: int, timeout: float | None = None, *rest: Any, **kw: Any
+    ) -> Any:
+        # *rest: local_address, and socket_options where httpcore has them (1.x)
+        left = self.left(timeout, httpcore.ConnectTimeout)
+        return _DeadlineStream(super().connect_tcp(host, port, left, *rest, **kw), self)
 
 
-class _DeadlineStream(httpcore.NetworkStream):
-    def __init__(self, inner: httpcore.NetworkStream, backend: DeadlineBackend) -> None:
+class _DeadlineStream(_NetworkStream):  # type: ignore[misc]
+    def __init__(self, inner: Any, backend: DeadlineBackend) -> None:
         self._inner = inner
         self._backend = backend
 
     def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
-        return self._inner.read(max_bytes, self._backend.left(timeout, httpcore.ReadTimeout))
+        data: bytes = self._inner.read(max_bytes, self._backend.left(timeout, httpcore.ReadTimeout))
+        return data
 
     def write(self, buffer: bytes, timeout: float | None = None) -> None:
         self._inner.write(buffer, self._backend.left(timeout, httpcore.WriteTimeout))
@@ -128,7 +134,7 @@ class _DeadlineStream(httpcore.NetworkStream):
         ssl_context: Any,
         server_hostname: str | None = None,
         timeout: float | None = None,
-    ) -> httpcore.NetworkStream:
+    ) -> Any:
         left = self._backend.left(timeout, httpcore.ConnectTimeout)
         return _DeadlineStream(
             self._inner.start_tls(ssl_context, server_hostname, left), self._backend
