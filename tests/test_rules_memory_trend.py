@@ -114,6 +114,62 @@ def test_activity_buckets_episodes_regimes_and_peaks() -> None:
     assert a.peak(b0, b0 + 100, 6) == 2
 
 
+def _walk_regime_start(buckets: list[int], b1: int, quiet: int) -> int | None:
+    i = sum(1 for b in buckets if b < b1) - 1
+    if i < 0:
+        return None
+    while i > 0 and buckets[i] - buckets[i - 1] <= quiet:
+        i -= 1
+    return buckets[i]
+
+
+def _walk_episodes(buckets: list[int], b0: int, b1: int) -> int:
+    inside = [b for b in buckets if b0 <= b < b1]
+    return sum(1 for k, b in enumerate(inside) if k == 0 or b - inside[k - 1] > 6)
+
+
+def _walk_peak(buckets: list[int], b0: int, b1: int, width: int) -> int:
+    inside = [b for b in buckets if b0 <= b < b1]
+    return max((sum(1 for a in inside if b - width < a <= b) for b in inside), default=0)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_incremental_bookkeeping_answers_as_a_walk_through_the_history_would(
+    seed: int,
+) -> None:
+    # Regime starts, episodes and peaks are kept as running counts (constant cost per look
+    # whatever the history, bench/memory_look_cost.py); they must answer exactly as walking
+    # the buckets does, through appends, late points (a clock step), retention trimming
+    # and regimes that end and start again, for several quiet spans and window widths.
+    rng = random.Random(seed)
+    a = Activity()
+    b = int(T0 // BUCKET)
+    for step in range(3000):
+        r = rng.random()
+        if r < 0.01:
+            b += rng.randrange(2000, 6000)  # a long silence: a new regime (sometimes)
+        elif r < 0.03 and a.buckets:
+            late = a.buckets[-1] - rng.randrange(1, 400)  # a late point
+            a.mark(late * BUCKET + 1)
+            continue
+        else:
+            b += rng.choice((1, 1, 2, 3, 7, 20, 150))
+        a.mark(b * BUCKET + 1)
+        if step % 7:
+            continue
+        buckets = list(a.buckets)
+        for _ in range(3):
+            b1 = rng.randrange(buckets[0], buckets[-1] + 50)
+            quiet = rng.choice((144, 2016, 4032))
+            assert a.regime_start(b1, quiet) == _walk_regime_start(buckets, b1, quiet)
+            b0 = b1 - rng.choice((6, 144, 432))
+            assert a.episodes(b0, b1) == _walk_episodes(buckets, b0, b1)
+            start = a.regime_start(b1, 4032)
+            if start is not None:
+                width = rng.choice((144, 432))
+                assert a.peak(start, b0, width) == _walk_peak(buckets, start, b0, width)
+
+
 def test_a_counter_reset_is_not_activity_and_a_restart_keeps_the_evidence() -> None:
     h = CounterHistory()
     h.add(T0, 5)

@@ -144,6 +144,8 @@ def _accelerated(
     if baseline <= 0:
         return None
     y = act.count(start + 1, w0)
+    if x <= (x + y) * c.factor * width / (c.factor * width + baseline):
+        return None  # at most the expected count: p >= 0.5 > alpha (and no sum to take)
     p = rate_ratio_p_value(x, float(width), y, float(baseline), c.factor)
     if p >= alpha:
         return None
