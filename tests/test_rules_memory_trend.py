@@ -15,7 +15,7 @@ from gpuwatchd.core.errors import ConfigError
 from gpuwatchd.rules.conditions.memory_trend import MemoryTrend, judge
 from gpuwatchd.rules.evidence import BUCKET, Activity, binomial_tail, rate_ratio_p_value
 from gpuwatchd.rules.history import CounterHistory
-from gpuwatchd.rules.loader import parse_rules
+from gpuwatchd.rules.loader import load_rule_set, parse_rules
 from gpuwatchd.rules.store import StateStore
 
 HOUR = 3600.0
@@ -263,6 +263,99 @@ def test_corroboration_pages_within_minutes_of_a_remap() -> None:
     assert ("Corroborated", "0") in n.firing()
     tr = next(tr for _, tr in n.transitions if tr.rule == "Corroborated")
     assert tr.annotations["summary"] == "a correctable row remap"
+
+
+# -- what the GPU certifies (the shipped GpuMemoryErrorsCorroborated) ----------------------------
+CERTIFIED = "GpuMemoryErrorsCorroborated"
+
+
+def _shipped() -> Node:
+    n = Node(load_rule_set([]), gpus=3)
+    for f in n.fields:
+        for name in (
+            "ecc_corrected_volatile_dev",
+            "ecc_uncorrected_volatile_dev",
+            "remapped_rows_correctable",
+            "remapped_rows_uncorrectable",
+            "remapped_rows_pending",
+        ):
+            f[name] = 0.0
+    n.poll()
+    return n
+
+
+def _certified(n: Node) -> dict[str, str]:
+    return {
+        str(tr.labels.get("gpu")): tr.annotations["summary"].rsplit("GPU: ", 1)[1]
+        for _, tr in n.transitions
+        if tr.rule == CERTIFIED and tr.state.value == "firing"
+    }
+
+
+def test_a_contained_uncorrectable_error_then_more_errors_pages() -> None:
+    # Failed before: a prior contained error (the Summit streaks) paged nothing until the
+    # double-bit error itself.
+    n = _shipped()
+    n.run(DAY, step=600)
+    n.xid(0, 94)  # GPU 0: a contained uncorrectable error; GPU 1: the counter says so
+    n.add(0, ecc_uncorrected_volatile_dev=1)
+    n.add(1, ecc_uncorrected_volatile_dev=1, remapped_rows_uncorrectable=1)
+    n.run(1800, step=600)
+    for gpu in (0, 1, 2):  # errors within the hour are the same incident
+        n.add(gpu, ecc_corrected_volatile_dev=1)
+    n.run(1200, step=600)
+    assert _certified(n) == {}
+    n.run(DAY, step=600)
+    for gpu in (0, 1, 2):  # a day later: GPUs 0 and 1 are susceptible, GPU 2 is not
+        n.add(gpu, ecc_corrected_volatile_dev=1)
+    n.step(60)
+    assert set(_certified(n)) == {"0", "1"}
+    assert _certified(n)["0"].startswith("an uncorrectable error 1d")
+    fired = next(tr for _, tr in n.transitions if tr.rule == CERTIFIED)
+    assert fired.severity.value == "page" and fired.drain
+
+
+def test_errors_after_a_remap_took_effect_page_and_a_benign_remap_does_not() -> None:
+    # Failed before: every correctable remap with errors in the same day paged.
+    n = _shipped()
+    n.run(DAY, step=600)
+    for gpu in (0, 1):  # a weak row: errors, then the GPU remaps it (pending a reset)
+        n.add(gpu, ecc_corrected_volatile_dev=3, remapped_rows_correctable=1)
+        n.set(gpu, remapped_rows_pending=1)
+    for _ in range(12):  # the row keeps logging until the reset: not evidence
+        n.run(1800, step=600)
+        n.add(0, ecc_corrected_volatile_dev=1)
+        n.add(1, ecc_corrected_volatile_dev=1)
+    assert _certified(n) == {}
+    pending = {(r, g) for r, g in n.firing() if r == "GpuRowRemapPending"}
+    assert pending == {("GpuRowRemapPending", "0"), ("GpuRowRemapPending", "1")}
+    assert all(tr.drain for _, tr in n.transitions if tr.rule == "GpuRowRemapPending")
+    for gpu in (0, 1):  # the drained GPUs are reset: the remaps take effect
+        n.set(gpu, remapped_rows_pending=0, ecc_corrected_volatile_dev=0)
+    n.run(2 * HOUR, step=600)
+    n.add(1, ecc_corrected_volatile_dev=1)  # GPU 1 goes on logging; GPU 0 is quiet
+    n.run(DAY, step=600)
+    assert _certified(n) == {"1": "corrected errors continuing after a row remap"}
+
+
+def test_a_second_remap_pages() -> None:
+    n = _shipped()
+    n.run(DAY, step=600)
+    n.add(2, remapped_rows_correctable=1)
+    n.run(2 * DAY, step=600)
+    assert _certified(n) == {}
+    n.add(2, remapped_rows_correctable=1)
+    n.step(60)
+    assert _certified(n) == {"2": "a second correctable row remap"}
+
+
+def test_the_rate_drains_and_opens_a_ticket_never_a_page() -> None:
+    n = _shipped()
+    _errors(n, 1, 8 * HOUR, 8 * DAY)
+    _errors(n, 1, 70 * 60, 9 * DAY)
+    fired = [tr for _, tr in n.transitions if tr.rule == "GpuMemoryErrorsAccelerating"]
+    assert fired and all(tr.severity.value == "ticket" and tr.drain for tr in fired)
+    assert not [tr for _, tr in n.transitions if tr.severity.value == "page"]
 
 
 def test_the_evidence_survives_a_restart(tmp_path: Path) -> None:

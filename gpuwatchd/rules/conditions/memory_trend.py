@@ -30,6 +30,7 @@ from typing import Any, Literal
 
 from gpuwatchd.config.yamlsrc import Node
 from gpuwatchd.core.units import format_duration
+from gpuwatchd.rules.conditions import memory_certified as mc
 from gpuwatchd.rules.conditions import schema_parts as sp
 from gpuwatchd.rules.conditions.base import (
     NO_HITS,
@@ -48,8 +49,8 @@ from gpuwatchd.rules.evidence import BUCKET, Activity, bucket_of, rate_ratio_p_v
 from gpuwatchd.rules.model import Condition, Rule
 from gpuwatchd.rules.snapshot import GpuView, Snapshot
 
-Signal = Literal["acceleration", "activity", "corroborated"]
-SIGNALS: tuple[Signal, ...] = ("acceleration", "activity", "corroborated")
+Signal = Literal["acceleration", "activity", "corroborated", "certified"]
+SIGNALS: tuple[Signal, ...] = ("acceleration", "activity", "corroborated", "certified")
 RECHECK = 300.0  # seconds between looks at a GPU whose counter did not move
 REMAP_FIELD = "remapped_rows_correctable"
 CORROBORATING_XIDS = frozenset({63, 92})
@@ -164,15 +165,33 @@ def _accelerated(
 
 
 class _Evaluator(Evaluator):
-    __slots__ = ("c", "look")
+    __slots__ = ("c", "certs", "look")
 
     def __init__(self, rule: Rule) -> None:
         super().__init__(rule)
         self.c = model_of(rule, MemoryTrend)
         self.look = Recheck(RECHECK)
+        self.certs = mc.Certificates()
+
+    def adopt(self, old: Evaluator) -> None:
+        if isinstance(old, _Evaluator):
+            self.certs.adopt(old.certs)
+
+    def _certified(self, snap: Snapshot, now: float) -> Result:
+        c = self.c
+        self.certs.take(snap, now, c.window)
+        targets, unknown = snap.targets(self.rule)
+        hits: Hits = {}
+        for g in targets:
+            why = mc.certified(self.certs, g, c.field, c.window, now)
+            if why is not None:
+                hits[(g.index, -1, -1)] = (1.0, {"evidence": why})
+        return hits, unknown
 
     def evaluate(self, snap: Snapshot, now: float, active: bool, fresh: bool) -> Result:
         c = self.c
+        if c.signal == "certified":
+            return self._certified(snap, now)
         look = self.look
         corroborated = c.signal == "corroborated"
         if not active and not fresh and not corroborated and look.node_quiet(snap, c.field, now):
@@ -260,7 +279,11 @@ class MemoryTrendKind(ConditionKind):
         if any(v is None for v in values.values()):
             return None
         c = MemoryTrend(**values)
-        if c.window + c.min_baseline > MAX_WINDOW:
+        if c.signal == "certified":
+            if c.window > MAX_WINDOW:
+                p.error(body, f"{what}: window must be at most 30d (history kept)")
+                return None
+        elif c.window + c.min_baseline > MAX_WINDOW:
             p.error(body, f"{what}: window + min_baseline must be at most 30d (history kept)")
             return None
         return c
@@ -321,13 +344,15 @@ class MemoryTrendKind(ConditionKind):
 
     def needs(self, c: Condition) -> Needs:
         assert isinstance(c, MemoryTrend)
+        if c.signal == "certified":
+            return Needs(gpu_counters=frozenset({c.field, *mc.FIELDS}), xid_window=mc.NODE_SPAN)
         if c.signal == "corroborated":
             return Needs(gpu_counters=frozenset({c.field, REMAP_FIELD}), xid_window=c.window)
         return Needs(gpu_counters=frozenset({c.field}))
 
     def trigger(self, c: Condition) -> Trigger:
         assert isinstance(c, MemoryTrend)
-        return "sample" if c.signal == "corroborated" else "periodic"
+        return "sample" if c.signal in ("corroborated", "certified") else "periodic"
 
     def values(self, c: Condition) -> dict[str, Any]:
         assert isinstance(c, MemoryTrend)
