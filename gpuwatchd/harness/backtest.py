@@ -391,12 +391,12 @@ def _xid92_one_job(rng: random.Random) -> Trace:
 
 
 def _node_wide(rng: random.Random) -> list[Trace]:
-    """A driver or fabric event 1-3 times a month: XID 92 (or 13, 31, 43) and corrected errors
+    """A driver or fabric event 1-3 times a month: XID 92 (or 43) and corrected errors
     on every GPU of the node within seconds; otherwise quiet."""
     traces = [Trace() for _ in range(GPUS)]
     for _ in range(rng.choice((1, 2, 3))):
         t = rng.uniform(1, 28) * DAY
-        code = rng.choice((92, 92, 13, 31, 43))
+        code = rng.choice((92, 92, 92, 43))
         for gpu, tr in enumerate(traces):
             when = t + rng.uniform(0, 5)
             tr.xid_line(when, code, rng.randrange(1000, 60000), bus=BUS_IDS[gpu].lower())
@@ -609,7 +609,7 @@ FAMILIES: tuple[Family, ...] = (
     ),
     Family(
         "node-wide",
-        "XID 92 (or 13/31/43) and errors on all 8 GPUs within seconds, 1-3 times",
+        "XID 92 (or 43) and errors on all 8 GPUs within seconds, 1-3 times",
         _trickle,  # unused: make_node writes the node
         False,
         weight=0.002,
