@@ -91,6 +91,7 @@ def test_the_cli_prints_one_json_row_per_family_and_the_fleet(tmp_path: Path) ->
     assert "fleet_false_pages_per_1000_gpu_days" in rows[-1]
     assert "fleet_1pct_false_drains_per_1000_gpu_days" in rows[-1]
     assert "false_drains_per_1000_gpu_days" in rows[0]
+    assert "tickets_per_ticketed_gpu_month" in rows[0]
     assert (tmp_path / "step-1-0.yaml").read_text().startswith("name: backtest-step-1-0")
 
 

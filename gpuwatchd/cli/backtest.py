@@ -73,7 +73,8 @@ def cmd_backtest(args: argparse.Namespace) -> int:
     if not args.json:
         print(
             f"{'family':30} {'traces':>6} {'paged':>6} {'p50':>7} {'>=24h':>6} {'>=6h':>6} "
-            f"{'>=1h':>6} {'drain>=24h':>10} {'any>=6h':>8} {'pages/1k':>8} {'drains/1k':>9}"
+            f"{'>=1h':>6} {'drain>=24h':>10} {'any>=6h':>8} {'pages/1k':>8} {'drains/1k':>9} "
+            f"{'tickets/mo':>10}"
         )
     for fam in families:
         score = bt.run_family(fam, args.seed, args.files, config)
@@ -90,7 +91,8 @@ def cmd_backtest(args: argparse.Namespace) -> int:
             f"{_cell(row.get('share_drain_24h'), '%'):>10} "
             f"{_cell(row.get('share_action_6h'), '%'):>8} "
             f"{row['false_pages_per_1000_gpu_days']:>8.2f} "
-            f"{row['false_drains_per_1000_gpu_days']:>9.2f}"
+            f"{row['false_drains_per_1000_gpu_days']:>9.2f} "
+            f"{row['tickets_per_ticketed_gpu_month']:>10.2f}"
         )
         if "within_1h_of_corroboration" in row:
             print(

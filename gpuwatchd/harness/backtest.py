@@ -690,6 +690,8 @@ class Score:
     within_hour: int = 0  # corroborated: paged within 1 h of the corroborating event
     false_pages: int = 0
     false_drains: int = 0
+    tickets: int = 0  # ticket firings on every trace (issue 25: tickets people can act on)
+    ticket_gpus: int = 0  # traces with at least one ticket
 
     @property
     def false_per_1000(self) -> float:
@@ -706,6 +708,12 @@ class Score:
             "gpu_days": round(self.gpu_days),
             "false_pages_per_1000_gpu_days": round(self.false_per_1000, 3),
             "false_drains_per_1000_gpu_days": round(self.false_drains_per_1000, 3),
+            # ticket firings per month on a GPU that had any (30 days a month)
+            "tickets_per_ticketed_gpu_month": round(
+                self.tickets / (self.ticket_gpus * self.family.days / 30.0), 2
+            )
+            if self.ticket_gpus
+            else 0.0,
         }
         if self.family.precursor:
             n = max(self.precursors, 1)
@@ -744,6 +752,7 @@ class _Actions:
         self.drains = drains
         self.paged: list[tuple[float, int]] = []
         self.drained: list[tuple[float, int]] = []
+        self.tickets: list[tuple[float, int]] = []
 
     def record(self, record: dict[str, Any]) -> None:
         if (
@@ -757,6 +766,8 @@ class _Actions:
             self.paged.append(at)
         if record["rule"] in self.drains:
             self.drained.append(at)
+        if record.get("severity") == "ticket":
+            self.tickets.append(at)
 
 
 def page_rules(config: Config) -> set[str]:
@@ -790,6 +801,9 @@ def run_family(family: Family, seed: int, files: int, config: Config | None = No
         for gpu, tr in enumerate(traces):
             paged = sorted(t for t, g in seen.paged if g == gpu)
             drained = sorted(t for t, g in seen.drained if g == gpu)
+            tickets = sum(1 for _, g in seen.tickets if g == gpu)
+            score.tickets += tickets
+            score.ticket_gpus += tickets > 0
             if tr.dbe_at is None:
                 score.false_pages += len(paged)
                 score.false_drains += len(drained)
