@@ -100,6 +100,28 @@ def test_the_condition_holds_its_false_alarm_rate_after_the_regime_starts(
     assert hits / trials <= c.alpha
 
 
+def test_the_dispersion_option_discounts_a_baseline_of_sessions() -> None:
+    # Sessions of 8 active buckets every 4 days make a baseline whose day counts vary far
+    # more than a Poisson process's; a busy recent day is then less evidence of a rise.
+    a = Activity()
+    a.mark(T0)
+    for day in range(1, 21, 4):
+        for k in range(8):
+            a.mark(T0 + day * DAY + k * BUCKET)
+    for hour in (1, 2, 9, 10, 17, 18, 19, 20, 21, 22, 23, 23.5):
+        a.mark(T0 + 21 * DAY + hour * HOUR)
+    now = T0 + 22 * DAY - 1
+    b0, b1 = int((T0 + 1 * DAY) // BUCKET), int((T0 + 21 * DAY) // BUCKET)
+    assert a.dispersion(b0, b1) > 4.0
+    steady = Activity()
+    for k in range(40):
+        steady.mark(T0 + k * 12 * HOUR)
+    assert steady.dispersion(b0, b1) == 1.0
+    plain = MemoryTrend(windows=(DAY,), peak_ratio=1e9)
+    assert judge(plain, a, now) is not None
+    assert judge(MemoryTrend(windows=(DAY,), peak_ratio=1e9, dispersion=True), a, now) is None
+
+
 # -- activity ------------------------------------------------------------------------------
 def test_activity_buckets_episodes_regimes_and_peaks() -> None:
     a = Activity()

@@ -144,6 +144,21 @@ class Activity:
         self._breaks[quiet] = breaks
         return breaks
 
+    def dispersion(self, b0: int, b1: int, day: int = 144, most: int = 30) -> float:
+        """Variance over mean of the active buckets per ``day`` buckets in ``[b0, b1)`` (its
+        last ``most`` whole days): about 1 for a Poisson process, far above for activity
+        that comes in sessions or whose rate wanders. 1.0 with fewer than 2 days or none
+        active."""
+        days = min((b1 - b0) // day, most)
+        if days < 2:
+            return 1.0
+        counts = [self.count(b1 - (k + 1) * day, b1 - k * day) for k in range(days)]
+        mean = sum(counts) / days
+        if mean <= 0:
+            return 1.0
+        var = sum((c - mean) ** 2 for c in counts) / (days - 1)
+        return max(var / mean, 1.0)
+
     def peak(self, b0: int, b1: int, width: int) -> int:
         """The most active buckets any ``width``-bucket window inside ``[b0, b1)`` held."""
         buckets = self.buckets

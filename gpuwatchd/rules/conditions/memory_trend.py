@@ -72,6 +72,7 @@ class MemoryTrend(Condition):
     min_baseline: float = 86400.0
     quiet: float = 28 * 86400.0
     peak_ratio: float = 0.3
+    dispersion: bool = False
 
     @property
     def window(self) -> float:
@@ -152,6 +153,17 @@ def _accelerated(
         return None
     if act.peak(start, w0, width) >= max(c.min_active, c.peak_ratio * x):
         return None  # an earlier window of this regime was as busy, and it subsided
+    if c.dispersion:
+        # Overdispersion: the baseline's day counts vary more than a Poisson process's, so
+        # the counts carry less evidence than their size says; test them scaled down by the
+        # dispersion factor (quasi-Poisson), the recent count rounded down.
+        phi = act.dispersion(start + 1, w0)
+        if phi > 1.0:
+            p = rate_ratio_p_value(
+                int(x / phi), float(width), round(y / phi), float(baseline), c.factor
+            )
+            if p >= alpha:
+                return None
     days = width * BUCKET / 86400.0
     values: dict[str, Any] = {
         "active": x,
@@ -234,6 +246,7 @@ class MemoryTrendKind(ConditionKind):
         "min_baseline",
         "quiet",
         "peak_ratio",
+        "dispersion",
     )
     placeholders = frozenset(
         {
@@ -276,6 +289,8 @@ class MemoryTrendKind(ConditionKind):
                 values[name] = r.integer(keys[name], f"{what}.{name}", 1, 10000)
         if "peak_ratio" in keys:
             values["peak_ratio"] = r.number(keys["peak_ratio"], f"{what}.peak_ratio", minimum=0.0)
+        if "dispersion" in keys:
+            values["dispersion"] = r.boolean(keys["dispersion"], f"{what}.dispersion")
         if any(v is None for v in values.values()):
             return None
         c = MemoryTrend(**values)
@@ -331,6 +346,7 @@ class MemoryTrendKind(ConditionKind):
                 "min_baseline": sp.duration("1d"),
                 "quiet": sp.duration("28d"),
                 "peak_ratio": {"type": "number", "minimum": 0, "default": 0.3},
+                "dispersion": {"type": "boolean", "default": False},
             },
             "Device-memory errors as activity (10-minute buckets, episodes, regimes): a "
             "significant acceleration within a regime (exact conditional binomial test), new "
