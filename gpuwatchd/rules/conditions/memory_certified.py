@@ -41,7 +41,10 @@ UE_FIELDS = ("ecc_uncorrected_volatile_dev", "remapped_rows_uncorrectable")
 REMAP_FIELD = "remapped_rows_correctable"
 PENDING_FIELD = "remapped_rows_pending"
 BANK_FIELDS = ("row_remap_banks_low", "row_remap_banks_none")
-FIELDS = frozenset({*UE_FIELDS, REMAP_FIELD, *BANK_FIELDS})
+# the counters it reads, and the pending flag (kept as a history too, so that a change of it
+# is seen as movement: see ``Certificates.unchanged``)
+FIELDS = frozenset({*UE_FIELDS, REMAP_FIELD, PENDING_FIELD, *BANK_FIELDS})
+RECHECK = 300.0  # seconds a look is trusted while nothing it reads moved
 
 
 def _first_active(hist_activity: list[int], b0: int, b1: int) -> int | None:
@@ -58,14 +61,29 @@ class Certificates:
     """The XIDs the certified signal reads, per GPU, and when each GPU's row remap took
     effect; fed incrementally from the node's XID log."""
 
-    __slots__ = ("applied", "node92", "seq", "ue", "x92")
+    __slots__ = ("applied", "last_look", "node92", "seq", "ue", "x92")
 
     def __init__(self) -> None:
+        self.last_look: float | None = None
         self.seq = 0  # the last XID taken from the log
         self.ue: dict[int, list[float]] = {}  # GPU -> times of XID 48/94/95
         self.x92: dict[int, list[float]] = {}  # GPU -> times of XID 92
         self.node92: list[tuple[float, int]] = []  # (time, GPU) of every XID 92
         self.applied: dict[int, float] = {}  # GPU -> first look with its remap applied
+
+    def unchanged(self, snap: Snapshot, fields: frozenset[str], now: float) -> bool:
+        """True when nothing the signal reads moved (no counter of ``fields``, no new XID)
+        since a look less than ``RECHECK`` ago; otherwise this is a look: note it."""
+        last = self.last_look
+        if (
+            last is not None
+            and now - last < RECHECK
+            and snap.xids.seq == self.seq
+            and not any(snap.field_moved(f) for f in fields)
+        ):
+            return True
+        self.last_look = now
+        return False
 
     def take(self, snap: Snapshot, now: float, keep: float) -> None:
         """Take the XIDs that arrived since the last look; forget those older than ``keep``."""
@@ -98,7 +116,7 @@ class Certificates:
         return len({g for _, g in self.node92[lo:hi]}) >= NODE_GPUS
 
     def adopt(self, old: Certificates) -> None:
-        self.seq, self.ue, self.x92 = old.seq, old.ue, old.x92
+        self.seq, self.ue, self.x92 = old.seq, old.ue, old.x92  # a reload looks again at once
         self.node92, self.applied = old.node92, old.applied
 
 

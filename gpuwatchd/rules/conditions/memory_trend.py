@@ -177,33 +177,42 @@ def _accelerated(
 
 
 class _Evaluator(Evaluator):
-    __slots__ = ("c", "certs", "look")
+    __slots__ = ("c", "certified_hits", "certs", "look")
 
     def __init__(self, rule: Rule) -> None:
         super().__init__(rule)
         self.c = model_of(rule, MemoryTrend)
         self.look = Recheck(RECHECK)
         self.certs = mc.Certificates()
+        self.certified_hits: Hits = {}  # the last look's (certified), while nothing moved
 
     def adopt(self, old: Evaluator) -> None:
         if isinstance(old, _Evaluator):
             self.certs.adopt(old.certs)
 
-    def _certified(self, snap: Snapshot, now: float) -> Result:
+    def _certified(self, snap: Snapshot, now: float, fresh: bool) -> Result:
         c = self.c
-        self.certs.take(snap, now, c.window)
+        certs = self.certs
         targets, unknown = snap.targets(self.rule)
+        fields = mc.FIELDS | {c.field}
+        if not fresh and certs.unchanged(snap, fields, now):
+            # nothing it reads moved since a recent look: the same verdict, for the GPUs
+            # still looked at (evidence only ages out over days: looked at every 5 min)
+            indexes = {g.index for g in targets}
+            return {k: v for k, v in self.certified_hits.items() if k[0] in indexes}, unknown
+        certs.take(snap, now, c.window)
         hits: Hits = {}
         for g in targets:
-            why = mc.certified(self.certs, g, c.field, c.window, now)
+            why = mc.certified(certs, g, c.field, c.window, now)
             if why is not None:
                 hits[(g.index, -1, -1)] = (1.0, {"evidence": why})
-        return hits, unknown
+        self.certified_hits = hits
+        return dict(hits), unknown
 
     def evaluate(self, snap: Snapshot, now: float, active: bool, fresh: bool) -> Result:
         c = self.c
         if c.signal == "certified":
-            return self._certified(snap, now)
+            return self._certified(snap, now, fresh)
         look = self.look
         corroborated = c.signal == "corroborated"
         if not active and not fresh and not corroborated and look.node_quiet(snap, c.field, now):
