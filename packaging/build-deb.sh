@@ -17,7 +17,7 @@ rm -rf "$ROOT/build/deb"
 mkdir -p "$SRC" "$ROOT/dist"
 # The source tree dpkg-buildpackage sees: what the package installs, nothing else.
 tar -C "$ROOT" --exclude=__pycache__ -cf - gpuwatchd rules scenarios systemd packaging README.md \
-    docs/*.md bench/README.md | tar -C "$SRC" -xf -
+    docs/*.md docs/runbooks/*.md bench/README.md | tar -C "$SRC" -xf -
 cp -r packaging/debian "$SRC/debian"
 /usr/bin/python3 packaging/vendor.py "$ROOT/build/wheels" "$SRC/vendor"
 

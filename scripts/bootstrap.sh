@@ -10,7 +10,8 @@ debhelper dh-python lintian build-essential fakeroot man-db python3-yaml python3
 python3-pyudev python3-anyio python3-sniffio python3-idna python3-certifi \
 slurmctld slurmd slurm-client python3-bcrypt openssl curl \
 python3-prometheus-client python3-httpx \
-qemu-system-x86 linux-image-amd64 linux-headers-amd64 mmdebstrap e2fsprogs make"
+qemu-system-x86 linux-image-amd64 linux-headers-amd64 mmdebstrap e2fsprogs make \
+chromium-headless-shell"
 
 missing=""
 for p in $APT_PACKAGES; do

@@ -394,7 +394,7 @@ web: {{max_request_bytes: 4096, rate_limit: 5, rate_burst: 10}}
         assert raw_request(d.port, get + b"X-Big: " + b"a" * 8000 + b"\r\n\r\n")[0] == 431
         huge_body = get + b"Content-Length: 100000000\r\n\r\n"  # the body never comes
         assert raw_request(d.port, huge_body)[0] == 413
-        assert raw_request(d.port, get + b"Content-Length: 5\r\n\r\nhello")[0] == 200
+        assert raw_request(d.port, get + b"Content-Length: 0\r\n\r\n")[0] == 200
         post = b"POST /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}"
         code, raw = raw_request(d.port, post)
         assert code == 405 and b"Allow: GET, HEAD" in raw
@@ -647,3 +647,97 @@ def test_slow_clients_never_lock_a_scraper_out(tmp_path: Path) -> None:
         for s in slow:
             s.close()
         d.stop()
+
+
+# -- slow request bodies (issue 26 item 2) -------------------------------------------------
+def test_slow_request_bodies_never_lock_a_scraper_out() -> None:
+    """64 connections send whole headers announcing ``Content-Length: 60000`` (within
+    ``max_request_bytes``), then one body byte a second. Failed on main: the server read
+    bodies it had no use for, outside the header deadline and out of reach of eviction, so
+    those connections held every slot and 0 of 40 scrapes were answered. Now a body is never
+    read: 413 at once, and the slots stay free for scrapers."""
+    import threading
+    import urllib.request
+
+    from gpuwatchd.core.nodestate import NodeState
+    from gpuwatchd.exposition.httpd import HttpServer
+    from gpuwatchd.exposition.metrics import MetricsRenderer
+
+    state = NodeState("node-a", time.time())
+    server = HttpServer(
+        "127.0.0.1", 0, MetricsRenderer(state.view), lambda: (True, "ok"), lambda: {"gpus": []}
+    )
+    server.start()
+    port = server.address[1]
+    head = b"GET /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 60000\r\n\r\n"
+    stop = threading.Event()
+    slow: list[socket.socket] = []
+    opened = [0]
+
+    def trickle() -> None:  # keep 64 connections each sending one body byte a second
+        while not stop.is_set():
+            for s in list(slow):
+                try:
+                    s.send(b"X")
+                except OSError:
+                    slow.remove(s)
+                    s.close()
+            while len(slow) < 64 and not stop.is_set():
+                try:
+                    s = socket.create_connection(("127.0.0.1", port), timeout=2)
+                except OSError:
+                    continue
+                opened[0] += 1
+                slow.append(s)
+                with contextlib.suppress(OSError):
+                    s.send(head + b"X")
+            stop.wait(1.0)
+
+    attacker = threading.Thread(target=trickle, daemon=True)
+    try:
+        attacker.start()
+        wait_until(lambda: opened[0] >= 64, 10, "64 slow-body connections")
+        time.sleep(1.5)
+        served = 0
+        started = time.monotonic()
+        for i in range(40):
+            path = "/metrics" if i % 2 == 0 else "/healthz"
+            url = f"http://127.0.0.1:{port}{path}"
+            with contextlib.suppress(OSError), urllib.request.urlopen(url, timeout=5) as r:
+                served += r.status == 200
+            time.sleep(0.05)
+        elapsed = time.monotonic() - started
+        assert served == 40, f"{served} of 40 requests served while 64 clients sent bodies"
+        assert server._server.refused["too_large"] >= 64
+        report("slow bodies", served=served, of=40, seconds=round(elapsed, 1))
+    finally:
+        stop.set()
+        attacker.join(10)
+        for s in slow:
+            s.close()
+        server.stop()
+
+
+def test_wrong_passwords_never_evict_the_scrapers_cached_one() -> None:
+    """Issue 26: one cache held accepted and refused credentials alike, oldest out first,
+    so 1024 wrong guesses (within the bcrypt budget, given time) pushed the scraper's right
+    password out; its next scrape then needed a bcrypt check of its own, which the
+    guessers' traffic kept refusing (429). Failed on main: the right password was checked
+    again. Now refused credentials are cached apart and never evict an accepted one."""
+    from gpuwatchd.config.web import AUTH_CACHE_SIZE, BasicAuth
+
+    now = [0.0]
+    hashed = bcrypt.hashpw(PASSWORD.encode(), bcrypt.gensalt(4)).decode()
+    auth = BasicAuth((("prometheus", hashed),), clock=lambda: now[0])
+
+    def header(password: str) -> str:
+        return "Basic " + base64.b64encode(f"prometheus:{password}".encode()).decode()
+
+    assert auth.check(header(PASSWORD)) == (True, "prometheus")
+    assert auth.checks_run == 1
+    for i in range(AUTH_CACHE_SIZE + 10):  # the budget's clock moved on: every guess checked
+        now[0] += 10.0
+        assert auth.check(header(f"guess-{i}")) == (False, "prometheus")
+    checked = auth.checks_run
+    assert auth.check(header(PASSWORD)) == (True, "prometheus")
+    assert auth.checks_run == checked, "the right password had to be checked again"

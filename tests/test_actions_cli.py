@@ -49,11 +49,11 @@ def test_silence_add_refuses_bad_input(tmp_path: Path) -> None:
     cfg.write_text(f"node_name: n1\nstate_dir: {tmp_path / 'state'}\n")
     c = ("-c", str(cfg))
     res = gw("silence", "add", *c, "--for", "2 hours", "--reason", "x")
-    assert res.returncode == 2 and "is not a positive duration" in res.stderr
+    assert res.returncode == 64 and "is not a positive duration" in res.stderr
     res = gw("silence", "add", *c, "--gpu", "GPU-nope", "--for", "1h", "--reason", "x")
-    assert res.returncode == 2 and "is not a GPU index, UUID or PCI bus id" in res.stderr
+    assert res.returncode == 64 and "is not a GPU index, UUID or PCI bus id" in res.stderr
     res = gw("silence", "add", *c, "--for", "1h", "--reason", "  ")
-    assert res.returncode == 2 and "--reason must say why" in res.stderr
+    assert res.returncode == 64 and "--reason must say why" in res.stderr
     assert not (tmp_path / "state" / "silences.json").exists()
     bad = tmp_path / "bad.yaml"
     bad.write_text("state_dir: relative\n")

@@ -13,6 +13,7 @@ from actions_support import HttpReceiver, make_config, sink_for, transition
 from conftest import free_port
 
 from gpuwatchd.actions import ActionsSink
+from gpuwatchd.core.alerts import AlertSeverity
 from gpuwatchd.core.families import Families
 from gpuwatchd.testing.clocks import SteppedClock
 
@@ -71,7 +72,8 @@ def test_wall_clock_steps_do_not_move_group_windows_or_repeats(tmp_path: Path) -
         sink.run_pending()
         assert len(rx.requests) == 1  # the first message of a new group: at once
         clock.advance(1.0)
-        sink.deliver([transition("gpu_lost", at=clock.now(), xid=None)], clock.now())
+        ticket = transition("nvlink_errors", severity=AlertSeverity.TICKET, at=clock.now())
+        sink.deliver([ticket], clock.now())  # a ticket: folded (a page would leave at once)
         clock.step_wall(-3600.0)
         clock.advance(29.0)  # the window ends on the monotonic clock
         sink.run_pending()

@@ -4,7 +4,9 @@ update, the drain follows the page at once and once per incident.
 With the default routing (``group_wait`` 5s) the first message of a new group leaves as
 soon as its transition is committed; what follows within the window (a fallen-off-bus
 cascade: XID 79, then GPU lost, then NVLink down) is folded into one update at the end of
-the window. Before this change the first message waited the whole ``group_wait``."""
+the window, except a page, which leaves at once too (issue 21;
+tests/test_actions_busy_group.py). Before this change the first message waited the whole
+``group_wait``."""
 
 from __future__ import annotations
 
@@ -24,7 +26,8 @@ from gpuwatchd.core.clock import SystemClock, VirtualClock
 def test_first_page_reaches_a_loopback_webhook_at_once_with_the_default_routing(
     tmp_path: Path,
 ) -> None:
-    """deliver() -> webhook received, default config: within 250 ms (a generous CI bound;
+    """deliver() -> webhook received, default config: well within the 5 s group_wait that
+    a held page would wait (a bound that holds on a loaded 2-core machine;
     bench/page_latency.py measures the real numbers: a few milliseconds)."""
     rx = HttpReceiver(free_port()).start()
     config = make_config(
@@ -39,8 +42,8 @@ def test_first_page_reaches_a_loopback_webhook_at_once_with_the_default_routing(
             sink.deliver([transition(node=f"node{i}", at=start)], start)
             arrived = rx.wait_for(i + 1, timeout=5)[i].at
             took.append(arrived - start)
-        assert statistics.median(took) < 0.25, took
-        assert max(took) < 1.0, took
+        assert statistics.median(took) < 2.5, took  # half of group_wait: not held
+        assert max(took) < 2.5, took
     finally:
         sink.close()
         rx.stop()
@@ -62,7 +65,7 @@ drain:
 """
 
 
-def test_fallen_off_bus_cascade_is_one_page_at_once_one_update_and_one_drain(
+def test_fallen_off_bus_cascade_pages_at_once_folds_the_ticket_and_drains_once(
     tmp_path: Path,
 ) -> None:
     log = tmp_path / "drains"
@@ -91,24 +94,26 @@ def test_fallen_off_bus_cascade_is_one_page_at_once_one_update_and_one_drain(
         clock.advance(0.4)
         sink.deliver([transition("GpuLost", at=clock.now(), xid=None, drain=True)], clock.now())
         sink.run_pending()
+        assert len(kinds("hook")) == 2  # a page: at once (Slack: after its 1 s interval)
         clock.advance(0.6)
         nvlink = transition("NvlinkDown", severity=AlertSeverity.TICKET, at=clock.now(), xid=None)
         sink.deliver([nvlink], clock.now())
         sink.run_pending()
-        assert len(kinds("hook")) == 1  # the rest waits for the end of the window ...
+        lost = ("notify", ["GpuLost", "GpuXidFatal"])  # a new page: at once, and first
+        for name in ("hook", "pd", "chat"):  # the ticket waits for the end of the window ...
+            assert kinds(name) == [("notify", ["GpuXidFatal"]), lost], name
         assert len(kinds("am")) == 3  # ... except Alertmanager, which groups by itself
-        clock.advance(4.0)
+        clock.advance(4.5)  # the window after the GpuLost page ends at 5.4 s
         sink.run_pending()
         cascade = ["GpuXidFatal", "GpuLost", "NvlinkDown"]
-        for name in ("hook", "chat", "pd"):  # ... and is one update
-            assert kinds(name) == [("notify", ["GpuXidFatal"]), ("update", cascade)], name
-        # PagerDuty: one event per alert, one dedup_key per alert; the update sends the
-        # two new alerts only (the first is open already)
-        first, update = (o for o in sender.sent if o.receiver.name == "pd")
-        keys = [r.body for r in first.requests] + [r.body for r in update.requests]
-        assert len(first.requests) == 1 and len(update.requests) == 2
-        dedups = [e["dedup_key"] for e in pagerduty_events(update.notes[0], "k")]
-        assert len(set(dedups)) == 2 and len(keys) == 3
+        for name in ("hook", "pd", "chat"):  # ... and is one update
+            assert kinds(name) == [("notify", ["GpuXidFatal"]), lost, ("update", cascade)]
+        # PagerDuty: one event per alert, one dedup_key per alert; each message sends the
+        # alerts it is news about only (the earlier ones are open already)
+        first, second, update = (o for o in sender.sent if o.receiver.name == "pd")
+        assert [len(o.requests) for o in (first, second, update)] == [1, 1, 1]
+        events = [e for o in (first, second, update) for e in pagerduty_events(o.notes[0], "k")]
+        assert len({e["dedup_key"] for e in events}) == 3
         assert log.read_text().count("\n") == 1, "one drain for the cascade"
         clock.advance(3600.0)
         sink.run_pending()
@@ -169,7 +174,7 @@ receivers:
             took.append(arrived - read_at(d.output(), gpu))
             time.sleep(5.5)  # past group_wait: the next page is a first message again
         print(f"read -> webhook, default config: {[round(t * 1000, 1) for t in took]} ms")
-        assert max(took) < 0.25, took
+        assert max(took) < 2.5, took  # half of group_wait (5 s): sent at once, not held
     finally:
         d.stop()
         rx.stop()

@@ -109,7 +109,7 @@ routing:
             "annotations": dict(fire.annotations),
             "startsAt": rfc3339(since),
             "endsAt": GO_ZERO_TIME,
-            "generatorURL": "http://node17:9835/api/v1/status",
+            "generatorURL": f"http://node17:9835/#alert-{fire.fingerprint}",
             "fingerprint": fire.fingerprint,
         }
         assert list(msg) == [
@@ -136,8 +136,9 @@ routing:
 def test_cascade_pages_at_once_and_folds_the_rest_into_one_update(
     tmp_path: Path, rx: HttpReceiver
 ) -> None:
-    """The first alert of a new group leaves as soon as it is committed; the rest of the
-    cascade within group_wait is one update message at the end of the window."""
+    """The first alert of a new group leaves as soon as it is committed, and so does a
+    page that follows it; the rest of the cascade within group_wait (a ticket) is one
+    update message at the end of the window."""
     config = make_config(
         tmp_path,
         f"receivers:\n  - {{name: ops, type: webhook, url: '{rx.url}/'}}\nrouting:\n  group_wait: "
@@ -151,7 +152,14 @@ def test_cascade_pages_at_once_and_folds_the_rest_into_one_update(
         assert first.at - now < 0.5  # not after group_wait
         assert [a["labels"]["alertname"] for a in first.json()["alerts"]] == ["gpu_xid_fatal"]
         time.sleep(0.2)
+        lost_at = time.time()
         sink.deliver([transition("gpu_lost", at=now, xid=None)], now)
+        _, lost = rx.wait_for(2, timeout=2)
+        assert lost.at - lost_at < 0.5  # a page: not folded
+        assert [a["labels"]["alertname"] for a in lost.json()["alerts"]] == [
+            "gpu_lost",
+            "gpu_xid_fatal",
+        ]
         time.sleep(0.2)
         sink.deliver(
             [transition("nvlink_errors", severity=AlertSeverity.TICKET, at=now, xid=None, gpu=4)],
@@ -159,8 +167,8 @@ def test_cascade_pages_at_once_and_folds_the_rest_into_one_update(
         )
         time.sleep(1.5)
         assert sink.wait_idle(5)
-        first_again, update = rx.requests
-        assert first_again is first
+        first_again, lost_again, update = rx.requests
+        assert (first_again, lost_again) == (first, lost)
         msg = update.json()
         assert [a["labels"]["alertname"] for a in msg["alerts"]] == [
             "gpu_xid_fatal",

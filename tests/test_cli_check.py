@@ -43,11 +43,13 @@ def test_tickets_warn_unless_asked_to_fail() -> None:
     lenient = judge(report())
     assert lenient.code == 0
     assert lenient.warnings == [
-        "alert GpuEccCorrectedRising (ticket) on GPU 0",
+        "GPU 0 (00000000:18:00.0) degraded (GpuEccCorrectedRising)",
         "alert GpuXidApplication (info)",
     ]
+    assert [(g.health, g.rules) for g in lenient.gpus] == [("degraded", ("GpuEccCorrectedRising",))]
     strict = judge(report(), fail_on="ticket")
-    assert strict.code == 1 and strict.problems == ["alert GpuEccCorrectedRising (ticket) on GPU 0"]
+    assert strict.code == 1
+    assert strict.problems == ["GPU 0 (00000000:18:00.0) degraded (GpuEccCorrectedRising)"]
 
 
 def test_daemon_answers_are_read_from_status_or_metrics() -> None:
@@ -83,8 +85,8 @@ def test_local_poll_unhealthy_node_exits_1_in_every_format() -> None:
     nhc = gw("check", "--local", "--backend", backend, "--format", "nhc")
     assert nhc.returncode == 1
     (line,) = nhc.stdout.splitlines()
-    assert line.startswith("gpuwatchd: GPU 1 (00000000:2A:00.0) lost; ")
-    assert "alert GpuRecoveryActionRequired (page) on GPU 2" in line
+    assert line.startswith("gpuwatchd: GPU 1 (00000000:2A:00.0) lost (GpuLost); ")
+    assert "GPU 2 (00000000:3A:00.0) failing (GpuRecoveryActionRequired)" in line
     data = json.loads(gw("check", "--local", "--backend", backend, "--format", "json").stdout)
     assert data["verdict"] == "unhealthy" and data["exit_code"] == 1 and data["source"] == "local"
     assert {(f["rule"], f["gpu"]) for f in data["firing"]} == {
@@ -132,10 +134,14 @@ def secured_daemon(tmp_path: Path) -> Iterator[tuple[Daemon, Path, Path]]:
     )
     password = tmp_path / "password"
     password.write_text(PASSWORD + "\n")
-    d = Daemon(tmp_path, "", UNHEALTHY)
+    # its status socket where the commands below do not look (a client in another
+    # container, say): they ask over HTTP, as web.ask_over_http allows
+    run = tmp_path / "run"
+    run.mkdir(mode=0o755)
+    d = Daemon(tmp_path, "", UNHEALTHY, env={"RUNTIME_DIRECTORY": str(run)})
     d.cfg.write_text(
         f"listen: 127.0.0.1:{d.port}\nstate_dir: {tmp_path / 'state'}\n"
-        "sources: {kernel_log: none}\nweb:\n  config_file: web.yml\n"
+        "sources: {kernel_log: none}\nweb:\n  config_file: web.yml\n  ask_over_http: true\n"
     )
     d.url = d.url.replace("http://", "https://")
     d.start(wait=False)
@@ -184,13 +190,17 @@ def test_check_and_status_reach_a_daemon_with_tls_and_basic_auth(
     assert gw("check", "-c", str(config), env=env).returncode == 1
     # status: the JSON, and --healthz as a probe command
     status = gw("status", "-c", str(config), *auth, "--json")
-    assert status.returncode == 0, status.stderr
+    assert status.returncode == 1, status.stderr  # the verdict, as check's
     assert json.loads(status.stdout)["gpus"][1]["status"] == "lost"
     table = gw("status", "-c", str(config), *auth)
-    assert table.returncode == 3 and "GPU 1" in table.stdout  # a GPU not ok
+    assert table.returncode == 1 and "GPU 1" in table.stdout  # a GPU not ok: as check
     probe = gw("status", "-c", str(config), *auth, "--healthz")
     assert probe.returncode == 0 and probe.stdout.startswith("ok"), probe.stdout
     denied = gw("status", "-c", str(config), "--healthz")
-    assert denied.returncode == 1 and "401" in denied.stdout
+    assert denied.returncode == 2 and "401" in denied.stdout  # cannot tell
     wrong_ca = gw("check", "-c", str(config), *auth, "--ca-file", str(password))
     assert wrong_ca.returncode == 2 and "TLS" in wrong_ca.stdout, wrong_ca.stdout
+    # where the status socket is found, it comes first: no credentials needed
+    env = dict(os.environ, RUNTIME_DIRECTORY=str(config.parent / "run"))
+    res = gw("check", "-c", str(config), "--format", "json", env=env)
+    assert res.returncode == 1 and json.loads(res.stdout)["where"].endswith("run/status.sock")

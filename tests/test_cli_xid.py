@@ -164,6 +164,32 @@ def test_explain_unknown_code(capsys: pytest.CaptureFixture[str]) -> None:
     assert captured.out == ""
     assert captured.err == (
         "gpuwatchd xid explain: XID 173 is not in NVIDIA's XID catalog (172 codes, 1-172)\n"
+        "gpuwatchd xid explain: a report of it is answered by: GpuXidUnclassified (ticket, "
+        "a code the catalog does not list)\n"
+    )
+
+
+def test_every_code_has_an_answer() -> None:
+    """Issue 22: no XID code goes unanswered by the shipped rules; the codes the catalog
+    gives no bucket (162-172) and unknown codes open a ticket and are named by explain."""
+    import argparse
+
+    from gpuwatchd.cli.xid import answering_rules
+    from gpuwatchd.xid import Catalog
+
+    catalog = Catalog.default()
+    args = argparse.Namespace(config=None)
+    silent = [c for c in (*catalog.codes(), 173, 185, 999) if not answering_rules(c, args, catalog)]
+    # NVIDIA's own answer for these is "no action" (IGNORE; 45 follows the XID it cleans up
+    # after)
+    no_action = {"IGNORE", "WORKFLOW_XID_45"}
+    assert [
+        c for c in silent if (e := catalog.lookup(c)) is None or e.immediate not in no_action
+    ] == []
+    for code in (162, 167, 169, 171, 172, 185):
+        assert answering_rules(code, args, catalog)[0].startswith("GpuXidUnclassified (ticket")
+    assert answering_rules(154, args, catalog)[0].startswith(
+        "GpuRecoveryActionRequired (page, drains"
     )
 
 
@@ -203,3 +229,44 @@ def test_config_overrides_change_severity_and_action(tmp_path: Path) -> None:
         check=False,
     )
     assert result.returncode == 1 and result.stderr.startswith(f"{bad}:3:20: ")
+
+
+def test_docs_table_lists_every_code_answered_otherwise_than_its_bucket() -> None:
+    """docs/xid.md's table of differences from NVIDIA's catalog is complete and exact."""
+    import argparse
+    import re
+    from pathlib import Path
+
+    from gpuwatchd.cli.xid import answering_rules
+    from gpuwatchd.xid import Catalog
+
+    catalog = Catalog.default()
+    args = argparse.Namespace(config=None)
+    # the plain answer of a bucket: what a reader of NVIDIA's bucket alone would expect
+    plain = {
+        "CONTACT_SUPPORT": {"GpuXidInvestigate"},
+        "UPDATE_SWFW": {"GpuXidInvestigate"},
+        "CHECK_UVM": {"GpuXidInvestigate"},
+        "RESTART_APP": {"GpuXidApplication"},
+        "IGNORE": set(),
+        "WORKFLOW_XID_45": set(),
+    }
+    differ = set()
+    for code in catalog.codes():
+        entry = catalog.lookup(code)
+        assert entry is not None
+        rules = {r.split(" (")[0] for r in answering_rules(code, args, catalog)}
+        if plain.get(entry.immediate) != rules:
+            differ.add(code)
+    doc = (Path(__file__).resolve().parent.parent / "docs" / "xid.md").read_text()
+    section = doc.split("## Where gpuwatchd's decision differs from NVIDIA's catalog")[1]
+    section = section.split("\n## ")[0]
+    listed: set[int] = set()
+    for line in section.splitlines():
+        if not line.startswith("| ") or "not in the catalog" in line or line.startswith("| codes"):
+            continue
+        first = line.split("|")[1]
+        for a, b in re.findall(r"(\d+)-(\d+)", first):
+            listed |= set(range(int(a), int(b) + 1))
+        listed |= {int(n) for n in re.findall(r"(?<![-\d])(\d+)(?![-\d])", first)}
+    assert listed == differ

@@ -207,7 +207,9 @@ def test_a_slow_rule_never_makes_a_gpu_stale_or_a_scrape_slow(tmp_path: Path) ->
     assert slow.evaluations >= 2  # the slow rule really ran, for seconds at a time
     assert min(polls) >= 15, polls  # ~25 polls in 5 s at 0.2 s, none held up by the rule
     scrapes.sort()
-    assert scrapes[len(scrapes) // 2] < 0.05 and scrapes[-1] < 0.5, scrapes
+    # the slow rule holds the evaluator 2 s at a time: a scrape that waited for it would
+    # take that long; the bounds hold on a loaded 2-core machine (bench/ has the numbers)
+    assert scrapes[len(scrapes) // 2] < 0.5 and scrapes[-1] < 1.5, scrapes
 
 
 def test_handoff_coalesces_samples_bounds_events_and_wakes_on_urgent_records() -> None:

@@ -307,6 +307,11 @@ def test_as_dict_round_trips(tmp_path: Path) -> None:
         "call_timeout": 2.0,
         "nvlink": True,
         "processes": True,
+        "worker": True,
+        "worker_hang_timeout": 30.0,
+        "slow_interval": 120.0,
+        "nvlink_counters_interval": 600.0,
+        "state_interval": 15.0,
     }
     assert "source" not in plain
     path = write(tmp_path, yaml.safe_dump(plain))

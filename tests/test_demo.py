@@ -106,7 +106,11 @@ def tells_the_headline(last_note: str, text: str) -> None:
     assert any("-> DRAIN node demo-node" in x for x in lines[dbe:])  # XID 48 drains
     # the end was played, not cut off: the last note, GPU 3 lost, and nothing after it
     assert last_note in story
-    assert "GPU 3 00000000:5D:00.0 lost" in summary
+    assert "GPU 3 00000000:5D:00.0 lost (GpuLost" in summary
+    # one verdict: GPU 5, with a page, a double-bit error and a pending remap, is not "ok"
+    gpu5 = next(x for x in summary.splitlines() if x.startswith("  GPU 5 "))
+    assert " failing (" in gpu5 and "GpuMemoryErrorsCorroborated" in gpu5, gpu5
+    assert "GpuRowRemapPending" in gpu5, gpu5
     assert f"Lead time: GpuMemoryErrorsCorroborated paged {told.group(1)} h" in summary
     assert "alert(s) still firing:" in summary
     for firing in (
@@ -228,7 +232,7 @@ def test_the_demo_clock_sleeps_a_little_instead_of_spinning() -> None:
     event.set()
     began = time.monotonic()
     assert clock.wait(event, 1e9)  # a set event returns at once
-    assert time.monotonic() - began < 0.5
+    assert time.monotonic() - began < 5.0  # not 1e9 s: a bound that holds under load
 
 
 def test_merge_window_and_stale_timeout_keep_their_wall_time_meaning() -> None:

@@ -94,9 +94,11 @@ web: {{rate_limit: 0}}
         assert len(keys) == len(set(keys))  # no message twice
         pages = sorted(k for k in incidents if k[0] == "GpuXidFatal")
         assert pages == [("GpuXidFatal", "2"), ("GpuXidFatal", "5")], incidents
+        # the application faults (XID 31 lines that name no process, seconds apart) are one
+        # episode per GPU: no GpuXidApplicationRepeated ticket (issue 22 item 8)
         repeated = {g for name, g in incidents if name == "GpuXidApplicationRepeated"}
-        assert repeated == {str(g) for g in range(8)}, incidents  # a ticket per GPU
-        assert len(incidents) == 10 and len(rx.requests) <= 10, (incidents, len(rx.requests))
+        assert repeated == set(), incidents
+        assert len(incidents) == 2 and len(rx.requests) <= 10, (incidents, len(rx.requests))
         rate = storm.lines / caught_up
         report(
             "xid_storm",

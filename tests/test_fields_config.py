@@ -85,6 +85,28 @@ def test_a_valid_section_loads_and_prints_back_to_itself(tmp_path: Path) -> None
             "2:19: fields[0].name: 'crc_total' ends in _total; leave it out (a counter's "
             "metric gets it)",
         ),
+        # issue 26: each passed check-config on main and broke `promtool check metrics`
+        # (or, for _created, duplicated the series OpenMetrics gives a counter)
+        (
+            "  - {id: 5, name: crc_count}\n",
+            "2:19: fields[0].name: 'crc_count' ends in _count, which the exposition formats "
+            "reserve for a histogram's or summary's count; choose another name",
+        ),
+        (
+            "  - {id: 5, name: crc_sum}\n",
+            "2:19: fields[0].name: 'crc_sum' ends in _sum, which the exposition formats "
+            "reserve for a histogram's or summary's sum; choose another name",
+        ),
+        (
+            "  - {id: 5, name: crc_bucket, kind: counter}\n",
+            "2:19: fields[0].name: 'crc_bucket' ends in _bucket, which the exposition formats "
+            "reserve for a histogram's buckets; choose another name",
+        ),
+        (
+            "  - {id: 5, name: crc_created}\n",
+            "2:19: fields[0].name: 'crc_created' ends in _created, which the exposition formats "
+            "reserve for the creation time OpenMetrics gives every counter; choose another name",
+        ),
         ("  - {id: 5, name: a, scale: 0}\n", "2:29: fields[0].scale: must not be 0"),
         ("  - {name: a}\n", "2:5: fields[0]: missing required key 'id'"),
         (

@@ -49,7 +49,7 @@ receivers:
         arrived = first_firing(rx, "1", timeout=20.0)
         took = arrived - read_at(d.output(), 1)
         print(f"merged XID: first sight -> webhook {took * 1000:.1f} ms")
-        assert took < 0.25, took
+        assert took < 1.5, took  # half the 3 s merge window: the page did not wait for it
         time.sleep(6.0)  # past the merge window and group_wait: nothing more may come
         with urllib.request.urlopen(d.url + "/api/v1/status", timeout=5) as resp:
             status = json.load(resp)

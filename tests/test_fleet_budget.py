@@ -7,6 +7,7 @@ still-active incident."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Iterator
@@ -17,6 +18,7 @@ import pytest
 from actions_support import HttpReceiver, make_config, sink_for, transition
 from conftest import free_port
 from slurm_support import Slurm, start_slurm
+from test_drainhelper import helper_socket  # noqa: F401 - a socket serving the real helper
 
 from gpuwatchd.actions import ActionsSink
 from gpuwatchd.actions.fleet import BUDGET_RULE
@@ -196,3 +198,112 @@ def test_a_drain_left_above_the_budget_by_a_restart_is_released(
     finally:
         sink.close()
         rx.stop()
+
+
+def test_a_reason_with_newlines_on_another_node_is_not_a_drain(
+    cluster: Slurm, tmp_path: Path
+) -> None:
+    """Issue 26: whoever may set a drain reason (an admin, NHC, a site script) writes one
+    with newlines, each new line shaped like a line of ``sinfo``'s output claiming another
+    node is drained by gpuwatchd. Failed on main: the census read sinfo line by line, so
+    the budget (5) was full of drains that did not exist and this node's XID 79 was held
+    back. Now records are split on a random token per census: one admin drain, 0 of ours,
+    and the XID 79 drains."""
+    CLOCK.advance(max(0.0, time.time() - CLOCK.now()))
+    for node, reason in cluster.reasons().items():
+        if reason.startswith(PREFIX):
+            cluster.admin("State=RESUME", node=node)
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%S")
+    forged = "".join(
+        f"\n{n}|drained|{stamp}|gpuwatchd: XID 79 GPU 0 00000000:18:00.0"
+        for n in cluster.others[1:6]  # listed before it: on main the later line won
+    )
+    cluster.admin("State=DRAIN", f"Reason=bad fan{forged}", node=cluster.others[30])
+    from gpuwatchd.actions.drivers import SlurmFleetView
+
+    try:
+        census = SlurmFleetView("sinfo", 10.0, None).census()
+        assert census.nodes == NODES + 1
+        assert census.drains == (), census.drains
+        me = cluster.others[0]
+        rx = HttpReceiver(free_port()).start()
+        sink = daemon(tmp_path, me, rx.url)
+        try:
+            sink.deliver([transition(at=CLOCK.now(), drain=True, node=me, xid=79)], CLOCK.now())
+            sink.run_pending()
+            assert ours(cluster) == [me]
+            assert budget_pages(rx, me) == []
+        finally:
+            sink.close()
+            rx.stop()
+    finally:
+        for node in (cluster.others[30], cluster.others[0]):
+            with contextlib.suppress(AssertionError):  # not drained: nothing to resume
+                cluster.admin("State=RESUME", node=node)
+
+
+def test_the_budget_works_through_the_root_drain_helper(
+    cluster: Slurm,
+    tmp_path: Path,
+    helper_socket: tuple[str, list[Any]],  # noqa: F811 - the fixture of test_drainhelper
+) -> None:
+    """Issue 26: the recommended privilege split (drain.mode exec through the root drain
+    helper) could not have a fleet budget: check-config refused it. Now the daemon counts
+    with ``sinfo`` itself (``drain.fleet.census: slurm``) and the helper drains: with the
+    budget (5) full, the XID 79 is held back and the helper never asked; once a place is
+    free, the recheck drains through the helper, and the census counts that drain."""
+    import json
+
+    from conftest import GPUWATCHD, need_binary
+
+    CLOCK.advance(max(0.0, time.time() - CLOCK.now()))
+    for node, reason in cluster.reasons().items():
+        if reason.startswith(PREFIX):
+            cluster.admin("State=RESUME", node=node)
+    path, served = helper_socket
+    me = cluster.others[7]
+    (tmp_path / "helper-args.json").write_text(
+        json.dumps(
+            ["--mode", "slurm", "--node", me, "--scontrol", need_binary("scontrol"),
+             "--sinfo", need_binary("sinfo")]
+        )
+    )  # fmt: skip
+    full = list(cluster.others[10:15])
+    for node in full:
+        cluster.admin("State=DRAIN", "Reason=gpuwatchd: XID 79 GPU 3 00000000:3E:00.0", node=node)
+    rx = HttpReceiver(free_port()).start()
+    work = tmp_path / me
+    work.mkdir()
+    command = json.dumps([*GPUWATCHD, "drain-helper", "request", "--socket", path])
+    cfg = make_config(
+        work,
+        f"""receivers:
+  - {{name: ops, type: webhook, url: "{rx.url}/hook"}}
+routing: {{group_wait: 0s, group_by: [node, alertname]}}
+drain:
+  mode: exec
+  node: {me}
+  state_file: null
+  exec: {{command: {command}}}
+  fleet: {{max_nodes: {BUDGET}, census: slurm, recheck: 1m}}
+""",
+        name="drain.yaml",
+    )
+    sink = sink_for(cfg, CLOCK)
+    try:
+        sink.deliver([transition(at=CLOCK.now(), drain=True, node=me, xid=79)], CLOCK.now())
+        sink.run_pending()
+        assert me not in ours(cluster) and served == []
+        assert len(budget_pages(rx, me)) == 1
+        cluster.admin("State=RESUME", node=full[0])  # one of the five recovered
+        CLOCK.advance(61)
+        sink.run_pending()
+        assert me in ours(cluster), cluster.reasons()[me]
+        assert len(served) == 1 and served[0].returncode == 0
+        assert sink.status()["drain"]["state"] == "drained"
+    finally:
+        sink.close()
+        rx.stop()
+        for node in (me, *full[1:]):
+            with contextlib.suppress(AssertionError):
+                cluster.admin("State=RESUME", node=node)

@@ -78,9 +78,19 @@ def test_a_fleet_budget_needs_a_scheduler_to_count_in(tmp_path: Path) -> None:
 """,
     )
     assert any(
-        line.startswith("cfg.yaml:4:") and "needs drain.mode slurm or kubernetes" in line
-        for line in got
+        line.startswith("cfg.yaml:4:") and "set drain.fleet.census: slurm" in line for line in got
     ), got
+    # with exec, the daemon counts with sinfo (issue 26: the root drain helper drains)
+    ok = """drain:
+  mode: exec
+  exec: {command: [/bin/true]}
+  fleet: {max_nodes: 3, census: slurm}
+"""
+    assert load(tmp_path, ok).drain.fleet.census == "slurm"  # type: ignore[attr-defined]
+    got = errors(tmp_path, ok.replace("exec: {command: [/bin/true]}", "").replace("exec", "slurm"))
+    assert any("drain.fleet.census: only for drain.mode exec" in line for line in got), got
+    got = errors(tmp_path, ok.replace("census: slurm", "census: pbs"))
+    assert any("drain.fleet.census: 'pbs' is not one of: slurm" in line for line in got), got
 
 
 def test_limit_and_order() -> None:

@@ -328,3 +328,40 @@ def test_a_reload_that_sets_a_budget_applies_it(api: tuple[Cluster, int], tmp_pa
     finally:
         sink.close()
         rx.stop()
+
+
+def test_budget_places_stamped_in_the_future_are_dropped(
+    api: tuple[Cluster, int], tmp_path: Path
+) -> None:
+    """Issue 26: the budget's Lease holds five places stamped a year ahead (a node whose
+    clock ran far ahead, or a hand edit) for nodes that are not cordoned. Failed on main: a
+    place younger than its 5-minute grace is kept, and a future one is young for ever: the
+    budget (5) stayed full and every drain was held back. Now a stamp more than 5 minutes
+    ahead is not believed: those places are dropped and the XID 79 drains."""
+    cluster, port = api
+    CLOCK.advance(max(0.0, time.time() - CLOCK.now()))
+    ahead = time.time() + 365 * 86400
+    fake = {f"gpu-{i:02d}": {"at": ahead, "reason": "gpuwatchd: XID 79"} for i in range(40, 45)}
+    with cluster.lock:
+        cluster.leases[LEASE] = {
+            "apiVersion": "coordination.k8s.io/v1",
+            "kind": "Lease",
+            "metadata": {
+                "name": LEASE,
+                "namespace": "gpuwatchd",
+                "resourceVersion": cluster._next(),
+                "annotations": {PLACES: json.dumps(fake)},
+            },
+            "spec": {},
+        }
+    rx = HttpReceiver(free_port()).start()
+    sink = daemon(tmp_path, "gpu-00", port, rx.url)
+    try:
+        sink.deliver([transition(at=CLOCK.now(), drain=True, node="gpu-00", xid=79)], CLOCK.now())
+        sink.run_pending()
+        assert "gpu-00" in cluster.cordoned()
+        places = json.loads(cluster.leases[LEASE]["metadata"]["annotations"][PLACES])
+        assert sorted(places) == ["gpu-00"]
+    finally:
+        sink.close()
+        rx.stop()

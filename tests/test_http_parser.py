@@ -98,10 +98,17 @@ def test_malformed_requests_get_a_counted_refusal_and_a_close(
     assert sum(server._server.refused.values()) == 1
 
 
-def test_a_body_within_the_limit_is_read_and_ignored(server: HttpServer) -> None:
-    req = b"GET /healthz HTTP/1.1\r\nContent-Length: 5\r\n\r\nhello"
-    raw = exchange(server, req + b"GET /healthz HTTP/1.1\r\nConnection: close\r\n\r\n")
+def test_a_body_is_never_read_but_refused_at_once(server: HttpServer) -> None:
+    """No endpoint takes a body; one announced is answered 413 and closed without reading
+    it (issue 26), while ``Content-Length: 0`` is no body at all."""
+    zero = b"GET /healthz HTTP/1.1\r\nContent-Length: 0\r\n\r\n"
+    raw = exchange(server, zero + b"GET /healthz HTTP/1.1\r\nConnection: close\r\n\r\n")
     assert statuses(raw) == [200, 200]
+    with socket.create_connection(server.address, timeout=5) as sock:
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nContent-Length: 5\r\n\r\n")  # no body yet
+        raw = sock.recv(65536)
+    assert statuses(raw) == [413] and b"Connection: close\r\n" in raw
+    assert server._server.refused["too_large"] == 1
 
 
 def test_non_ascii_header_values_do_not_break_the_answer(server: HttpServer) -> None:

@@ -256,3 +256,44 @@ def test_plain_words_of_a_url_are_not_secrets() -> None:
         "/h?sig=abcd&page=2",
         "abcd",
     ]
+
+
+# -- control characters (issue 26) -------------------------------------------------------------
+def test_a_process_name_never_puts_terminal_escapes_into_the_log(tmp_path: Path) -> None:
+    """A user's process named ``a, b<ESC>[2J`` (the kernel escapes it in /dev/kmsg as
+    ``\\x1b``) hits a real XID 79: the driver's ``name=`` field is cut at ``, ``, and the
+    rest, escape sequence included, is the XID's message. Failed on main: the daemon's
+    warning quoted it raw, so reading the log cleared the screen (ESC, or BEL rang).
+    Now every control character a log line quotes is written escaped."""
+    from fault_support import STEADY, Daemon, KmsgFile, fault_config, wait_until
+
+    kmsg = KmsgFile(tmp_path / "kmsg.dump")
+    d = Daemon(tmp_path, fault_config(tmp_path / "state", kmsg.path), STEADY)
+    d.start()
+    try:
+        kmsg.append(
+            "NVRM: Xid (PCI:0000:18:00): 79, pid=1234, name=a, b\\x1b[2J\\x07, GPU has fallen "
+            "off the bus."
+        )
+        wait_until(lambda: "XID 79 on GPU 0" in d.output(), 20, "the XID 79 warning")
+    finally:
+        d.stop()
+    out = d.output()
+    assert "\x1b" not in out and "\x07" not in out, [
+        line for line in out.splitlines() if "\x1b" in line or "\x07" in line
+    ]
+    assert "b\\x1b[2J\\x07" in out
+
+
+def test_quoted_text_cannot_start_a_log_line_of_its_own() -> None:
+    stream = io.StringIO()
+    logsetup.setup_logging("info", stream=stream, mode="plain")
+    try:
+        logging.getLogger("t").warning(
+            "name %s, %d", "x\n2026-01-01 00:00:00 ERROR forged\x1b]0;t\x07", 7
+        )
+    finally:
+        logsetup.setup_logging("info", stream=io.StringIO(), mode="plain")
+    text = stream.getvalue()
+    assert text.count("\n") == 1 and "\x1b" not in text and "\x07" not in text
+    assert "x\\n2026-01-01 00:00:00 ERROR forged\\x1b]0;t\\x07, 7" in text

@@ -46,4 +46,4 @@ def test_unhealthy_node_dies_with_the_reason() -> None:
     res = run_check("--local", "--backend", f"scenario:{SCENARIOS / 'check-unhealthy.yaml'}")
     lines = res.stdout.strip().splitlines()
     assert lines[-1] == "RC 1", res.stdout + res.stderr
-    assert lines[0].startswith("DIE 1 check_gpuwatchd: GPU 1 (00000000:2A:00.0) lost; alert ")
+    assert lines[0].startswith("DIE 1 check_gpuwatchd: GPU 1 (00000000:2A:00.0) lost (GpuLost); ")

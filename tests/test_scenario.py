@@ -719,9 +719,9 @@ def test_backend_close_wakes_a_stalled_call() -> None:
     assert thread.is_alive()
     began = time.monotonic()
     backend.close()
-    thread.join(2.0)
+    thread.join(10.0)
     assert not thread.is_alive()
-    assert time.monotonic() - began < 1.0
+    assert time.monotonic() - began < 5.0  # the call would block for ever otherwise
     assert len(outcome) == 1
 
 
@@ -784,7 +784,7 @@ def test_backend_xid_wait_blocks_until_the_next_event() -> None:
     began = time.monotonic()
     events = backend.wait_xid_events(3600.0)
     assert [e.xid for e in events] == [79]
-    assert time.monotonic() - began < 2.0
+    assert time.monotonic() - began < 10.0  # 0.1 s of wall time; the wait asked for 3600 s
 
 
 def test_backend_kernel_lines_until() -> None:

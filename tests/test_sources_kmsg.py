@@ -100,7 +100,7 @@ def test_an_idle_device_reader_sleeps_until_a_record_or_stop(tmp_path: Path) -> 
     time.sleep(1.6)
     started = time.monotonic()
     source.stop()
-    assert time.monotonic() - started < 1.0
+    assert time.monotonic() - started < 3.0  # not the 5 s idle turn: woken by the pipe
     assert source._thread is not None and not source._thread.is_alive()
     assert 1 <= len(states) <= 2, states  # one idle turn (two if a record came), not 4
     assert source._wake_w is None  # the pipe is closed with the reader

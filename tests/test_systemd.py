@@ -394,8 +394,16 @@ def test_unit_is_hardened_and_verifies(tmp_path: Path) -> None:
         "NoNewPrivileges=yes",
         "CapabilityBoundingSet=\n",
         "ExecReload=/bin/kill -HUP $MAINPID",
+        "MemoryMax=512M",  # a backstop behind the daemon's own bounds (issue 26)
     ):
         assert line in text, line
+    # resource guards (issue 23 item 8): a leak or a thread storm is bounded, and the OOM
+    # killer takes a job before the watcher
+    guards = dict(re.findall(r"^(MemoryHigh|MemoryMax|TasksMax|OOMScoreAdjust)=(\S+)$", text, re.M))
+    assert guards.keys() == {"MemoryHigh", "MemoryMax", "TasksMax", "OOMScoreAdjust"}, guards
+    mib = {k: int(guards[k].removesuffix("M")) for k in ("MemoryHigh", "MemoryMax")}
+    assert 100 <= mib["MemoryHigh"] < mib["MemoryMax"]  # 2x the measured RSS at least
+    assert int(guards["TasksMax"]) >= 64 and int(guards["OOMScoreAdjust"]) < 0
 
 
 def test_kmsg_fallback_dropin_stays_within_budget(tmp_path: Path) -> None:

@@ -40,3 +40,23 @@ def test_every_catalog_code_keeps_its_own_label() -> None:
     lines = _xid_lines(MetricsRenderer(state.view).render().decode())
     assert len(lines) == len(codes)
     assert not any(f'xid="{XID_OTHER_LABEL}"' in line for line in lines)
+
+
+def test_distinct_codes_cannot_grow_the_counts_without_bound() -> None:
+    """Issue 26: /metrics was bounded, but the counts behind it (and /api/v1/status, which
+    lists them) kept one entry per distinct (GPU, code): 100,000 codes, 100,000 entries.
+    Failed on main. Now at most ``MAX_XID_KEYS`` pairs are kept apart and the rest are
+    counted under ``XID_OVERFLOW`` of their GPU; no XID goes uncounted."""
+    from gpuwatchd.core.nodestate import MAX_XID_KEYS, XID_OVERFLOW
+
+    state = NodeState("n1", time.time())
+    for code in range(1000, 101_000):
+        state.count_xid(code % 8, code)  # a code from 1000 up: the driver's are under 200
+    state.count_xid(3, 79, 2)
+    counts = state.view().xid_counts
+    assert len(counts) <= MAX_XID_KEYS + 8 + 1
+    assert sum(counts.values()) == 100_002
+    assert sum(n for (_, code), n in counts.items() if code == XID_OVERFLOW) > 90_000
+    assert counts[(3, 79)] == 2
+    text = MetricsRenderer(state.view).render().decode()
+    assert f'xid="{XID_OTHER_LABEL}"' in text

@@ -156,4 +156,4 @@ def test_the_expirer_thread_reports_a_mismatch_at_the_window_end_without_ticking
     finally:
         started = time.monotonic()
         inputs.stop()
-        assert time.monotonic() - started < 1.0  # stop wakes the idle expirer
+        assert time.monotonic() - started < 3.0  # stop wakes the idle expirer (5 s idle)

@@ -489,3 +489,15 @@ def test_runs_of_white_space_between_fields_keep_the_process() -> None:
 def test_control_characters_in_a_process_name_are_escaped() -> None:
     found = XidStream().feed_record("NVRM: Xid (PCI:0000:18:00): 13, pid=1, name=a\x1b[2Jb, t")
     assert found is not None and found.process == "a\\x1b[2Jb"
+
+
+def test_legacy_fallen_off_wording_is_for_text_logs_only() -> None:
+    """``xid parse`` reads old logs' "NVRM: GPU at 0000:01:00.0 has fallen off the bus.";
+    the daemon's trusted sources (whole records) keep to current drivers' wordings."""
+    legacy = "NVRM: GPU at 0000:01:00.0 has fallen off the bus."
+    found = parse_line(legacy)
+    assert found is not None and (found.kind, found.xid) == ("fallen_off_bus", 79)
+    assert XidStream().feed(legacy) is not None
+    assert XidStream().feed_record(legacy) is None
+    # other "GPU at" lines of the same drivers are not reports
+    assert parse_line("NVRM: GPU at 0000:01:00.0 has software scheduler DISABLED") is None

@@ -6,7 +6,8 @@ exponential backoff with jitter, ``Retry-After`` and a least interval between me
 (Slack) hold the whole target back, messages older than ``routing.give_up_after`` are
 dropped as expired, a permanent 4xx drops the message (a PagerDuty 400 first gets one
 more try with a trimmed payload), and a coalescing receiver (Slack) merges what waits
-into one message. Every timer is on the monotonic clock.
+into one message (never a page's firing with its resolve). Every timer is on the
+monotonic clock.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpuwatchd.actions.grouping import mergeable
 from gpuwatchd.actions.metrics import ActionMetrics
 from gpuwatchd.actions.model import short_hash
 from gpuwatchd.actions.outbox import TRIMMED, Outbox
@@ -112,6 +114,7 @@ class TargetDelivery:
         rows = [due[0]]
         if self.receiver.coalesce:
             rows = self.outbox.batch(self.name, self.target, COALESCE_MAX)
+            rows = rows[: max(1, mergeable([loads(r["body"]) for r in rows]))]
         self._attempt(rows)
         return self.clock.monotonic()
 

@@ -12,8 +12,8 @@ argv lists, never through a shell, with a timeout that kills the whole process g
            resume only clears a drain whose reason carries the ``gpuwatchd:`` prefix, or
            takes gpuwatchd's note off another owner's reason.
 
-``gate`` (slurm and kubernetes) is asked right before the write: a refusal text (the fleet
-budget is spent) means no drain, ``over_budget``.
+``gate`` is asked right before the write (exec: before the command runs): a refusal text
+(the fleet budget is spent) means no drain, ``over_budget``.
 ``kubernetes`` lives in ``kube.py``.
 """
 
@@ -144,10 +144,19 @@ class ExecDriver:
     mode = "exec"
     reads_state = False
 
-    def __init__(self, command: Sequence[str], node: str, timeout: float) -> None:
+    def __init__(
+        self, command: Sequence[str], node: str, timeout: float, *, sinfo: str = "sinfo"
+    ) -> None:
         self.command = list(command)
         self.node = node
         self.timeout = timeout
+        self.sinfo = sinfo  # the census of a fleet budget (drain.fleet.census: slurm)
+
+    def fleet_view(self, cfg: FleetDrainConfig) -> SlurmFleetView:
+        """The fleet as Slurm counts it, read by the daemon itself (``sinfo`` needs no
+        privilege), while the exec command (the root drain helper) drains and releases:
+        the budget's check, drain, re-count and release work as in ``slurm`` mode."""
+        return SlurmFleetView(self.sinfo, self.timeout, cfg.partition)
 
     def _run(self, action: str, incident: Mapping[str, Any] | None, reason: str) -> None:
         env = {**os.environ, **incident_env(action, self.node, incident, reason)}
@@ -160,6 +169,9 @@ class ExecDriver:
     def drain(
         self, incident: Mapping[str, Any], reason: str, dry_run: bool, *, gate: Gate | None = None
     ) -> DrainResult:
+        refusal = gate() if gate is not None else None
+        if refusal:
+            return DrainResult("over_budget", refusal)
         if dry_run:
             return DrainResult(
                 "dry_run", f"would run {self.command[0]} with GPUWATCHD_ACTION=drain"
@@ -241,7 +253,12 @@ class SlurmFleetView:
         self.partition = partition
 
     def census(self) -> Census:
-        argv = [self.sinfo, "--noheader", "--Node", "--format", "%N|%T|%H|%E"]
+        """Every node's state, reason time and reason. A reason is free text and may hold
+        newlines (and anything that looks like a line of ``sinfo`` output): each record
+        therefore starts with a token drawn at random for this census, which no reason can
+        carry, and records are split on it, not on lines."""
+        token = f"@gw{os.urandom(12).hex()}@"
+        argv = [self.sinfo, "--noheader", "--Node", "--format", f"{token}%N|%T|%H|%E"]
         if self.partition:
             argv[1:1] = ["--partition", self.partition]
         res = run_argv(argv, timeout=self.timeout)
@@ -249,13 +266,13 @@ class SlurmFleetView:
             raise DrainError(f"sinfo failed (status {res.returncode}): {_tail(res.stderr)}")
         nodes: dict[str, SlurmNode] = {}
         since: dict[str, float | None] = {}
-        for line in res.stdout.splitlines():
-            name, sep, rest = line.partition("|")
+        for record in res.stdout.split(token)[1:]:
+            name, sep, rest = record.partition("|")
             state, _, rest = rest.partition("|")
             stamp, _, reason = rest.partition("|")
             if not sep or not name.strip():
                 continue
-            reason = reason.strip()
+            reason = reason.rstrip("\n").strip()
             node = SlurmNode(
                 state.strip().lower().rstrip("*~#!%$@^-+"),
                 "" if reason.lower() == "none" else reason,

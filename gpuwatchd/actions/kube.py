@@ -258,6 +258,7 @@ class KubeClient:
 LEASE = "gpuwatchd-drain-budget"
 PLACES = "gpuwatchd.io/drained-nodes"
 PLACE_TTL = 300.0  # seconds a place taken for a drain that never showed up is kept
+MAX_CLOCK_SKEW = 300.0  # a place stamped further ahead than this is not believed
 LEASE_RETRIES = 32  # each stale write means another daemon's went through
 
 
@@ -362,14 +363,21 @@ class KubeFleetView:
             # a place stays while its node is cordoned by gpuwatchd (and, with a
             # fleet.window, is younger than it), or briefly before the cordon shows
             oldest = now - self.fleet.window if self.fleet.window is not None else -1.0
-            kept = {
-                n: p
-                for n, p in places.items()
-                if (n in drained and p["at"] >= oldest) or p["at"] > now - PLACE_TTL
-            }
+            # a stamp from the future (a node's clock far ahead, or written by hand) would
+            # keep its place for ever and block every other drain: beyond MAX_CLOCK_SKEW it
+            # is not believed; the place is dropped, or counts from now if its node is
+            # really cordoned
+            ahead = now + MAX_CLOCK_SKEW
+            kept = {}
+            for n, p in places.items():
+                if p["at"] > ahead:
+                    if n in drained:
+                        kept[n] = {**p, "at": now}
+                elif (n in drained and p["at"] >= oldest) or p["at"] > now - PLACE_TTL:
+                    kept[n] = p
             # cordons the Lease does not know (made before the budget was set): they count
             for d in census.drains:
-                since = d.since if d.since is not None else now
+                since = d.since if d.since is not None and d.since <= ahead else now
                 if d.node not in kept and since >= oldest:
                     kept[d.node] = {"at": since, "reason": d.reason}
             if node in kept:

@@ -89,6 +89,17 @@ def notification_key(
     return short_hash(receiver, gkey, *sorted(transition_keys), extra)
 
 
+def new_pages(note: Mapping[str, Any]) -> list[str]:
+    """The fingerprints of the pages a notification announces: alerts it is news about
+    (``changed``) that fire with severity ``page``; in the notification's order."""
+    news = set(note.get("changed") or ())
+    return [
+        str(a["fingerprint"])
+        for a in note["alerts"]
+        if a["fingerprint"] in news and a["state"] == "firing" and a["severity"] == "page"
+    ]
+
+
 def max_severity(alerts: Iterable[Mapping[str, Any]]) -> str:
     best = "info"
     for a in alerts:

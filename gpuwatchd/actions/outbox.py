@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from gpuwatchd.actions.grouping import Member, next_flush, plan_flush
+from gpuwatchd.actions.grouping import Member, adds_page, next_flush, plan_flush, unsent_page
 from gpuwatchd.actions.model import alert_record, dumps, group_key, match_labels
 from gpuwatchd.actions.receivers import Receiver
 from gpuwatchd.actions.routing import Destination, Router
@@ -37,6 +37,9 @@ log = logging.getLogger(__name__)
 KEEP_DONE = 7 * 86400.0  # finished deliveries and resolved alerts are kept this long
 KEEP_INCIDENTS = 30 * 86400.0
 TRIMMED = "trimmed"  # outcome of a pending delivery that is retried with a trimmed payload
+
+Current = Callable[[str, str], "tuple[Mapping[str, str], float | None] | None"]
+"""A firing alert's annotations and value now (by rule and fingerprint), or None."""
 
 SilencedBy = Callable[[Mapping[str, Any], float], "str | None"]
 """The id of the silence muting an alert record at a wall-clock time, or None."""
@@ -74,6 +77,7 @@ class Outbox:
         self.clock = clock
         self.node = node
         self.busy = busy  # ids being sent right now: never dropped by the queue bound
+        self.current: Current | None = None  # the rule engine's live texts (use_current)
         self.configure(routing, receivers)
         self._rebase()
 
@@ -181,7 +185,7 @@ class Outbox:
                         "updated=excluded.updated",
                         (t.fingerprint, tid, now),
                     )
-                    self._resolve_in(conn, t.fingerprint, tid, mono)
+                    self._resolve_in(conn, t.fingerprint, tid, mono, now, silenced_by)
                     if incidents is not None:
                         incidents.resolved(conn, t.fingerprint, now)
             if done.new:
@@ -196,7 +200,12 @@ class Outbox:
         for dest in self.router.route(rec):
             glabels = {k: labels.get(k, "") for k in dest.group_by}
             gkey = group_key(dest.receiver, glabels)
-            self._touch_group(conn, dest, gkey, glabels, mono)
+            prior = conn.execute(
+                "SELECT state FROM group_alerts WHERE receiver=? AND gkey=? AND fingerprint=?",
+                (dest.receiver, gkey, rec["fingerprint"]),
+            ).fetchone()
+            urgent = adds_page(rec, None if prior is None else str(prior["state"]))
+            self._touch_group(conn, dest, gkey, glabels, mono, urgent)
             conn.execute(
                 "INSERT INTO group_alerts(receiver, gkey, fingerprint, transition_id, state, "
                 "changed) VALUES(?, ?, ?, ?, 'firing', 1) "
@@ -207,8 +216,14 @@ class Outbox:
 
     @staticmethod
     def _touch_group(
-        conn: sqlite3.Connection, dest: Destination, gkey: str, glabels: dict[str, str], mono: float
+        conn: sqlite3.Connection,
+        dest: Destination,
+        gkey: str,
+        glabels: dict[str, str],
+        mono: float,
+        urgent: bool,
     ) -> None:
+        """Plan the flush of a group that changed (``urgent``: the change adds a page)."""
         row = conn.execute(
             "SELECT flush_at, last_flush FROM groups WHERE receiver=? AND gkey=?",
             (dest.receiver, gkey),
@@ -227,35 +242,54 @@ class Outbox:
                 ),
             )
             return
-        flush_at = row["flush_at"]
-        if flush_at is None:
-            last = None if row["last_flush"] is None else float(row["last_flush"])
-            flush_at = next_flush(mono, last, dest.group_wait)
+        last = None if row["last_flush"] is None else float(row["last_flush"])
+        pending = None if row["flush_at"] is None else float(row["flush_at"])
+        flush_at = next_flush(mono, last, dest.group_wait, pending=pending, urgent=urgent)
         conn.execute(
             "UPDATE groups SET flush_at=?, group_wait=?, repeat_interval=? "
             "WHERE receiver=? AND gkey=?",
             (flush_at, dest.group_wait, dest.repeat_interval, dest.receiver, gkey),
         )
 
-    @staticmethod
-    def _resolve_in(conn: sqlite3.Connection, fingerprint: str, tid: int, mono: float) -> None:
+    def _resolve_in(
+        self,
+        conn: sqlite3.Connection,
+        fingerprint: str,
+        tid: int,
+        mono: float,
+        now: float,
+        silenced_by: SilencedBy,
+    ) -> None:
         rows = conn.execute(
-            "SELECT ga.receiver, ga.gkey, g.flush_at, g.last_flush, g.group_wait "
-            "FROM group_alerts ga JOIN groups g ON g.receiver = ga.receiver AND g.gkey = ga.gkey "
+            "SELECT ga.receiver, ga.gkey, ga.state, ga.changed, t.record "
+            "FROM group_alerts ga JOIN transitions t ON t.id = ga.transition_id "
             "WHERE ga.fingerprint=?",
             (fingerprint,),
         ).fetchall()
-        for r in rows:
+        for ga in rows:
+            where = (ga["receiver"], ga["gkey"])
+            firing = loads(ga["record"])
+            if unsent_page(firing, ga["state"], bool(ga["changed"])) and (
+                silenced_by(firing, now) is None
+            ):  # the page resolves before its message was built: send it firing first
+                g = conn.execute("SELECT * FROM groups WHERE receiver=? AND gkey=?", where)
+                self._flush_group(conn, g.fetchone(), mono, now, silenced_by, repeat=False)
+            r = conn.execute(
+                "SELECT flush_at, last_flush, group_wait FROM groups WHERE receiver=? AND gkey=?",
+                where,
+            ).fetchone()
+            if r is None:  # the receiver left the config: the group went with it
+                continue
             conn.execute(
                 "UPDATE group_alerts SET transition_id=?, state='resolved', changed=1 "
                 "WHERE receiver=? AND gkey=? AND fingerprint=?",
-                (tid, r["receiver"], r["gkey"], fingerprint),
+                (tid, *where, fingerprint),
             )
             if r["flush_at"] is None:
                 last = None if r["last_flush"] is None else float(r["last_flush"])
                 conn.execute(
                     "UPDATE groups SET flush_at=? WHERE receiver=? AND gkey=?",
-                    (next_flush(mono, last, float(r["group_wait"])), r["receiver"], r["gkey"]),
+                    (next_flush(mono, last, float(r["group_wait"])), *where),
                 )
 
     # -- group flushes -----------------------------------------------------------------
@@ -286,7 +320,7 @@ class Outbox:
         ).fetchall()
         for g in groups:
             self._flush_group(conn, g, mono, now, silenced_by)
-        return self._enforce_bound(conn, now) if groups else []
+        return self._enforce_bound(conn, now)
 
     def _flush_group(
         self,
@@ -295,7 +329,11 @@ class Outbox:
         mono: float,
         now: float,
         silenced_by: SilencedBy,
+        *,
+        repeat: bool | None = None,
     ) -> None:
+        """Turn one group into deliveries (``repeat``: a repeat of its firing alerts; by
+        default, when it has no flush planned)."""
         receiver, gkey = g["receiver"], g["gkey"]
         where = (receiver, gkey)
         rcv = self.receivers.get(receiver)
@@ -316,11 +354,12 @@ class Outbox:
                 bool(r["changed"]),
                 r["key"],
                 float(r["received"]),
-                loads(r["record"]),
+                self._live(loads(r["record"]), r["state"]),
             )
             for r in rows
         ]
-        repeat = g["flush_at"] is None
+        if repeat is None:
+            repeat = g["flush_at"] is None
         targets = list(range(len(rcv.targets)))
         if repeat:  # a target still working through this group's queue gets no repeat on top
             busy = {
@@ -377,11 +416,37 @@ class Outbox:
             conn.execute("DELETE FROM groups WHERE receiver=? AND gkey=?", where)
         elif sent or repeat:
             conn.execute(
-                "UPDATE groups SET flush_at=NULL, last_flush=? WHERE receiver=? AND gkey=?",
-                (mono, *where),
+                "UPDATE groups SET flush_at=NULL, last_flush=?, "
+                "repeat_interval=COALESCE(?, repeat_interval) WHERE receiver=? AND gkey=?",
+                (mono, self._repeat_every(receiver, members), *where),
             )
         else:
             conn.execute("UPDATE groups SET flush_at=NULL WHERE receiver=? AND gkey=?", where)
+
+    def _repeat_every(self, receiver: str, members: list[Member]) -> float | None:
+        """How often the group is repeated from now on: as its most urgent firing alert
+        asks (a page every ``repeat_interval``, a ticket at most daily; ``Router``)."""
+        every = [
+            d.repeat_interval
+            for m in members
+            if m.state == "firing"
+            for d in self.router.route(m.record)
+            if d.receiver == receiver
+        ]
+        return min(every, default=None)
+
+    def _live(self, record: dict[str, Any], state: str) -> dict[str, Any]:
+        """A firing alert's record with the annotations and value of the engine's last
+        evaluation: a repeat (or an update) says what holds now, not what held when the
+        transition was written."""
+        if state != "firing" or self.current is None:
+            return record
+        found = self.current(str(record.get("rule")), str(record.get("fingerprint")))
+        if found is not None:
+            annotations, value = found
+            record["annotations"] = dict(sorted(annotations.items()))
+            record["value"] = value
+        return record
 
     def _enforce_bound(self, conn: sqlite3.Connection, now: float) -> list[tuple[str, str]]:
         """Keep at most routing.queue_size pending deliveries: drop the least severe,

@@ -31,6 +31,7 @@ from gpuwatchd.actions.model import (
     GO_ZERO_TIME,
     am_labels,
     clean_text,
+    new_pages,
     rfc3339,
     short_hash,
     xid_of,
@@ -214,10 +215,10 @@ def daemon_url(external_url: str | None, node: str) -> str:
     return (external_url or f"http://{node}:{DEFAULT_PORT}").rstrip("/")
 
 
-def generator_url(base: str) -> str:
-    """The page that produced the alert: the node's status API, which shows the GPU's
-    readings and every firing alert."""
-    return f"{base}/api/v1/status"
+def generator_url(base: str, fingerprint: str = "") -> str:
+    """The page that produced the alert: the node's status page, at the alert's own
+    section (its texts, the GPU's health and, for trend rules, the chart they judged)."""
+    return f"{base}/#alert-{fingerprint}" if fingerprint else f"{base}/"
 
 
 def webhook_message(
@@ -238,7 +239,7 @@ def webhook_message(
                 "annotations": dict(sorted((a.get("annotations") or {}).items())),
                 "startsAt": rfc3339(_starts_at(a)),
                 "endsAt": rfc3339(float(a["timestamp"])) if resolved else GO_ZERO_TIME,
-                "generatorURL": generator_url(base),
+                "generatorURL": generator_url(base, str(a.get("fingerprint") or "")),
                 "fingerprint": a["fingerprint"],
             }
         )
@@ -367,7 +368,12 @@ def slack_message(notes: list[dict[str, Any]]) -> dict[str, Any]:
                 seen[a["fingerprint"]] = len(alerts)
                 alerts.append(a)
     node = str(notes[-1].get("node") or notes[-1]["group_labels"].get("node", ""))
+    paged: dict[str, int] = {}  # the pages these messages announce: they head it
+    for n in notes:
+        for fp in new_pages(n):
+            paged.setdefault(fp, len(paged))
     firing = [a for a in alerts if a["state"] != "resolved"]
+    firing.sort(key=lambda a: paged.get(a["fingerprint"], len(paged)))
     resolved = [a for a in alerts if a["state"] == "resolved"]
     repeat = all(n.get("kind") == "repeat" for n in notes)
     status = "FIRING" if firing else "RESOLVED"
@@ -380,7 +386,7 @@ def slack_message(notes: list[dict[str, Any]]) -> dict[str, Any]:
         head = f"[{status}] {alert_title(resolved[0])}"
         if len(resolved) > 1:
             head += f" (+{len(resolved) - 1} more)"
-    update = not repeat and any(n.get("kind") == "update" for n in notes)
+    update = not repeat and not paged and any(n.get("kind") == "update" for n in notes)
     tail = " - still firing" if repeat else " - update" if update else ""
     head = clean_text(head + where + tail, 150)
     lines = [head]
@@ -562,7 +568,7 @@ def alertmanager_alerts(
                 "annotations": dict(sorted((a.get("annotations") or {}).items())),
                 "startsAt": rfc3339(_starts_at(a)),
                 "endsAt": rfc3339(ends),
-                "generatorURL": generator_url(base),
+                "generatorURL": generator_url(base, str(a.get("fingerprint") or "")),
             }
         )
     return out

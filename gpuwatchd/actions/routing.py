@@ -6,6 +6,12 @@ regex) all hold sends it to that route's receivers; when no route matches, the d
 route applies: ``routing.receivers`` (``null``: every receiver) for alerts at least as
 severe as ``routing.min_severity``. Matching sees the alert's labels plus ``rule`` (also
 ``alertname``) and ``severity``.
+
+A ticket or info alert is repeated at most once a day (``routing.ticket_repeat_interval``,
+or the route's ``repeat_interval`` if longer): a ticket nobody has closed yet needs no reminder
+every four hours. Pages keep the route's ``repeat_interval``. A group repeats as often as
+its most urgent firing alert asks (``Outbox``). A receiver's own resend interval
+(Alertmanager's, which keeps the alert alive there) is left as it is.
 """
 
 from __future__ import annotations
@@ -41,7 +47,7 @@ class Router:
         ]
         self._warned: set[str] = set()
 
-    def _dest(self, name: str, route: RouteConfig | None) -> Destination:
+    def _dest(self, name: str, route: RouteConfig | None, severity: str) -> Destination:
         r = self.routing
         rcv = self.receivers[name]
         group_by = route.group_by if route and route.group_by is not None else r.group_by
@@ -55,6 +61,8 @@ class Router:
             wait = rcv.group_wait_override
         if rcv.repeat_override is not None:
             repeat = rcv.repeat_override
+        elif severity != "page":
+            repeat = max(repeat, r.ticket_repeat_interval)
         return Destination(name, group_by, wait, repeat)
 
     @staticmethod
@@ -66,12 +74,13 @@ class Router:
         return all(rx.fullmatch(labels.get(k, "")) for k, rx in regexes.items())
 
     def route(self, rec: Mapping[str, Any]) -> list[Destination]:
+        severity = str(rec["severity"])
         names = [str(n) for n in rec.get("routes") or ()]
         if names:
             out = []
             for n in names:
                 if n in self.receivers:
-                    out.append(self._dest(n, None))
+                    out.append(self._dest(n, None, severity))
                 elif n not in self._warned:
                     self._warned.add(n)
                     log.warning(
@@ -84,11 +93,11 @@ class Router:
             if self._matches(route, regexes, labels):
                 for n in route.receivers:
                     if n not in seen:
-                        seen[n] = self._dest(n, route)
+                        seen[n] = self._dest(n, route, severity)
         if seen:
             return list(seen.values())
         if SEVERITY_RANK.get(str(rec["severity"]), 0) < SEVERITY_RANK[self.routing.min_severity]:
             return []
         default = self.routing.receivers
         chosen = list(self.receivers) if default is None else list(default)
-        return [self._dest(n, None) for n in chosen if n in self.receivers]
+        return [self._dest(n, None, severity) for n in chosen if n in self.receivers]

@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from gpuwatchd.config.loader import normalize_gpu_id
-from gpuwatchd.core.atomicfile import write_atomic
+from gpuwatchd.core.atomicfile import open_directory, write_atomic_at
 from gpuwatchd.core.statefile import open_state_file, read_state_file
 
 FILE_NAME = "silences.json"
@@ -105,38 +105,45 @@ def _parse(data: Any) -> list[Silence]:
     return out
 
 
-def read_silences(path: str) -> list[Silence]:
+def read_silences(path: str, *, dir_fd: int | None = None) -> list[Silence]:
     """Every silence in the file; an absent file has none. Raises OSError/ValueError.
 
-    The file must be a regular file (not a link, FIFO or device) of at most ``MAX_BYTES``.
+    The file must be a regular file (not a link, FIFO or device) of at most ``MAX_BYTES``;
+    with ``dir_fd``, ``path`` is its name in that directory.
     """
     try:
-        data = read_state_file(path, MAX_BYTES)
+        data = read_state_file(path, MAX_BYTES, dir_fd=dir_fd)
     except FileNotFoundError:
         return []
     return _parse(json.loads(data.decode("utf-8")))
 
 
 @contextlib.contextmanager
-def _locked(path: str) -> Iterator[None]:
-    """Hold the exclusive lock of ``path`` (``<path>.lock``).
+def _locked(path: str) -> Iterator[int]:
+    """Hold the exclusive lock of ``path`` (``<path>.lock``); yields a descriptor of the
+    directory, through which every file of the change is read and written.
 
-    The lock file is opened read-only: ``flock`` needs no more, so a lock file that root
-    created (mode 0644) is as usable by the service user as one it created itself. It is
-    never followed as a link, so nobody can have root create or open a file elsewhere.
+    The state directory belongs to the service user while root runs ``silence add``: a
+    name in it can become a link at any moment, so nothing is opened by path. The lock
+    file is opened read-only through the directory descriptor (``flock`` needs no more, so
+    a lock file that root created, mode 0644, is as usable by the service user as one it
+    created itself), and never followed as a link.
     """
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    fd = open_state_file(path + ".lock", os.O_RDONLY | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)
+    with open_directory(os.path.dirname(path) or ".") as dir_fd:
+        fd = open_state_file(
+            os.path.basename(path) + ".lock", os.O_RDONLY | os.O_CREAT, 0o644, dir_fd=dir_fd
+        )
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield dir_fd
+        finally:
+            os.close(fd)
 
 
-def _write(path: str, items: list[Silence]) -> None:
+def _write(dir_fd: int, path: str, items: list[Silence]) -> None:
     doc = {"version": 1, "silences": [s.as_dict() for s in items]}
-    write_atomic(path, json.dumps(doc, indent=2) + "\n")
+    data = (json.dumps(doc, indent=2) + "\n").encode("utf-8")
+    write_atomic_at(dir_fd, os.path.basename(path), data)
 
 
 def add_silence(
@@ -163,17 +170,18 @@ def add_silence(
         starts_at=now,
         ends_at=now + duration,
     )
-    with _locked(path):
-        items = [s for s in read_silences(path) if now - s.end < KEEP_EXPIRED]
+    with _locked(path) as dir_fd:
+        name = os.path.basename(path)
+        items = [s for s in read_silences(name, dir_fd=dir_fd) if now - s.end < KEEP_EXPIRED]
         items.append(silence)
-        _write(path, items)
+        _write(dir_fd, path, items)
     return silence
 
 
 def expire_silence(path: str, silence_id: str, now: float) -> Silence | None:
     """End a silence now; returns it, or None when no silence has that id (or prefix)."""
-    with _locked(path):
-        items = read_silences(path)
+    with _locked(path) as dir_fd:
+        items = read_silences(os.path.basename(path), dir_fd=dir_fd)
         hits = [s for s in items if s.id == silence_id] or [
             s for s in items if s.id.startswith(silence_id)
         ]
@@ -181,7 +189,7 @@ def expire_silence(path: str, silence_id: str, now: float) -> Silence | None:
             return None
         target = hits[0]
         ended = Silence(**{**asdict(target), "expired_at": min(now, target.end)})
-        _write(path, [ended if s.id == target.id else s for s in items])
+        _write(dir_fd, path, [ended if s.id == target.id else s for s in items])
     return ended
 
 

@@ -28,7 +28,7 @@ from gpuwatchd.actions.drain import DrainController
 from gpuwatchd.actions.drivers import Driver, ExecDriver, SlurmDriver
 from gpuwatchd.actions.metrics import ActionMetrics
 from gpuwatchd.actions.model import match_labels
-from gpuwatchd.actions.outbox import Outbox
+from gpuwatchd.actions.outbox import Current, Outbox
 from gpuwatchd.actions.receivers import Receiver, build_receiver
 from gpuwatchd.actions.recording import Emit
 from gpuwatchd.actions.secrets import redact
@@ -62,7 +62,7 @@ def build_receivers(
 def drain_driver(drain: DrainConfig, node: str, clock: Clock) -> Driver:
     """The scheduler driver the config asks for (``DrainError`` when it cannot be made)."""
     if drain.mode == "exec":
-        return ExecDriver(drain.exec.command, node, drain.timeout)
+        return ExecDriver(drain.exec.command, node, drain.timeout, sinfo=drain.slurm.sinfo)
     if drain.mode == "slurm":
         return SlurmDriver(node, drain.timeout, drain.slurm.scontrol, drain.slurm.sinfo)
     from gpuwatchd.actions.kube import KubeClient, KubernetesDriver
@@ -167,6 +167,11 @@ class ActionsSink:
         if self.drain is not None:
             self.drain.driver.close()
         self.store.close()
+
+    def use_current(self, current: Current) -> None:
+        """Fill every message about a firing alert with its current annotations and value
+        (the rule engine's ``current``), as Prometheus re-renders at every evaluation."""
+        self.outbox.current = current
 
     @property
     def secrets(self) -> tuple[str, ...]:

@@ -27,7 +27,7 @@ from collections.abc import Iterator
 from typing import Any, cast
 
 from gpuwatchd.core.sqlitecopy import copy_read_only, damaged, storage_error
-from gpuwatchd.core.statefile import check_sqlite_files
+from gpuwatchd.core.statefile import UnsafeStateFile, check_sqlite_files
 
 log = logging.getLogger(__name__)
 
@@ -379,9 +379,14 @@ class Store:
         return True
 
     def _verify_on_disk(self) -> str | None:
-        """Read the file with a fresh connection: None when it is a sound outbox."""
+        """Read the file with a fresh connection: None when it is a sound outbox. Its files
+        are checked to be regular files first: SQLite would open a FIFO put there while the
+        daemon runs, and wait on it for ever with the outbox's lock held (issue 26)."""
         try:
+            check_sqlite_files(self.path)
             probe = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, timeout=10.0)
+        except UnsafeStateFile as exc:
+            return str(exc)
         except sqlite3.Error as exc:
             return str(exc)
         try:
@@ -469,7 +474,11 @@ class Store:
     @staticmethod
     def _verify_file(path: str) -> str | None:
         try:
+            check_sqlite_files(path)
             probe = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+        except (UnsafeStateFile, sqlite3.Error) as exc:
+            return str(exc)
+        try:
             try:
                 check = probe.execute("PRAGMA quick_check(1)").fetchone()
             finally:

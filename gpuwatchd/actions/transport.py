@@ -16,10 +16,14 @@ from typing import Any, Protocol
 
 import httpx
 
+from gpuwatchd.actions.answers import (
+    AnswerTooLate,
+    DeadlineBackend,
+    deadline_transport,
+    read_answer,
+)
 from gpuwatchd.actions.receivers import HttpRequest, Outcome, Receiver
 from gpuwatchd.actions.secrets import redact
-
-ERROR_BODY_LIMIT = 2000  # bytes of a failure answer kept for the log and the status API
 
 
 @dataclass(frozen=True)
@@ -55,12 +59,15 @@ class Sender(Protocol):
 
 
 class HttpSender:
-    """Sends over HTTP with httpx; never follows redirects nor reads proxy settings."""
+    """Sends over HTTP with httpx; never follows redirects nor reads proxy settings. Each
+    attempt has one deadline (the receiver's ``timeout``) and reads a bounded, never
+    inflated answer (``answers``)."""
 
     needs_secrets = True
 
     def __init__(self, transport: httpx.BaseTransport | None = None) -> None:
         self.transport = transport
+        self._backend = DeadlineBackend()
         self._clients: dict[tuple[str, int], httpx.Client] = {}
         self._lock = threading.Lock()
 
@@ -69,7 +76,7 @@ class HttpSender:
             client = self._clients.get((rcv.name, target))
             if client is None:
                 client = httpx.Client(
-                    transport=self.transport,
+                    transport=self.transport or deadline_transport(self._backend),
                     timeout=httpx.Timeout(rcv.timeout),
                     follow_redirects=False,
                     trust_env=False,
@@ -89,11 +96,20 @@ class HttpSender:
         rcv = out.receiver
         outcome = Outcome("ok")
         for req in out.requests:
+            client = self._client(rcv, out.target)
             try:
-                resp = self._client(rcv, out.target).request(
-                    req.method, req.url, headers=req.headers, content=req.body
-                )
-                body = resp.text[:ERROR_BODY_LIMIT]
+                with (
+                    self._backend.attempt(rcv.timeout) as deadline,
+                    client.stream(
+                        req.method,
+                        req.url,
+                        headers={**req.headers, "Accept-Encoding": "identity"},
+                        content=req.body,
+                    ) as resp,
+                ):
+                    body = read_answer(resp, deadline)
+            except AnswerTooLate:
+                return Outcome("retry", None, f"the answer did not end within {rcv.timeout:g}s")
             except (httpx.HTTPError, OSError) as exc:
                 return Outcome("retry", None, redact(f"{type(exc).__name__}: {exc}", rcv.secrets))
             headers: Mapping[str, str] = {k.lower(): v for k, v in resp.headers.items()}

@@ -15,6 +15,7 @@ import time
 
 from gpuwatchd.config.loader import default_config, load_config
 from gpuwatchd.core.errors import ConfigError
+from gpuwatchd.core.health import EXIT_USAGE
 from gpuwatchd.harness import backtest as bt
 
 
@@ -58,7 +59,7 @@ def cmd_backtest(args: argparse.Namespace) -> int:
         return 1
     if args.files < 1:
         print("gpuwatchd backtest: --files must be at least 1", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     logging.disable(logging.WARNING)
     families = [bt.family_named(n) for n in args.family] if args.family else list(bt.FAMILIES)
     if args.write_scenarios:

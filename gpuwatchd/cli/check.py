@@ -1,14 +1,21 @@
 """``gpuwatchd check``: one-shot node health for Slurm prologs and epilogs, NHC and scripts.
 
 Exit status: 0 healthy, 1 unhealthy, 2 cannot tell. The answer comes from the running
-daemon when one answers (its GPU states and the alerts its rules hold firing, from
-/api/v1/status, over HTTP with the daemon's TLS and basic auth), else from one poll of its
+daemon when one answers (its GPU states and the alerts its rules hold firing), asked only
+where it is proven to be the daemon: its status socket first (only the daemon can have
+made it; the peer's uid is checked with ``SO_PEERCRED``), over HTTP only when
+``web.ask_over_http`` is on or ``--url`` is given, and then only a listener proven by TLS
+or, on this host, by the uid that owns it (see ``daemonclient``). Anything else on the
+daemon's port (a user who bound it while the daemon is down) is "cannot tell", never an
+answer. With no daemon at all (no live socket, nothing on the port), one poll of its
 own: every GPU sampled once through the configured backend and judged by the same rules the
 daemon runs (rules that need time, a ``for:`` or a window, cannot fire on one sample, and
 XIDs seen before are not known without the daemon).
 
-Unhealthy: a GPU lost, stale or failing; fewer GPUs than ``gpus.expected``; no GPU at all;
-a firing alert of severity ``page`` (``--fail-on ticket``: tickets too). Cannot tell: the
+Unhealthy: a GPU whose health (``core.health``: the verdict ``status`` and the status API
+show) is lost, stale, error or failing (a page fires on it; ``--fail-on ticket``: degraded
+too, a ticket fires on it); fewer GPUs than ``gpus.expected``; no GPU at all; a node-level
+alert of severity ``page`` (``--fail-on ticket``: tickets too). Cannot tell: the
 config does not load, the daemon answered but not usefully (credentials, TLS, its own
 /healthz failing), or ``--daemon`` was asked for and none answers.
 
@@ -19,16 +26,25 @@ Formats: ``human`` (default), ``json`` (one object) and ``nhc`` (one line, fit f
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from gpuwatchd.config.loader import Config, load_config
 from gpuwatchd.config.paths import default_config_path
 from gpuwatchd.core.errors import BackendUnavailable, ConfigError
+from gpuwatchd.core.health import (
+    DEGRADED,
+    EXIT_CANNOT_TELL,
+    EXIT_OK,
+    EXIT_UNHEALTHY,
+    FAILING,
+    gpu_health,
+)
 
-HEALTHY, UNHEALTHY, CANNOT_TELL = 0, 1, 2
+HEALTHY, UNHEALTHY, CANNOT_TELL = EXIT_OK, EXIT_UNHEALTHY, EXIT_CANNOT_TELL
 VERDICTS = {HEALTHY: "healthy", UNHEALTHY: "unhealthy", CANNOT_TELL: "unknown"}
 SEVERITY_RANK = {"info": 0, "ticket": 1, "page": 2}
 LOCAL_POLL_SLACK = 2.0  # seconds on top of poll.call_timeout per GPU for the one-shot poll
@@ -39,6 +55,8 @@ class Gpu:
     index: str
     pci_bus_id: str
     status: str  # ok, lost, stale, error
+    health: str = ""  # the verdict (core.health): ok, degraded, failing, lost, stale, error
+    rules: tuple[str, ...] = ()  # the firing page and ticket rules behind it
 
 
 @dataclass(frozen=True)
@@ -77,16 +95,35 @@ class Report:
 
 
 def judge(report: Report, fail_on: str = "page") -> Report:
-    """Fill ``problems``, ``warnings`` and ``code`` from the GPUs and firing alerts."""
+    """Fill each GPU's health (``core.health``, the verdict ``status`` and the status API
+    show too), ``problems``, ``warnings`` and ``code``: a GPU that does not answer or is
+    failing (a page fires on it) is a problem, one that is degraded (a ticket) a warning
+    unless ``fail_on`` is ``ticket``; alerts on no GPU count by their own severity."""
     threshold = SEVERITY_RANK[fail_on]
     if not report.gpus:
         report.problems.append("no GPU found")
+    on_gpu: dict[str, list[tuple[str, str]]] = {}
+    known = {g.index for g in report.gpus}
+    for f in report.firing:
+        if f.gpu not in (None, "") and f.gpu in known:
+            on_gpu.setdefault(str(f.gpu), []).append((f.rule, f.severity))
+    judged = []
     for g in report.gpus:
-        if g.status != "ok":
-            report.problems.append(f"GPU {g.index} ({g.pci_bus_id}) {g.status}")
+        verdict = gpu_health(g.status, on_gpu.get(g.index, ()))
+        judged.append(dataclasses.replace(g, health=verdict.health, rules=verdict.rules))
+        text = f"GPU {g.index} ({g.pci_bus_id}) {verdict.text()}"
+        if not verdict.answers or verdict.health == FAILING:
+            report.problems.append(text)
+        elif verdict.health == DEGRADED:
+            (report.problems if threshold <= SEVERITY_RANK["ticket"] else report.warnings).append(
+                text
+            )
+    report.gpus = judged
     if report.expected is not None and len(report.gpus) < report.expected:
         report.problems.append(f"{len(report.gpus)} GPU(s), expected {report.expected}")
     for f in report.firing:
+        if f.gpu not in (None, "") and f.gpu in known and SEVERITY_RANK.get(f.severity, 0) > 0:
+            continue  # in its GPU's verdict
         where = f" on GPU {f.gpu}" if f.gpu not in (None, "") else ""
         times = f" x{f.count}" if f.count > 1 else ""
         text = f"alert {f.rule} ({f.severity}){where}{times}"
@@ -145,6 +182,44 @@ def from_metrics(text: str) -> tuple[list[Gpu], int | None, list[Firing]]:
     return ordered, expected, firing
 
 
+def ask_socket(config: Config, environ: dict[str, str]) -> Report | None:
+    """The daemon's answer over its verified status socket; None when there is no live
+    socket (no daemon runs); ``DaemonError`` when one is there but not provably the
+    daemon's, or the daemon says it is not healthy."""
+    from gpuwatchd.cli import statusclient
+    from gpuwatchd.cli.daemonclient import DaemonError
+
+    path = statusclient.find_socket(config.state_dir, environ)
+    if path is None:
+        return None
+    try:
+        doc = statusclient.read_verified(path, 5.0)
+    except statusclient.StatusSocketError as exc:
+        if exc.stale:
+            return None
+        raise DaemonError(statusclient.printable(str(exc))) from None
+    health = doc.get("health")
+    if isinstance(health, dict) and health.get("ok") is False:
+        reason = statusclient.printable(str(health.get("detail", "")))[:200]
+        raise DaemonError(f"the daemon at {path} is not healthy: {reason}")
+    gpus, expected, firing = from_status(doc["status"])
+    return Report("daemon", path, gpus, expected, firing or [])
+
+
+def something_listens(base: str, timeout: float) -> bool:
+    """Whether a TCP connection to ``base`` (a URL) is accepted: nothing is sent."""
+    import socket
+    import urllib.parse
+
+    parts = urllib.parse.urlsplit(base)
+    try:
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+        with socket.create_connection((parts.hostname or "", port), timeout=timeout):
+            return True
+    except (OSError, ValueError):
+        return False
+
+
 def ask_daemon(client: Any) -> Report:
     """``DaemonError`` when the daemon cannot be asked or says it is not healthy."""
     from gpuwatchd.cli.daemonclient import DaemonError
@@ -177,7 +252,9 @@ def poll_once(config: Config) -> Report:
 
     clock = SystemClock()
     stage = rules_stage(config, clock, durable=False)
-    backend = open_backend(str(config.backend), clock, extra_fields=config.fields)
+    # one look, in this process: no worker to supervise for a single poll
+    poll = replace(config.poll, worker=False)
+    backend = open_backend(str(config.backend), clock, extra_fields=config.fields, poll=poll)
     try:
         infos = backend.open()
         state = NodeState(config.node_name, clock.now(), config.gpus.expected)
@@ -241,7 +318,7 @@ def render(report: Report, fmt: str) -> str:
     source = "the running daemon" if report.source == "daemon" else "one local poll"
     lines = [f"gpuwatchd check: {head} ({source}, {report.where})"]
     if report.gpus:
-        states = ", ".join(f"{g.index}={g.status}" for g in report.gpus)
+        states = ", ".join(f"{g.index}={g.health or g.status}" for g in report.gpus)
         lines.append(f"  GPUs: {len(report.gpus)} ({states})")
     lines.extend(f"  problem: {p}" for p in report.problems)
     lines.extend(f"  warning: {w}" for w in report.warnings)
@@ -276,9 +353,28 @@ def cmd_check(args: argparse.Namespace) -> int:
         return cannot_tell("config", f"--backend: {exc}")
     report: Report | None = None
     if args.mode in ("auto", "daemon"):
+        import os
+
         try:
-            client = client_from_args(args, config)
-            report = ask_daemon(client)
+            if not args.url:
+                report = ask_socket(config, dict(os.environ))
+            if report is None:
+                client = client_from_args(args, config, require_proof=True)
+                if args.url or config.web.ask_over_http:
+                    report = ask_daemon(client)
+                elif something_listens(client.base, args.timeout):
+                    return cannot_tell(
+                        "daemon",
+                        f"something listens on {client.base} but there is no status socket "
+                        "proving it is the daemon (not asked: it may be another user's "
+                        "program; set web.ask_over_http to ask the daemon over HTTP)",
+                    )
+                else:
+                    raise DaemonError(
+                        f"cannot reach the daemon: no status socket, nothing listens on "
+                        f"{client.base}",
+                        unreachable=True,
+                    )
         except ValueError as exc:
             return cannot_tell("daemon", str(exc))
         except DaemonError as exc:

@@ -7,6 +7,12 @@ exactly the certificate the daemon serves (its ``cert_file``, readable by root a
 service user): the certificate is pinned, so no host name check is needed. Basic auth
 takes a user and a password file (the web config holds only bcrypt hashes); mutual TLS a
 client certificate and key.
+
+Whoever holds the port is not trusted for being there: a local user can bind it while the
+daemon is down. An answer is believed, and a password sent, only when the listener is
+proven to be the daemon (``DaemonClient``): by TLS, or on this host by the owner of the
+listening socket. ``check`` and ``status`` ask the daemon's status socket first
+(``statusclient``) and HTTP only when that is absent and ``web.ask_over_http`` says so.
 """
 
 from __future__ import annotations
@@ -15,7 +21,7 @@ import argparse
 import base64
 import os
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from gpuwatchd.config.loader import Config
 
@@ -40,42 +46,87 @@ class DaemonError(Exception):
 
 @dataclass(frozen=True)
 class DaemonClient:
+    """``GET`` from the daemon's HTTP server, believing only a listener proven to be it.
+
+    Proof: TLS (the daemon's pinned certificate, or ``--ca-file``), or for plain HTTP on
+    this host, the listening socket's owner (``peeruid``) being ``owner_uid``, the owner of
+    the daemon's state directory. Credentials are sent only to a proven listener; with
+    ``require_proof`` an unproven one is a ``DaemonError`` (``check``: cannot tell)."""
+
     base: str
     timeout: float = 5.0
     context: ssl.SSLContext | None = None
     authorization: str | None = None
+    owner_uid: int | None = None
+    require_proof: bool = True
 
     def get(self, path: str) -> tuple[int, bytes]:
         """Status and body of ``GET path``; any HTTP status is returned, not raised."""
+        import http.client
         import ssl
-        import urllib.error
-        import urllib.request
+        import urllib.parse
 
-        request = urllib.request.Request(self.base + path, method="GET")
-        if self.authorization:
-            request.add_header("Authorization", self.authorization)
+        parts = urllib.parse.urlsplit(self.base)
+        tls = parts.scheme == "https"
         try:
-            with urllib.request.urlopen(
-                request, timeout=self.timeout, context=self.context
-            ) as resp:
-                return int(resp.status), _read_bounded(resp)
-        except urllib.error.HTTPError as exc:
-            with exc:
-                return int(exc.code), _read_bounded(exc)
-        except urllib.error.URLError as exc:
-            reason = exc.reason
-            if isinstance(reason, ssl.SSLError | ssl.CertificateError):
-                raise DaemonError(f"TLS with {self.base} failed: {reason}") from None
-            refused = isinstance(reason, ConnectionRefusedError | FileNotFoundError)
-            raise DaemonError(
-                f"cannot reach the daemon at {self.base}: {reason}", unreachable=refused
-            ) from None
+            host, port = parts.hostname or "", parts.port or (443 if tls else 80)
+        except ValueError as exc:
+            raise DaemonError(f"{self.base}: {exc}") from None
+        conn: http.client.HTTPConnection
+        if tls:
+            ctx = self.context or ssl.create_default_context()
+            conn = http.client.HTTPSConnection(host, port, timeout=self.timeout, context=ctx)
+        else:
+            conn = http.client.HTTPConnection(host, port, timeout=self.timeout)
+        try:
+            try:
+                conn.connect()  # with TLS, the handshake (the proof) happens here
+            except (ssl.SSLError, ssl.CertificateError) as exc:
+                raise DaemonError(f"TLS with {self.base} failed: {exc}") from None
+            except (ConnectionRefusedError, FileNotFoundError) as exc:
+                raise DaemonError(
+                    f"cannot reach the daemon at {self.base}: {exc}", unreachable=True
+                ) from None
+            headers = {"Host": parts.netloc, "Connection": "close"}
+            if tls or self._proven(conn):
+                if self.authorization:
+                    headers["Authorization"] = self.authorization
+            elif self.require_proof:
+                raise DaemonError(self._unproven(conn))
+            conn.request("GET", parts.path.rstrip("/") + path, headers=headers)
+            resp = conn.getresponse()
+            return int(resp.status), _read_bounded(resp)
         except TimeoutError:
             raise DaemonError(
                 f"the daemon at {self.base} did not answer in {self.timeout:g}s"
             ) from None
+        except http.client.HTTPException as exc:
+            raise DaemonError(f"{self.base} gave no valid HTTP answer: {exc!r}") from None
         except OSError as exc:
             raise DaemonError(f"cannot reach the daemon at {self.base}: {exc}") from None
+        finally:
+            conn.close()
+
+    def _proven(self, conn: Any) -> bool:
+        from gpuwatchd.cli.peeruid import peer_uid
+
+        return self.owner_uid is not None and peer_uid(conn.sock) == self.owner_uid
+
+    def _unproven(self, conn: Any) -> str:
+        from gpuwatchd.cli.peeruid import peer_uid
+
+        uid = peer_uid(conn.sock)
+        who = "a process on another host" if uid is None else f"a process of uid {uid}"
+        want = (
+            "the owner of the daemon's state directory is unknown"
+            if self.owner_uid is None
+            else f"the daemon runs as uid {self.owner_uid}"
+        )
+        return (
+            f"{self.base} is not proven to be the daemon: {who} listens there and {want} "
+            "(without TLS only a listener on this host owned by the daemon's user is "
+            "believed; no credentials were sent)"
+        )
 
     def get_ok(self, path: str) -> bytes:
         """Body of ``GET path``; ``DaemonError`` unless the answer is 200."""
@@ -132,10 +183,15 @@ def _base_from_config(config: Config, tls: bool) -> str:
 
 
 def client_from_args(
-    args: argparse.Namespace, config: Config | None, environ: dict[str, str] | None = None
+    args: argparse.Namespace,
+    config: Config | None,
+    environ: dict[str, str] | None = None,
+    *,
+    require_proof: bool = True,
 ) -> DaemonClient:
     """The client the options and the config describe. ``ValueError`` names what is wrong
-    (an unreadable password file, a web config that does not load)."""
+    (an unreadable password file, a web config that does not load). The daemon's uid, for
+    the proof over plain HTTP, is the owner of the config's state directory."""
     env = dict(os.environ) if environ is None else environ
     tls_cert: str | None = None
     if config is not None and config.web.config_file:
@@ -157,8 +213,19 @@ def client_from_args(
     context = None
     if base.startswith("https://"):
         context = _tls_context(args.ca_file, tls_cert, args.cert, args.key)
+    owner: int | None = None
+    if config is not None:
+        try:
+            owner = os.stat(config.state_dir).st_uid
+        except OSError:
+            owner = None  # no state directory: no daemon has run here
     return DaemonClient(
-        base, timeout=args.timeout, context=context, authorization=_authorization(args, env)
+        base,
+        timeout=args.timeout,
+        context=context,
+        authorization=_authorization(args, env),
+        owner_uid=owner,
+        require_proof=require_proof,
     )
 
 

@@ -29,8 +29,8 @@ acts only on the local node, and drains only with reasons that start with ``gpuw
 
 ``request`` is the client for the daemon's exec drain mode. It reads the request from the
 exec mode's environment (``GPUWATCHD_ACTION``, ``GPUWATCHD_REASON``, ``GPUWATCHD_NODE``,
-``GPUWATCHD_INCIDENT``) or from options, and exits 0 (done), 1 (refused or failed) or 75
-(EX_TEMPFAIL: the helper could not be reached; retry later).
+``GPUWATCHD_INCIDENT``) or from options, and exits 0 (done), 1 (refused or failed), 64 (a
+usage error) or 75 (EX_TEMPFAIL: the helper could not be reached; retry later).
 """
 
 from __future__ import annotations
@@ -68,6 +68,7 @@ DEFAULT_SOCKET = "/run/gpuwatchd-drain.sock"
 REASON_PREFIX = "gpuwatchd:"
 MAX_REQUEST = 4096
 EX_TEMPFAIL = 75
+EX_USAGE = 64  # a bad option (core.health.EXIT_USAGE; this module imports nothing of ours)
 ACTIONS = ("drain", "resume")
 MODES = ("dry-run", "slurm", "kubernetes", "command")
 _REASON_RE = re.compile(r"gpuwatchd:[A-Za-z0-9 :._,/()#=+@%\[\]-]{1,190}")
@@ -285,14 +286,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
     setup_logging("info")
     if args.mode == "command" and not args.command:
         print("gpuwatchd drain-helper serve: --mode command needs --command PATH", file=sys.stderr)
-        return 2
+        return EX_USAGE
     if args.command and not os.path.isabs(args.command[0]):
         print("gpuwatchd drain-helper serve: --command must be an absolute path", file=sys.stderr)
-        return 2
+        return EX_USAGE
     node = args.node or _default_node()
     if not _NODE_RE.fullmatch(node):
         print(f"gpuwatchd drain-helper serve: --node {node!r} is not a node name", file=sys.stderr)
-        return 2
+        return EX_USAGE
     cfg = HelperConfig(
         node=node,
         mode=args.mode,
@@ -308,11 +309,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
         sock = socket.socket(fileno=os.dup(fd))
     except OSError as exc:
         print(f"gpuwatchd drain-helper serve: fd {fd} is not a socket: {exc}", file=sys.stderr)
-        return 2
+        return EX_USAGE
     with sock:
         if sock.family != socket.AF_UNIX:
             print("gpuwatchd drain-helper serve: not an AF_UNIX connection", file=sys.stderr)
-            return 2
+            return EX_USAGE
         reply = handle_connection(sock, cfg)
     return 0 if reply["ok"] else 1
 
@@ -334,7 +335,7 @@ def cmd_request(args: argparse.Namespace) -> int:
             "gpuwatchd drain-helper request: set --action or GPUWATCHD_ACTION to drain or resume",
             file=sys.stderr,
         )
-        return 2
+        return EX_USAGE
     try:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC) as sock:
             sock.settimeout(args.timeout)

@@ -9,7 +9,7 @@ import os
 import signal
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 from gpuwatchd import __version__
 from gpuwatchd.config.loader import (
@@ -21,8 +21,30 @@ from gpuwatchd.config.loader import (
 from gpuwatchd.config.paths import default_config_path
 from gpuwatchd.core.clock import SystemClock
 from gpuwatchd.core.errors import BackendUnavailable, ConfigError, GpuwatchdError
+from gpuwatchd.core.health import (
+    DEGRADED,
+    EXIT_CANNOT_TELL,
+    EXIT_OK,
+    EXIT_UNHEALTHY,
+    EXIT_USAGE,
+    FAILING,
+    OK,
+)
 
 log = logging.getLogger("gpuwatchd")
+
+ANSWERING = (OK, DEGRADED, FAILING)
+
+
+class UsageParser(argparse.ArgumentParser):
+    """Every usage error (an unknown command or option, a bad value) exits 64 (EX_USAGE),
+    never 2, which means "cannot tell" for every command (docs: man gpuwatchd, EXIT STATUS).
+    Subcommand parsers are made with the parent's class, so they do the same."""
+
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
+
 
 # Modules that add subcommands: each has ``add_parser(subparsers)`` and sets ``func``.
 COMMAND_MODULES: tuple[str, ...] = ("xid", "drainhelper", "silence", "rules", "backtest", "check")
@@ -68,16 +90,16 @@ def cmd_run(args: argparse.Namespace) -> int:
             config = load()
         except ValueError as exc:
             print(f"gpuwatchd run: --backend: {exc}", file=sys.stderr)
-            return 2
-        if config.backend.kind == "nvml":
-            from gpuwatchd.sources.gpu.nvml import reexec_with_single_arena
-
-            # before anything is opened or started: NVML on worker threads needs one
-            # malloc arena from process start (see reexec_with_single_arena)
-            reexec_with_single_arena()
+            return EXIT_USAGE
         _setup_logging(config.log_level, args.verbose, config.log_format)
         clock = SystemClock()
-        backend = open_backend(str(config.backend), clock, extra_fields=config.fields)
+        backend = open_backend(
+            str(config.backend),
+            clock,
+            extra_fields=config.fields,
+            poll=config.poll,
+            nvml_events=config.sources.nvml_events,
+        )
     except ConfigError as exc:
         return _config_errors(exc)
     except BackendUnavailable as exc:
@@ -146,7 +168,8 @@ def _replace(config: Config, **changes: object) -> Config:
 def _parse_listen(text: str) -> ListenAddress:
     host, _, port = text.rpartition(":")
     if not host or not port.isdigit():
-        raise SystemExit(f"gpuwatchd: --listen: {text!r} is not HOST:PORT")
+        print(f"gpuwatchd: --listen: {text!r} is not HOST:PORT", file=sys.stderr)
+        raise SystemExit(EXIT_USAGE)
     return ListenAddress(host.strip("[]"), int(port))
 
 
@@ -234,48 +257,89 @@ def cmd_status(args: argparse.Namespace) -> int:
         config = None if args.url and not args.config else _load(args)
     except ConfigError as exc:
         return _config_errors(exc)
-    if config is not None and not args.url and not args.healthz:
+    over_http = bool(args.url)
+    if config is not None and not args.url:
         # the daemon's own socket first: only the daemon can have made it (a squatter on
-        # the HTTP port cannot); HTTP (TLS and basic auth as configured) only without one
+        # the HTTP port cannot); HTTP only when the config says so, and then only a
+        # listener proven to be the daemon (TLS, or the uid that owns it)
         sock = args.socket or statusclient.find_socket(config.state_dir, os.environ)
+        doc = None
         if sock is not None:
             try:
                 doc = statusclient.read_verified(sock, args.timeout)
             except statusclient.StatusSocketError as exc:
-                print(f"gpuwatchd status: {statusclient.printable(str(exc))}", file=sys.stderr)
-                return 1
+                if not exc.stale or not config.web.ask_over_http:
+                    print(f"gpuwatchd status: {statusclient.printable(str(exc))}", file=sys.stderr)
+                    return EXIT_CANNOT_TELL
+        if doc is not None:
+            if args.healthz:  # a probe: the daemon's own health, not the GPUs'
+                health = doc.get("health") or {}
+                print(statusclient.printable(str(health.get("detail", ""))))
+                return EXIT_OK if health.get("ok") is True else EXIT_UNHEALTHY
             status = doc["status"]
             http = doc.get("http") or {}
             if http.get("listening") is False:
                 notes.append(f"  http: NOT listening on {http.get('where')}: {http.get('problem')}")
+        elif config.web.ask_over_http:
+            over_http = True
         else:
-            notes.append("  (no status socket found: asked over HTTP, which is not verified)")
-    if status is None:
+            print(
+                "gpuwatchd status: no status socket answers (is the daemon running?); "
+                "HTTP is not asked, since whoever holds the port may not be the daemon "
+                "(set web.ask_over_http, or give --url)",
+                file=sys.stderr,
+            )
+            return EXIT_CANNOT_TELL
+    if status is None and (over_http or config is None):
         try:
-            client = client_from_args(args, config)
+            client = client_from_args(args, config, require_proof=not args.url)
             if args.healthz:  # a probe: the daemon's own health, not the GPUs'
                 code, body = client.get("/healthz")
                 text = statusclient.printable(body.decode("utf-8", "replace").strip())
                 print(text if code in (200, 503) else f"HTTP {code} {text}"[:300])
-                return 0 if code == 200 else 1
+                return (
+                    EXIT_OK if code == 200 else EXIT_UNHEALTHY if code == 503 else EXIT_CANNOT_TELL
+                )
             status = json.loads(client.get_ok("/api/v1/status"))
         except (DaemonError, ValueError) as exc:
             print(f"gpuwatchd status: {statusclient.printable(str(exc))}", file=sys.stderr)
-            return 1
-    if args.json:  # json.dump escapes every control character
+            return EXIT_CANNOT_TELL
+    return _print_status(status, notes, args.json)
+
+
+def _print_status(status: Any, notes: list[str], as_json: bool) -> int:
+    """Print the daemon's status; the exit code is ``check``'s verdict on it (0 healthy,
+    1 unhealthy), from the same per-GPU health (``core.health``)."""
+    from gpuwatchd.cli import statusclient
+    from gpuwatchd.cli.check import Report, from_status, judge
+
+    if not as_json:
+        status = statusclient.clean(status)  # never a terminal escape from the wire
+    gpus, expected, firing = from_status(status)
+    report = judge(Report("daemon", "", gpus, expected, firing or []))
+    if as_json:  # json.dump escapes every control character
         json.dump(status, sys.stdout, indent=2, sort_keys=True)
         sys.stdout.write("\n")
-        return 0
-    status = statusclient.clean(status)  # never a terminal escape from the wire
+        return report.code
     print(f"node {status['node']}  gpuwatchd {status['version']}  backend {status['backend']}")
     for note in notes:
         print(statusclient.printable(note))
-    for g in status["gpus"]:
-        r = g.get("readings", {})
+    now = status.get("now")
+    for g, judged in zip(status["gpus"], report.gpus, strict=True):
+        health = judged.health + (f" ({', '.join(judged.rules)})" if judged.rules else "")
+        r = g.get("readings") if judged.health in ANSWERING else None
+        if r is None:  # it does not answer: no reading is current
+            last = g.get("last_readings") or g.get("readings") or {}
+            at = g.get("last_readings_at")
+            temp = last.get("temperature_gpu")
+            ago = f" {now - at:.0f}s ago" if isinstance(now, float) and at else ""
+            seen = f"temp={temp:.0f}C" if temp is not None else "no readings"
+            print(f"  GPU {g['index']} {g['pci_bus_id']} {health}  (last poll{ago}: {seen})")
+            continue
         temp = r.get("temperature_gpu")
         reasons = ",".join(g.get("clock_event_reasons", [])) or "-"
         print(
-            f"  GPU {g['index']} {g['pci_bus_id']} {g['status']:<6} "
+            f"  GPU {g['index']} {g['pci_bus_id']} {health:<6} "
             f"temp={'-' if temp is None else f'{temp:.0f}C'} "
             f"ecc_corr={r.get('ecc_corrected_volatile', '-')} "
             f"ecc_uncorr={r.get('ecc_uncorrected_volatile', '-')} reasons={reasons}"
@@ -291,8 +355,9 @@ def cmd_status(args: argparse.Namespace) -> int:
 
     for line in status_lines(status):  # deliveries, silences, drain (when configured)
         print(line)
-    gpus = status["gpus"]
-    return 0 if gpus and all(g["status"] == "ok" for g in gpus) else 3  # no GPU is no health
+    for problem in report.problems:
+        print(f"  problem: {problem}")
+    return report.code
 
 
 # -- parser ------------------------------------------------------------------------------
@@ -300,8 +365,8 @@ HELP_EXAMPLES = """\
 examples:
   gpuwatchd check-config && systemctl reload gpuwatchd
                                   validate an edited config, then apply it
-  gpuwatchd status                per-GPU health from the running daemon (exit 3:
-                                  a GPU is not healthy)
+  gpuwatchd status                per-GPU health from the running daemon (exit 1:
+                                  a GPU is not healthy, 2: no answer)
   journalctl -k -b -1 | gpuwatchd xid parse
                                   XIDs in the previous boot's kernel log
   gpuwatchd xid explain 79        what an XID means and what to do
@@ -316,7 +381,7 @@ examples:
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The whole CLI; with ``command`` one of main.py's own, the command modules are left
     unimported (their parsers are only needed to run or to list them)."""
-    parser = argparse.ArgumentParser(
+    parser = UsageParser(
         prog="gpuwatchd",
         description="GPU health daemon: NVML and kernel-log XID monitoring, Prometheus\n"
         "metrics, paging and scheduler drain.",
@@ -401,11 +466,13 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 
     import importlib
 
-    if command in OWN_COMMANDS:
-        return parser
-    for name in COMMAND_MODULES:
-        module = importlib.import_module(f"gpuwatchd.cli.{name}")
-        module.add_parser(sub)
+    from gpuwatchd.cli.examples import attach
+
+    if command not in OWN_COMMANDS:
+        for name in COMMAND_MODULES:
+            module = importlib.import_module(f"gpuwatchd.cli.{name}")
+            module.add_parser(sub)
+    attach(parser)  # every command's --help ends with examples
     return parser
 
 
@@ -414,7 +481,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if first == ["run"]:
         # A reload asked for while the daemon starts (systemctl reload, logrotate) must not
         # kill it: SIGHUP's default action is to terminate. Ignored until the daemon's own
-        # handler takes over (the disposition survives the MALLOC_ARENA_MAX re-exec).
+        # handler takes over.
         signal.signal(signal.SIGHUP, signal.SIG_IGN)
     parser = build_parser(first[0] if first else None)
     args = parser.parse_args(argv)

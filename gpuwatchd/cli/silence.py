@@ -21,6 +21,7 @@ from gpuwatchd.config.loader import Config, load_config
 from gpuwatchd.config.paths import default_config_path
 from gpuwatchd.config.yamlsrc import parse_duration
 from gpuwatchd.core.errors import ConfigError
+from gpuwatchd.core.health import EXIT_USAGE
 
 
 def _config(args: argparse.Namespace) -> Config:
@@ -53,7 +54,7 @@ def cmd_add(args: argparse.Namespace) -> int:
             "(e.g. 30m, 2h, 1d)",
             file=sys.stderr,
         )
-        return 2
+        return EXIT_USAGE
     gpu = None
     if args.gpu is not None:
         gpu = normalize_gpu(args.gpu)
@@ -63,10 +64,10 @@ def cmd_add(args: argparse.Namespace) -> int:
                 "bus id",
                 file=sys.stderr,
             )
-            return 2
+            return EXIT_USAGE
     if not args.reason.strip():
         print("gpuwatchd silence add: --reason must say why", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     try:
         path, config = _path(args)
         silence = add_silence(

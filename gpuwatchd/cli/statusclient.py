@@ -24,7 +24,12 @@ DEFAULT_RUNTIME_DIR = "/run/gpuwatchd"
 
 
 class StatusSocketError(Exception):
-    """The socket is missing, unverifiable or gave no valid answer."""
+    """The socket is missing, unverifiable or gave no valid answer. ``stale``: nothing
+    accepts on it (a socket a stopped daemon left): no daemon runs."""
+
+    def __init__(self, message: str, *, stale: bool = False) -> None:
+        super().__init__(message)
+        self.stale = stale
 
 
 def candidates(state_dir: str, environ: Mapping[str, str]) -> list[str]:
@@ -72,7 +77,28 @@ def _peer_uid(sock: socket.socket) -> int:
 
 
 def read_verified(path: str, timeout: float) -> dict[str, Any]:
-    """The daemon's status document, after proving who answers."""
+    """The daemon's status document, after proving who answers. A daemon that says it is
+    busy (the socket's rate limit per uid) is asked again after the pause it names, for
+    as long as ``timeout`` allows."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while True:
+        doc = _read_once(path, max(0.1, deadline - time.monotonic()))
+        busy = doc.get("busy")
+        if "status" in doc or not isinstance(busy, dict):
+            break
+        pause = busy.get("retry_after")
+        pause = min(max(float(pause), 0.05), 1.0) if isinstance(pause, int | float) else 0.2
+        if time.monotonic() + pause >= deadline:
+            raise StatusSocketError(f"{path}: the daemon stayed busy for {timeout:g}s")
+        time.sleep(pause)
+    if not isinstance(doc.get("status"), dict):
+        raise StatusSocketError(f"{path}: the answer has no status")
+    return doc
+
+
+def _read_once(path: str, timeout: float) -> dict[str, Any]:
     owner = verify(path)
     try:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC) as sock:
@@ -91,13 +117,15 @@ def read_verified(path: str, timeout: float) -> dict[str, Any]:
                 if size > MAX_ANSWER:
                     raise StatusSocketError(f"{path}: answer larger than {MAX_ANSWER} bytes")
                 chunks.append(chunk)
+    except (ConnectionRefusedError, FileNotFoundError) as exc:
+        raise StatusSocketError(f"{path}: {exc.strerror or exc}", stale=True) from None
     except OSError as exc:
         raise StatusSocketError(f"{path}: {exc.strerror or exc}") from None
     try:
         doc = json.loads(b"".join(chunks).decode("utf-8"))
     except (UnicodeDecodeError, ValueError, RecursionError):
         raise StatusSocketError(f"{path}: the answer is not a JSON document") from None
-    if not isinstance(doc, dict) or not isinstance(doc.get("status"), dict):
+    if not isinstance(doc, dict):
         raise StatusSocketError(f"{path}: the answer has no status")
     return doc
 

@@ -44,9 +44,10 @@ def add_parser(
     p = sub.add_parser(
         "parse",
         help="print one JSON object per XID line of kernel-log text",
-        description="Read kernel-log lines (bare, dmesg, dmesg -T/--decode, syslog, "
-        "journalctl, or raw /dev/kmsg records) and print one JSON object per XID, SXid or "
-        "fallen-off-the-bus report; other lines print nothing.",
+        description="Read kernel-log lines (bare, dmesg, dmesg -T/--decode, with or without "
+        "the printk caller id, syslog and RFC 5424 syslog, journalctl short, -iso, -precise, "
+        "-monotonic, -unix and -full, or raw /dev/kmsg records) and print one JSON object "
+        "per XID, SXid or fallen-off-the-bus report; other lines print nothing.",
     )
     p.add_argument(
         "file", nargs="?", default="-", metavar="FILE", help="log file to read (default: stdin)"
@@ -93,6 +94,40 @@ def _catalog(args: argparse.Namespace) -> Catalog:
         assert isinstance(config_catalog, Catalog)
         return config_catalog
     return Catalog.default()
+
+
+def answering_rules(code: int, args: argparse.Namespace, catalog: Catalog) -> list[str]:
+    """The loaded rules a report of XID ``code`` reaches, in words: ``GpuXidFatal (page,
+    drains)``. The shipped rules, or those of ``--config``; every code reaches at least one
+    of the shipped rules (GpuXidUnclassified takes what no bucket answers)."""
+    from gpuwatchd.config.loader import default_config, load_config
+    from gpuwatchd.rules import rules_from_config
+
+    path = getattr(args, "config", None)
+    config = load_config(path, must_exist=True) if path else default_config()
+    out: list[str] = []
+    for rule in rules_from_config(config, []).rules:
+        cond = rule.condition
+        drains = ", drains" if rule.drain else ""
+        if rule.kind == "recovery_action":
+            if code == 154 and getattr(cond, "kernel_log", False):
+                how = ", when its recovery-action code is not 0x0 (None)"
+                out.append(f"{rule.name} ({rule.severity.value}{drains}{how})")
+            continue
+        codes = getattr(cond, "codes", None)
+        if codes is None or rule.kind not in ("xid", "xid_recurrence"):
+            continue
+        if code in codes:
+            how = ""
+            if code in getattr(cond, "judged", ()):
+                verdict = "fatal (or undecodable)" if getattr(cond, "fatal", None) else "non-fatal"
+                how = f", when its registers decode as {verdict}"
+        elif getattr(cond, "unknown", False) and not catalog.knows(code):
+            how = ", a code the catalog does not list"
+        else:
+            continue
+        out.append(f"{rule.name} ({rule.severity.value}{drains}{how})")
+    return out
 
 
 def report(found: ParsedXid, catalog: Catalog) -> dict[str, Any]:
@@ -162,6 +197,10 @@ def _event_report(event: XidEvent, catalog: Catalog, kmsg: bool) -> dict[str, An
         "severity": verdict.severity.value,
         "action": verdict.action.value,
     }
+    if event.gpu_instance is not None:
+        out["gpu_instance"] = event.gpu_instance
+    if event.compute_instance is not None:
+        out["compute_instance"] = event.compute_instance
     if event.uuid:
         out["uuid"] = event.uuid
     if kmsg:
@@ -211,9 +250,13 @@ def cmd_scan(args: argparse.Namespace) -> int:
     return 0
 
 
-def explain_dict(entry: CatalogEntry, catalog: Catalog) -> dict[str, Any]:
+def explain_dict(
+    entry: CatalogEntry, catalog: Catalog, answered_by: list[str] | None = None
+) -> dict[str, Any]:
     """``xid explain --json``: the entry, plus the decode tables that belong to its code."""
     out = entry.as_dict()
+    if answered_by is not None:
+        out["answered_by"] = answered_by
     if entry.xid == 154:
         out["recovery_actions"] = [
             {
@@ -250,7 +293,9 @@ def _field(label: str, value: str, detail: str = "") -> list[str]:
     return out
 
 
-def explain_text(entry: CatalogEntry, catalog: Catalog) -> str:
+def explain_text(
+    entry: CatalogEntry, catalog: Catalog, answered_by: list[str] | None = None
+) -> str:
     """``xid explain``: the entry in words."""
     applies = [p for p, yes in entry.applies_to if yes]
     products = ", ".join(applies) if applies else "none of the products the catalog lists"
@@ -260,7 +305,14 @@ def explain_text(entry: CatalogEntry, catalog: Catalog) -> str:
     lines += _field("Severity", severity)
     lines += _field("Action", f"{entry.action.value}: {entry.action_text}")
     fatal = "yes: GpuXidFatal pages and drains" if entry.fatal else "no"
+    if entry.fatal and entry.xid in catalog.verdict_codes():
+        fatal = "by the decoded registers: GpuXidFatal pages and drains when they are fatal"
     lines += _field("Fatal set", fatal)
+    if answered_by is not None:
+        nothing = "no loaded rule"
+        if entry.immediate in ("IGNORE", "WORKFLOW_XID_45"):
+            nothing += f" (NVIDIA's bucket {entry.immediate}: no action of its own)"
+        lines += _field("Answered by", "; ".join(answered_by) or nothing)
     lines += _field("Immediate", entry.immediate or "(none given)", entry.immediate_text)
     if entry.investigatory and entry.investigatory == entry.immediate:
         lines += _field("Investigatory", f"{entry.investigatory} (as above)")
@@ -307,6 +359,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
     if catalog is None:
         return 1
     entry = catalog.lookup(args.code)
+    answered_by = answering_rules(args.code, args, catalog)
     if entry is None:
         codes = catalog.codes()
         print(
@@ -314,9 +367,15 @@ def cmd_explain(args: argparse.Namespace) -> int:
             f"({len(codes)} codes, {codes[0]}-{codes[-1]})",
             file=sys.stderr,
         )
+        print(
+            f"{PROG} explain: a report of it is answered by: "
+            + ("; ".join(answered_by) or "no loaded rule"),
+            file=sys.stderr,
+        )
         return 1
     if args.json:
-        sys.stdout.write(json.dumps(explain_dict(entry, catalog), indent=2) + "\n")
+        out = explain_dict(entry, catalog, answered_by)
+        sys.stdout.write(json.dumps(out, indent=2) + "\n")
     else:
-        sys.stdout.write(explain_text(entry, catalog))
+        sys.stdout.write(explain_text(entry, catalog, answered_by))
     return 0

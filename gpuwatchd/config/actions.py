@@ -140,6 +140,7 @@ class RoutingConfig:
     group_by: tuple[str, ...] = ("node",)
     group_wait: float = 5.0
     repeat_interval: float = 4 * 3600.0
+    ticket_repeat_interval: float = 86400.0  # the shortest repeat of a ticket or info alert
     routes: tuple[RouteConfig, ...] = ()
     queue_size: int = 1000
     retry_initial: float = 1.0
@@ -183,6 +184,10 @@ class FleetDrainConfig:
     window: float | None = None  # count only drains younger than this (None: every drain)
     recheck: float = 60.0  # how often an incident held back by the budget asks again
     correlate: float = 600.0  # the same XID on several nodes within this is named as such
+    # drain.mode exec only: who counts the fleet. "slurm": the daemon runs sinfo itself
+    # (no privilege needed) while drains and releases go through the exec command (the
+    # root drain helper: the recommended privilege split)
+    census: str | None = None
 
     @property
     def enabled(self) -> bool:
@@ -574,7 +579,13 @@ def read_routing(
         values["group_by"] = _label_list(r, keys["group_by"], "routing.group_by")
     if "group_wait" in keys:
         values["group_wait"] = _duration(r, keys["group_wait"], "routing.group_wait")
-    for key in ("repeat_interval", "retry_initial", "retry_max", "give_up_after"):
+    for key in (
+        "repeat_interval",
+        "ticket_repeat_interval",
+        "retry_initial",
+        "retry_max",
+        "give_up_after",
+    ):
         if key in keys:
             values[key] = _duration(r, keys[key], f"routing.{key}", positive=True)
     if "queue_size" in keys:
@@ -701,11 +712,23 @@ def read_drain(r: Reader, node: Node | None) -> DrainConfig:
         if value is not None:
             values[key] = value
     result = DrainConfig(**{**_plain(d), **values})
-    if result.fleet.enabled and result.mode == "exec" and "fleet" in keys:
+    if (
+        result.fleet.enabled
+        and result.mode == "exec"
+        and result.fleet.census is None
+        and "fleet" in keys
+    ):
         r.error(
             keys["fleet"].loc,
-            "drain.fleet: a fleet budget is counted in the scheduler; it needs drain.mode "
-            "slurm or kubernetes (an exec hook cannot read the cluster)",
+            "drain.fleet: a fleet budget is counted in the scheduler; with drain.mode exec "
+            "set drain.fleet.census: slurm (the daemon counts with sinfo, the exec command "
+            "drains and releases: the root drain helper), or use drain.mode slurm or "
+            "kubernetes",
+        )
+    if result.fleet.census is not None and result.mode != "exec" and "fleet" in keys:
+        r.error(
+            keys["fleet"].loc,
+            f"drain.fleet.census: only for drain.mode exec (mode {result.mode} counts by itself)",
         )
     if result.mode == "exec" and not result.exec.command and "mode" in keys:
         r.error(
@@ -727,6 +750,7 @@ def _read_fleet(r: Reader, node: Node, what: str) -> FleetDrainConfig | None:
             "partition",
             "selector",
             "window",
+            "census",
         ):
             continue
         if key == "max_nodes":
@@ -745,6 +769,11 @@ def _read_fleet(r: Reader, node: Node, what: str) -> FleetDrainConfig | None:
                 value = None
         elif key in ("window", "recheck", "correlate"):
             value = _duration(r, value_node, where, positive=True)
+        elif key == "census":
+            value = r.string(value_node, where)
+            if value is not None and value != "slurm":
+                r.error(value_node.loc, f"{where}: {value!r} is not one of: slurm")
+                value = None
         if value is not None:
             values[key] = value
     return FleetDrainConfig(**values)

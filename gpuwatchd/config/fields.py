@@ -12,7 +12,8 @@ Each entry becomes a sampled field under ``name``: rules use it as ``field: <nam
 scenarios set it by name, /metrics shows it as ``gpuwatchd_field_<name>`` (a gauge) or
 ``gpuwatchd_field_<name>_total`` (a counter). The NVML backend asks for these ids in its one
 ``nvmlDeviceGetFieldValues`` call per GPU per poll; an id the driver does not know answers
-INVALID_ARGUMENT or NOT_SUPPORTED and the field is simply absent, as a built-in one would be.
+INVALID_ARGUMENT or NOT_SUPPORTED and the field is absent from the samples, as a built-in one
+would be; ``core.fieldcheck`` reports it (a log line, a metric, the status API).
 """
 
 from __future__ import annotations
@@ -34,6 +35,14 @@ ENTRY_KEYS = ("id", "name", "kind", "help", "scale", "slow")
 KINDS: tuple[MetricKind, ...] = ("gauge", "counter")
 MAX_HELP = 200
 _NAME_RE = re.compile(r"[a-z][a-z0-9_]{0,63}")
+# suffixes the exposition formats give meaning to: a field named with one would break
+# ``promtool check metrics`` or collide with a series another metric already has
+RESERVED_SUFFIXES = {
+    "_count": "a histogram's or summary's count",
+    "_sum": "a histogram's or summary's sum",
+    "_bucket": "a histogram's buckets",
+    "_created": "the creation time OpenMetrics gives every counter",
+}
 
 
 def as_entry(field: ExtraField) -> dict[str, object]:
@@ -168,4 +177,12 @@ def _read_name(r: Reader, node: Node, what: str) -> str | None:
             f"{what}: {name!r} ends in _total; leave it out (a counter's metric gets it)",
         )
         return None
+    for suffix, meaning in RESERVED_SUFFIXES.items():
+        if name.endswith(suffix):
+            r.error(
+                node.loc,
+                f"{what}: {name!r} ends in {suffix}, which the exposition formats reserve "
+                f"for {meaning}; choose another name",
+            )
+            return None
     return name

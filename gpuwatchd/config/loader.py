@@ -101,6 +101,14 @@ class PollConfig:
     call_timeout: float = 2.0
     nvlink: bool = True
     processes: bool = True
+    # NVML in a supervised worker process (docs/real-gpu.md); off: in the daemon's process
+    worker: bool = True
+    worker_hang_timeout: float = 30.0
+    # the costly readings (energy, violations, margin, PCIe replay) and the per-link
+    # NVLink error counters; see sources/gpu/nvml.py
+    slow_interval: float = 120.0
+    nvlink_counters_interval: float = 600.0
+    state_interval: float = 15.0
 
 
 @dataclass(frozen=True)
@@ -154,6 +162,9 @@ class WebSection:
     max_request_bytes: int = 65536
     rate_limit: float = 50.0  # requests per second per client address; 0 turns it off
     rate_burst: int = 100
+    # ``check`` and ``status`` may ask over HTTP when there is no status socket (a client
+    # in another container); even then only a listener proven to be the daemon is believed
+    ask_over_http: bool = False
 
 
 @dataclass(frozen=True)
@@ -361,9 +372,16 @@ def _read_poll(r: Reader, node: Node | None, ctx: _Context) -> PollConfig:
                 )
                 timeout = None
         values["call_timeout"] = timeout
-    for name in ("nvlink", "processes"):
+    for name in ("nvlink", "processes", "worker"):
         if name in keys:
             values[name] = r.boolean(keys[name], f"poll.{name}")
+    if "worker_hang_timeout" in keys:
+        values["worker_hang_timeout"] = _duration(
+            r, keys["worker_hang_timeout"], "poll.worker_hang_timeout", at_least=1.0, at_most=3600.0
+        )
+    for name in ("slow_interval", "nvlink_counters_interval", "state_interval"):
+        if name in keys:
+            values[name] = _duration(r, keys[name], f"poll.{name}", at_least=0.0, at_most=86400.0)
     return dataclasses.replace(d, **{k: v for k, v in values.items() if v is not None})
 
 
@@ -491,6 +509,8 @@ def _read_web(r: Reader, node: Node | None, ctx: _Context) -> WebSection:
         values["rate_burst"] = r.integer(
             keys["rate_burst"], "web.rate_burst", minimum=1, maximum=1_000_000
         )
+    if "ask_over_http" in keys:
+        values["ask_over_http"] = r.boolean(keys["ask_over_http"], "web.ask_over_http")
     return dataclasses.replace(WebSection(), **{k: v for k, v in values.items() if v is not None})
 
 

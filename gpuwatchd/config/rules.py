@@ -4,6 +4,7 @@
       files: [/etc/gpuwatchd/rules.d/*.yaml]   # paths or globs, relative to the config file
       defaults: true                           # also load the shipped rules
       disable: [GpuPcieDowntrained]            # rule names to leave out
+      no_drain: [NvswitchSxidFatal]            # rules that alert but never drain
 
 The rule files themselves are read and validated by ``gpuwatchd.rules`` (at start-up, on
 reload and by ``check-config``), not here.
@@ -24,13 +25,14 @@ class RulesConfig:
     files: tuple[str, ...] = field(default_factory=default_rule_files)
     defaults: bool = True
     disable: tuple[str, ...] = ()
+    no_drain: tuple[str, ...] = ()
 
 
 def read_rules(r: Reader, node: Node | None, base_dir: str | None) -> RulesConfig:
     d = RulesConfig()
     if node is None or node.value is None:
         return d
-    keys = r.mapping(node, ["files", "defaults", "disable"], "rules")
+    keys = r.mapping(node, ["files", "defaults", "disable", "no_drain"], "rules")
     if keys is None:
         return d
     values: dict[str, Any] = {}
@@ -53,15 +55,21 @@ def read_rules(r: Reader, node: Node | None, base_dir: str | None) -> RulesConfi
         values["files"] = tuple(files)
     if "defaults" in keys:
         values["defaults"] = r.boolean(keys["defaults"], "rules.defaults")
-    if "disable" in keys and keys["disable"].value is not None:
-        names: list[str] = []
-        for item in r.sequence(keys["disable"], "rules.disable") or []:
-            text = r.string(item, "rules.disable")
-            if text is None:
-                continue
-            if text in names:
-                r.error(item.loc, f"rules.disable: {text!r} is listed twice")
-                continue
-            names.append(text)
-        values["disable"] = tuple(names)
+    for key in ("disable", "no_drain"):
+        if key in keys and keys[key].value is not None:
+            values[key] = _names(r, keys[key], f"rules.{key}")
     return RulesConfig(**{**d.__dict__, **{k: v for k, v in values.items() if v is not None}})
+
+
+def _names(r: Reader, node: Node, what: str) -> tuple[str, ...]:
+    """A list of rule names, each once (which rules exist is the rule loader's check)."""
+    names: list[str] = []
+    for item in r.sequence(node, what) or []:
+        text = r.string(item, what)
+        if text is None:
+            continue
+        if text in names:
+            r.error(item.loc, f"{what}: {text!r} is listed twice")
+            continue
+        names.append(text)
+    return tuple(names)

@@ -364,7 +364,10 @@ class PasswordChecksBusy(Exception):
 class BasicAuth:
     """Checks ``Authorization: Basic`` against bcrypt hashes, caching results like
     exporter-toolkit does (a bcrypt check costs tens of milliseconds by design). The cache
-    key is a SHA-256 of user, password and hash: no password is kept.
+    key is a SHA-256 of user, password and hash: no password is kept. Accepted and refused
+    credentials are cached apart (each at most ``AUTH_CACHE_SIZE``, least recently used
+    out first), so any number of wrong passwords can never evict the scraper's right one
+    and make it wait for the bcrypt budget that the guessers spend (issue 26).
 
     Uncached checks are bounded for the whole server, not per client address: one at a
     time, at most ``PASSWORD_CHECK_BURST`` at once and ``PASSWORD_CHECKS_PER_SECOND``
@@ -376,7 +379,8 @@ class BasicAuth:
         self, users: tuple[tuple[str, str], ...], clock: Callable[[], float] = time.monotonic
     ) -> None:
         self.users = dict(users)
-        self._cache: OrderedDict[bytes, bool] = OrderedDict()
+        self._good: OrderedDict[bytes, None] = OrderedDict()  # accepted credentials
+        self._bad: OrderedDict[bytes, None] = OrderedDict()  # refused ones
         self._lock = threading.Lock()
         self._dummy: bytes | None = None
         self._budget = RateLimiter(1.0 / PASSWORD_CHECKS_PER_SECOND, PASSWORD_CHECK_BURST, clock)
@@ -408,9 +412,10 @@ class BasicAuth:
             b"\0".join([user.encode(), password.encode(), (hashed or "").encode()])
         ).digest()
         with self._lock:
-            cached = self._cache.get(key)
-        if cached is not None:
-            return cached, user
+            for cache, verdict in ((self._good, True), (self._bad, False)):
+                if key in cache:
+                    cache.move_to_end(key)
+                    return verdict, user
         wait = self._budget.allow("all")
         if wait > 0:
             with self._lock:
@@ -426,9 +431,10 @@ class BasicAuth:
             self._one_at_a_time.release()
         with self._lock:
             self.checks_run += 1
-            self._cache[key] = ok
-            while len(self._cache) > AUTH_CACHE_SIZE:
-                self._cache.popitem(last=False)
+            cache = self._good if ok else self._bad
+            cache[key] = None
+            while len(cache) > AUTH_CACHE_SIZE:
+                cache.popitem(last=False)
         return ok, user
 
     def _bcrypt(self, password: str, hashed: str | None) -> bool:

@@ -15,6 +15,10 @@ from typing import Any
 
 from gpuwatchd.core.records import GpuInfo, GpuSample, GpuStatus
 
+XID_CODES_APART = 1024  # codes below this (NVIDIA's are under 200) are always counted apart
+MAX_XID_KEYS = 4096  # distinct (GPU, code) pairs counted apart before larger codes fold
+XID_OVERFLOW = -1  # the code a larger one is counted under beyond MAX_XID_KEYS
+
 
 @dataclass(frozen=True)
 class SourceHealth:
@@ -60,6 +64,17 @@ class NodeView:
     expected_gpus: int | None = None
     extra: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
     pci_gpus: int | None = None  # NVIDIA GPUs on the PCI bus (udev/sysfs); None: not watched
+    # Reports the driver attributed to a MIG instance, apart from xid_counts' totals:
+    # (gpu index or None, xid, GPU instance, compute instance or None) -> count.
+    mig_xid_counts: Mapping[tuple[int | None, int, int, int | None], int] = field(
+        default_factory=lambda: MappingProxyType({})
+    )
+    # NVSwitch SXids: (switch PCI bus id, fatal|nonfatal|detail) -> count.
+    sxid_counts: Mapping[tuple[str, str], int] = field(default_factory=lambda: MappingProxyType({}))
+    # NVLink5 XIDs 144-150 by decoded verdict: (gpu, xid, fatal|nonfatal|undecoded) -> count.
+    xid_verdict_counts: Mapping[tuple[int | None, int, str], int] = field(
+        default_factory=lambda: MappingProxyType({})
+    )
 
 
 class NodeState:
@@ -75,6 +90,9 @@ class NodeState:
         self._sources: dict[str, SourceHealth] = {}
         self._xids: dict[tuple[int | None, int], int] = {}
         self._last_xid: dict[int | None, int] = {}
+        self._mig_xids: dict[tuple[int | None, int, int, int | None], int] = {}
+        self._verdicts: dict[tuple[int | None, int, str], int] = {}
+        self._sxids: dict[tuple[str, str], int] = {}
         self._pci_gpus: int | None = None
         self._view: NodeView | None = None
 
@@ -143,11 +161,44 @@ class NodeState:
             )
             self._touch()
 
-    def count_xid(self, gpu: int | None, xid: int, n: int = 1) -> None:
+    def count_xid(
+        self,
+        gpu: int | None,
+        xid: int,
+        n: int = 1,
+        *,
+        gpu_instance: int | None = None,
+        compute_instance: int | None = None,
+        verdict: str | None = None,
+    ) -> None:
+        """Count ``n`` reports; a MIG-attributed one is also counted per instance, a
+        decoded one (XIDs 144-150) by its ``verdict``. A code below ``XID_CODES_APART``
+        always has its own count; a larger one only while fewer than ``MAX_XID_KEYS``
+        (GPU, code) pairs are counted, else it is counted under ``XID_OVERFLOW`` of its GPU,
+        so distinct codes cannot grow memory and the status API without bound (issue 26)."""
         with self._lock:
             key = (gpu, xid)
+            if (
+                not 0 <= xid < XID_CODES_APART
+                and key not in self._xids
+                and len(self._xids) >= MAX_XID_KEYS
+            ):
+                key = (gpu, XID_OVERFLOW)
             self._xids[key] = self._xids.get(key, 0) + n
+            if gpu_instance is not None:
+                mig = (gpu, xid, gpu_instance, compute_instance)
+                self._mig_xids[mig] = self._mig_xids.get(mig, 0) + n
+            if verdict is not None:
+                judged = (gpu, xid, verdict)
+                self._verdicts[judged] = self._verdicts.get(judged, 0) + n
             self._last_xid[gpu] = xid
+            self._touch()
+
+    def count_sxid(self, pci_bus_id: str, verdict: str, n: int = 1) -> None:
+        """Count ``n`` NVSwitch SXid lines of one switch by what they say (``sxid_verdict``)."""
+        with self._lock:
+            key = (pci_bus_id, verdict)
+            self._sxids[key] = self._sxids.get(key, 0) + n
             self._touch()
 
     def set_pci_gpus(self, count: int | None) -> None:
@@ -180,5 +231,8 @@ class NodeState:
                     last_xid=MappingProxyType(dict(self._last_xid)),
                     expected_gpus=self._expected,
                     pci_gpus=self._pci_gpus,
+                    mig_xid_counts=MappingProxyType(dict(self._mig_xids)),
+                    xid_verdict_counts=MappingProxyType(dict(self._verdicts)),
+                    sxid_counts=MappingProxyType(dict(self._sxids)),
                 )
             return self._view

@@ -157,9 +157,13 @@ class XidEvent:
     # details the first report lacked (text, pid, process, both provenances) and is
     # never a new incident of its own.
     enriches: bool = False
+    # MIG attribution from the driver's line (``GPU-I:02 GPU-CI:00``); None on a whole GPU
+    # or when the report came from NVML, which does not say.
+    gpu_instance: int | None = None
+    compute_instance: int | None = None
 
     def as_dict(self) -> dict[str, Any]:
-        out = {
+        out: dict[str, Any] = {
             "record": "xid",
             "source": self.source,
             "kind": self.kind,
@@ -175,4 +179,8 @@ class XidEvent:
         }
         if self.enriches:
             out["enriches"] = True
+        if self.gpu_instance is not None:
+            out["gpu_instance"] = self.gpu_instance
+        if self.compute_instance is not None:
+            out["compute_instance"] = self.compute_instance
         return out

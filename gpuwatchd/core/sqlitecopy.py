@@ -5,12 +5,16 @@ of from nothing."""
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import sqlite3
 
-from gpuwatchd.core.statefile import check_sqlite_files
+from gpuwatchd.core.statefile import check_sqlite_files, open_state_file
 
 __all__ = ["STORAGE_ERRORS", "copy_read_only", "damaged", "storage_error"]
+
+log = logging.getLogger(__name__)
+MAX_PRIVATE_COPY = 256 << 20  # bytes of database and WAL copied to replay the WAL, at most
 
 # SQLite primary result codes that mean "the file or the disk under it is in trouble"
 # (as opposed to a bug in a statement): READONLY, IOERR, CORRUPT, FULL, CANTOPEN, NOTADB.
@@ -41,21 +45,81 @@ def copy_read_only(path: str, dest: sqlite3.Connection) -> bool:
     if not os.path.isfile(path):
         return False
     # mode=ro still reads the WAL; immutable=1 works where even the -shm cannot be made
-    # (a read-only file system) and sees what was checkpointed (all of it after a clean stop).
-    for query in ("mode=ro", "immutable=1"):
-        try:
-            src = sqlite3.connect(f"file:{path}?{query}", uri=True, timeout=5.0)
-        except sqlite3.Error:
-            continue
-        try:
-            check = src.execute("PRAGMA quick_check(1)").fetchone()
-            if check is None or check[0] != "ok":
-                continue
-            src.backup(dest)
-            return True
-        except sqlite3.Error:
-            continue
-        finally:
-            with contextlib.suppress(sqlite3.Error):
-                src.close()
+    # (a read-only file system) but sees only what was checkpointed: before it, the
+    # database and its WAL are copied somewhere private and opened there, so that SQLite
+    # replays the WAL into the copy (a page pending in the WAL of a read-only disk is kept)
+    if _backup_from(f"file:{path}?mode=ro", dest):
+        return True
+    if _replay_private_copy(path, dest):
+        return True
+    if _backup_from(f"file:{path}?immutable=1", dest):
+        wal = _size(path + "-wal")
+        if wal:
+            log.error(
+                "%s: its WAL (%d bytes of changes not yet in the database) could not be "
+                "read: started from the database alone, those changes are lost",
+                path,
+                wal,
+            )
+        return True
     return False
+
+
+def _size(path: str) -> int:
+    try:
+        return os.lstat(path).st_size
+    except OSError:
+        return 0
+
+
+def _backup_from(uri: str, dest: sqlite3.Connection) -> bool:
+    try:
+        src = sqlite3.connect(uri, uri=True, timeout=5.0)
+    except sqlite3.Error:
+        return False
+    try:
+        check = src.execute("PRAGMA quick_check(1)").fetchone()
+        if check is None or check[0] != "ok":
+            return False
+        src.backup(dest)
+        return True
+    except sqlite3.Error:
+        return False
+    finally:
+        with contextlib.suppress(sqlite3.Error):
+            src.close()
+
+
+def _replay_private_copy(path: str, dest: sqlite3.Connection) -> bool:
+    """Copy the database and its WAL (regular files, within ``MAX_PRIVATE_COPY``) into a
+    private temporary directory, let SQLite replay the WAL there, and back that up into
+    ``dest``; False when there is no WAL, it is too large, or anything fails."""
+    import shutil  # only here: a start that needs it is rare
+    import tempfile
+
+    wal = _size(path + "-wal")
+    if not wal or _size(path) + wal > MAX_PRIVATE_COPY:
+        return False
+    try:
+        tmp = tempfile.mkdtemp(prefix="gpuwatchd-replay-")
+    except OSError:
+        return False
+    try:
+        copy = os.path.join(tmp, "copy.db")
+        for suffix in ("", "-wal"):
+            fd = open_state_file(path + suffix)
+            with os.fdopen(fd, "rb") as src, open(copy + suffix, "wb") as out:
+                shutil.copyfileobj(src, out)
+        if not _backup_from(f"file:{copy}", dest):
+            return False
+        log.warning(
+            "%s: read through a private copy, its WAL (%d bytes) replayed: nothing saved "
+            "in it was lost",
+            path,
+            wal,
+        )
+        return True
+    except OSError:
+        return False
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)

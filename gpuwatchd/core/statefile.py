@@ -53,13 +53,21 @@ def _refuse(path: str, what: str) -> UnsafeStateFile:
     )
 
 
-def open_state_file(path: str, flags: int = os.O_RDONLY, mode: int = 0o644) -> int:
-    """A file descriptor for the regular file ``path`` (never a link, FIFO or device)."""
-    return open_regular(path, flags, mode, follow_links=False)
+def open_state_file(
+    path: str, flags: int = os.O_RDONLY, mode: int = 0o644, *, dir_fd: int | None = None
+) -> int:
+    """A file descriptor for the regular file ``path`` (never a link, FIFO or device);
+    ``path`` relative to the directory ``dir_fd`` when given."""
+    return open_regular(path, flags, mode, follow_links=False, dir_fd=dir_fd)
 
 
 def open_regular(
-    path: str, flags: int = os.O_RDONLY, mode: int = 0o644, *, follow_links: bool
+    path: str,
+    flags: int = os.O_RDONLY,
+    mode: int = 0o644,
+    *,
+    follow_links: bool,
+    dir_fd: int | None = None,
 ) -> int:
     """A file descriptor for ``path`` if it is a regular file; ``UnsafeStateFile`` if it
     is a FIFO, device, directory or socket (or a symbolic link, unless ``follow_links``).
@@ -67,7 +75,7 @@ def open_regular(
     ``follow_links=True`` (an administrator may link them); state files never are."""
     extra = os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow_links else os.O_NOFOLLOW)
     try:
-        fd = os.open(path, flags | extra, mode)
+        fd = os.open(path, flags | extra, mode, dir_fd=dir_fd)
     except OSError as exc:
         if exc.errno == errno.ELOOP and not follow_links:
             raise _refuse(path, "a symbolic link") from None
@@ -83,12 +91,14 @@ def open_regular(
     return fd
 
 
-def read_state_file(path: str, limit: int, *, follow_links: bool = False) -> bytes:
+def read_state_file(
+    path: str, limit: int, *, follow_links: bool = False, dir_fd: int | None = None
+) -> bytes:
     """The content of the regular file ``path``, at most ``limit`` bytes (else refused).
 
     ``FileNotFoundError`` passes through for callers that treat an absent file as empty.
     """
-    fd = open_regular(path, follow_links=follow_links)
+    fd = open_regular(path, follow_links=follow_links, dir_fd=dir_fd)
     with os.fdopen(fd, "rb") as fh:
         data = fh.read(limit + 1)
     if len(data) > limit:
@@ -112,3 +122,25 @@ def check_sqlite_files(path: str) -> None:
         return
     for suffix in SQLITE_COMPANIONS:
         check_state_file(path + suffix)
+
+
+def set_aside_unsafe(path: str, stamp: str) -> list[str]:
+    """Rename each of ``path``'s SQLite files that is not a regular file (a link, FIFO,
+    directory, device) to ``<name>.unsafe-<stamp>``, never opening it; the names moved.
+
+    A store calls this when ``check_sqlite_files`` refuses its files at start-up, so that
+    it can run on a fresh database instead of failing every start (a crash loop)."""
+    moved: list[str] = []
+    if path == ":memory:" or path.startswith("file:"):
+        return moved
+    for suffix in SQLITE_COMPANIONS:
+        name = path + suffix
+        try:
+            st = os.lstat(name)
+        except FileNotFoundError:
+            continue
+        if stat.S_ISREG(st.st_mode):
+            continue
+        os.replace(name, f"{name}.unsafe-{stamp}")
+        moved.append(f"{name} ({_kind(st.st_mode)})")
+    return moved

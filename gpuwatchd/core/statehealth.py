@@ -23,6 +23,7 @@ class StoreHealth:
     durable: bool  # False: the state lives in memory only (lost at a restart)
     write_errors: int
     detail: str = ""
+    set_aside: int = 0  # files moved aside and rows skipped as unusable (rules store)
 
 
 def state_families(fams: Families, stores: Iterable[StoreHealth]) -> None:
@@ -40,6 +41,14 @@ def state_families(fams: Families, stores: Iterable[StoreHealth]) -> None:
         "Writes of the store to state_dir that failed.",
         ["store"],
     )
+    aside = fams.get(
+        "gpuwatchd_state_set_aside_total",
+        "counter",
+        "State files moved aside (a link, FIFO or directory where a database belongs) and "
+        "saved rows skipped (wrong types) instead of failing the start; logged.",
+        ["store"],
+    )
     for s in stores:
         durable.add([s.name], 1.0 if s.durable else 0.0)
         errors.add([s.name], float(s.write_errors))
+        aside.add([s.name], float(s.set_aside))

@@ -7,15 +7,17 @@ callables it was given, so no request ever calls NVML or waits on a GPU.
 Guards, in the order a request meets them (``WebGuard`` holds the settings):
 
 - at most ``MAX_CONNECTIONS`` connections at once, each with a ``TIMEOUT`` for the TLS
-  handshake and every read. A connection that has no complete request yet is "waiting";
+  handshake and every read. A connection is "waiting" whenever the server waits for a
+  byte from it (the server reads nothing but request lines and headers: never a body);
   when every slot is taken, a new connection evicts the waiting one that has waited
   longest (at least ``EVICT_AFTER``), and any that waited ``HEADER_DEADLINE`` is closed.
   Slow clients (one byte every few seconds, idle keep-alives) can therefore never lock a
   normal scraper out; only as many busy, fast requests as slots refuse a new one;
 - TLS when the web config file (exporter-toolkit format, ``web.config_file``) asks;
 - a rate limit per client address (429 with ``Retry-After``);
-- the request line and headers together at most ``web.max_request_bytes`` (431), a body
-  larger than that 413 (no endpoint takes a body; a smaller one is read and ignored);
+- the request line and headers together at most ``web.max_request_bytes`` (431); any
+  body 413, unread (no endpoint takes one, and a body read a byte at a time would hold a
+  slot past the header deadline);
 - basic auth against bcrypt hashes when the web config has users (401); bcrypt checks that
   are not cached are bounded for the whole server, whatever the client address (429 past
   the budget, see ``BasicAuth``);
@@ -44,8 +46,9 @@ from http import HTTPStatus
 from typing import Any
 
 from gpuwatchd.config.web import PasswordChecksBusy, WebGuard
-from gpuwatchd.core.families import CONTENT_TYPE, Families
+from gpuwatchd.core.families import CONTENT_TYPE, OPENMETRICS_CONTENT_TYPE, Families
 from gpuwatchd.exposition.metrics import MetricsRenderer
+from gpuwatchd.exposition.statuspage import render_page
 
 log = logging.getLogger(__name__)
 
@@ -69,14 +72,6 @@ REFUSALS = (
 )
 _WARN_EVERY = 10.0  # seconds between two warnings of one kind
 
-_LANDING = b"""<!doctype html><html><head><title>gpuwatchd</title></head><body>
-<h1>gpuwatchd</h1><ul>
-<li><a href="/metrics">/metrics</a> Prometheus metrics</li>
-<li><a href="/healthz">/healthz</a> daemon health</li>
-<li><a href="/api/v1/status">/api/v1/status</a> per-GPU health (JSON)</li>
-</ul></body></html>
-"""
-
 
 class _Server(socketserver.ThreadingMixIn, socketserver.TCPServer):
     daemon_threads = True
@@ -93,8 +88,6 @@ class _Server(socketserver.ThreadingMixIn, socketserver.TCPServer):
     ) -> None:
         self.address_family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
         self.renderer = renderer
-        self._registry: Any = None  # the OpenMetrics registry, built on first use
-        self._registry_lock = threading.Lock()
         self.health = health
         self.status = status
         self.guard = guard
@@ -109,13 +102,8 @@ class _Server(socketserver.ThreadingMixIn, socketserver.TCPServer):
         super().__init__(address, _Handler)
 
     def openmetrics(self) -> tuple[bytes, str]:
-        """The OpenMetrics body and its content type; prometheus_client loads on first use."""
-        from gpuwatchd.exposition import openmetrics
-
-        with self._registry_lock:
-            if self._registry is None:
-                self._registry = openmetrics.client_registry(self.renderer)
-        return openmetrics.render(self._registry), openmetrics.CONTENT_TYPE_LATEST
+        """The OpenMetrics body and its content type (the renderer's own, cached)."""
+        return self.renderer.render_openmetrics(), OPENMETRICS_CONTENT_TYPE
 
     def refuse(self, reason: str, message: str | None = None, *args: object) -> None:
         """Count a refusal; log it at most once per ``_WARN_EVERY`` seconds per reason."""
@@ -471,9 +459,13 @@ class _Handler(socketserver.StreamRequestHandler):
             return self._refuse(401, "auth", challenge, "", note, client, who)
         if self.command not in ("GET", "HEAD"):
             return self._refuse(405, "method", {"Allow": "GET, HEAD"})
-        return self._discard_body(guard.max_request_bytes)
+        return self._no_body()
 
-    def _discard_body(self, limit: int) -> bool:
+    def _no_body(self) -> bool:
+        """No endpoint takes a body, so none is ever read: a request that announces one is
+        answered 413 at once and closed, its body unread. Reading it would leave the
+        connection outside the header deadline and out of reach of eviction, so 64 clients
+        sending a body a byte at a time could hold every slot (issue 26)."""
         if self.headers.get("Transfer-Encoding"):
             return self._refuse(400, "bad_request", text="request bodies are not accepted")
         raw = self.headers.get("Content-Length")
@@ -481,15 +473,8 @@ class _Handler(socketserver.StreamRequestHandler):
             return True
         if not raw.strip().isdigit():
             return self._refuse(400, "bad_request", text="bad Content-Length")
-        length = int(raw)
-        if length > limit:
-            return self._refuse(413, "too_large")
-        while length > 0:
-            chunk = self.rfile.read(min(length, 65536))
-            if not chunk:
-                self.close_connection = True
-                return False
-            length -= len(chunk)
+        if int(raw) > 0:
+            return self._refuse(413, "too_large", text="request bodies are not accepted")
         return True
 
     def _send(self, code: int, body: bytes, content_type: str) -> None:
@@ -521,8 +506,8 @@ class _Handler(socketserver.StreamRequestHandler):
             elif path == "/api/v1/status":
                 body = json.dumps(self.server.status(), indent=2, sort_keys=True).encode()
                 self._send(200, body + b"\n", "application/json")
-            elif path == "/":
-                self._send(200, _LANDING, "text/html; charset=utf-8")
+            elif path == "/":  # the status page (statuspage.py); links to the rest
+                self._send(200, render_page(self.server.status()), "text/html; charset=utf-8")
             else:
                 self._send(404, b"not found\n", "text/plain; charset=utf-8")
         except (BrokenPipeError, ConnectionResetError, TimeoutError, _tls_error()):

@@ -2,11 +2,11 @@
 
 Every scrape builds fresh families from the latest immutable view, so a scrape never
 calls NVML and never waits on a GPU. ``MetricsRenderer`` caches the text per view
-version: scrapes between two polls cost a lookup. ``NodeCollector`` exposes the same
-families through a private prometheus_client registry (used for OpenMetrics). Both
-scrape paths add the daemon's own ``process_*`` metrics, read fresh at every scrape (they
-are not part of ``families()``, which ``simulate`` writes, so its output stays the same
-from run to run).
+version: scrapes between two polls cost a lookup. ``render_openmetrics`` is the same
+families in OpenMetrics 1.0 (what Prometheus asks for first), rendered by the same code
+and cached the same way, so neither format is the slow path. Both scrape paths add the
+daemon's own ``process_*`` metrics, read fresh at every scrape (they are not part of
+``families()``, which ``simulate`` writes, so its output stays the same from run to run).
 """
 
 from __future__ import annotations
@@ -17,7 +17,13 @@ from functools import lru_cache
 
 from gpuwatchd import __version__
 from gpuwatchd.config.loader import MetricsConfig
-from gpuwatchd.core.families import Families, escape_label_value, label_text
+from gpuwatchd.core.families import (
+    OPENMETRICS_EOF,
+    Families,
+    escape_label_value,
+    label_text,
+)
+from gpuwatchd.core.fieldcheck import field_families
 from gpuwatchd.core.fields import (
     CLOCK_EVENT_REASONS,
     GPU_FIELD_LIST,
@@ -232,6 +238,8 @@ def _gpu_families(
 XID_OTHER_LABEL = "other"
 """The ``xid`` label of every code outside NVIDIA's XID catalog."""
 
+_MigKey = tuple[int | None, str, int, int | None]  # gpu, xid label, GPU and compute instance
+
 
 @lru_cache(maxsize=1)
 def _catalog_codes() -> frozenset[int]:
@@ -244,7 +252,9 @@ def _xid_families(view: NodeView, fams: Families) -> None:
     xid = fams.get(
         "gpuwatchd_xid_errors_total",
         "counter",
-        "NVIDIA XID errors seen from trusted sources, by GPU and XID code.",
+        "NVIDIA XID errors seen from trusted sources, by GPU and XID code; a report the "
+        "driver attributed to a MIG instance is counted in a series of its own with the "
+        "labels gpu_instance and compute_instance.",
         [*GPU_LABELS, "xid"],
     )
     by_index = {g.info.index: g.info for g in view.gpus}
@@ -253,18 +263,70 @@ def _xid_families(view: NodeView, fams: Families) -> None:
         (gpu, code), _ = item
         return (-1 if gpu is None else gpu, code)
 
-    # A code NVIDIA's catalog does not list (a forged or corrupt line, an SXid, a code
+    # A code NVIDIA's catalog does not list (a corrupt line, a code
     # newer than the catalog) is counted under one label, so that 100,000 distinct codes
     # cannot make 100,000 series. The exact code is in the log and in /api/v1/status.
     known = _catalog_codes()
+
+    def label_of(code: int) -> str:
+        return str(code) if code in known else XID_OTHER_LABEL
+
+    # MIG-attributed reports leave the whole-GPU series and get one per instance, so that
+    # sum() over the family is still the number of reports.
+    mig: dict[_MigKey, int] = {}
+    mig_total: dict[tuple[int | None, str], int] = {}
+    for (gpu, code, gi, ci), count in view.mig_xid_counts.items():
+        label = label_of(code)
+        mig[(gpu, label, gi, ci)] = mig.get((gpu, label, gi, ci), 0) + count
+        mig_total[(gpu, label)] = mig_total.get((gpu, label), 0) + count
     buckets: dict[tuple[int | None, str], int] = {}
     for (gpu, code), count in sorted(view.xid_counts.items(), key=order):
-        label = str(code) if code in known else XID_OTHER_LABEL
+        label = label_of(code)
         buckets[(gpu, label)] = buckets.get((gpu, label), 0) + count
-    for (gpu, label), count in buckets.items():
+
+    def base_of(gpu: int | None) -> str:
         info = by_index.get(gpu) if gpu is not None else None
-        base = gpu_label_text(info) if info is not None else 'gpu="",uuid="",pci_bus_id="",model=""'
-        xid.add_text(f'{base},xid="{escape_label_value(label)}"', float(count))
+        return gpu_label_text(info) if info is not None else 'gpu="",uuid="",pci_bus_id="",model=""'
+
+    for (gpu, label), count in buckets.items():
+        whole = count - mig_total.get((gpu, label), 0)
+        if whole > 0:
+            xid.add_text(f'{base_of(gpu)},xid="{escape_label_value(label)}"', float(whole))
+
+    def mig_order(item: tuple[_MigKey, int]) -> tuple[int, str, int, int]:
+        (gpu, label, gi, ci), _ = item
+        return (-1 if gpu is None else gpu, label, gi, -1 if ci is None else ci)
+
+    for (gpu, label, gi, ci), count in sorted(mig.items(), key=mig_order):
+        instance = f'gpu_instance="{gi}",compute_instance="{"" if ci is None else ci}"'
+        xid.add_text(f'{base_of(gpu)},xid="{escape_label_value(label)}",{instance}', float(count))
+    decoded = fams.get(
+        "gpuwatchd_xid_nvlink5_decoded_total",
+        "counter",
+        "NVLink5 XIDs 144-150 by the verdict of their decoded registers (NVIDIA's 144-150 "
+        "decode): fatal (RESET_GPU), nonfatal (IGNORE, or follow the XID 154), undecoded.",
+        [*GPU_LABELS, "xid", "verdict"],
+    )
+
+    def verdict_order(item: tuple[tuple[int | None, int, str], int]) -> tuple[int, int, str]:
+        (gpu, code, verdict), _ = item
+        return (-1 if gpu is None else gpu, code, verdict)
+
+    for (gpu, code, verdict), count in sorted(view.xid_verdict_counts.items(), key=verdict_order):
+        decoded.add_text(f'{base_of(gpu)},xid="{code}",verdict="{verdict}"', float(count))
+
+    sxid = fams.get(
+        "gpuwatchd_sxid_errors_total",
+        "counter",
+        "NVSwitch SXid lines from trusted sources, by switch and what the line says: fatal, "
+        "nonfatal, or detail (the Data and Severity lines that follow a report).",
+        ["pci_bus_id", "verdict"],
+    )
+    for (pci, verdict), count in sorted(view.sxid_counts.items()):
+        sxid.add_text(
+            f'pci_bus_id="{escape_label_value(pci)}",verdict="{escape_label_value(verdict)}"',
+            float(count),
+        )
 
 
 def build_families(
@@ -278,6 +340,7 @@ def build_families(
     fams = Families()
     _node_families(view, fams)
     _gpu_families(view, fams, per_link, extra_fields)
+    field_families(view, extra_fields, fams)  # configured fields no GPU answers
     _xid_families(view, fams)
     _source_families(view, fams)
     for add in extra:
@@ -310,7 +373,7 @@ class MetricsRenderer:
             extra.append(lambda v, f: dcgm_families(v, f, hostname_label=hostname_label))
         self.extra = tuple(extra)
         self._lock = threading.Lock()
-        self._cache: tuple[int, bytes] | None = None
+        self._cache: dict[bool, tuple[int, bytes]] = {}  # openmetrics? -> (version, body)
 
     @classmethod
     def for_config(
@@ -340,14 +403,22 @@ class MetricsRenderer:
 
     def render(self) -> bytes:
         """The node's families (cached per view version), then the process metrics."""
-        return self._node_text() + self.process.render()
+        return self._node_body(False) + self.process.render()
 
-    def _node_text(self) -> bytes:
+    def render_openmetrics(self) -> bytes:
+        """The same in OpenMetrics 1.0, ending in ``# EOF``."""
+        process = Families()
+        self.process.add(process)
+        return self._node_body(True) + process.render_openmetrics() + OPENMETRICS_EOF
+
+    def _node_body(self, openmetrics: bool) -> bytes:
         view = self._view()
         with self._lock:
-            if self._cache is not None and self._cache[0] == view.version:
-                return self._cache[1]
-        body = self.families(view).render()
+            cached = self._cache.get(openmetrics)
+            if cached is not None and cached[0] == view.version:
+                return cached[1]
+        fams = self.families(view)
+        body = fams.render_openmetrics() if openmetrics else fams.render()
         with self._lock:
-            self._cache = (view.version, body)
+            self._cache[openmetrics] = (view.version, body)
         return body

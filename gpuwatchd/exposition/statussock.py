@@ -9,9 +9,19 @@ believes an answer: the socket and its directory are owned by the same user, the
 is not writable by group or others, and the process at the other end (``SO_PEERCRED``)
 runs as that user.
 
+Any local user may ask (the socket is 0666, like HTTP on localhost), so answers are rate
+limited per peer uid (``SO_PEERCRED``): ``ANSWERS_BURST`` at once, then
+``ANSWERS_PER_SECOND``; beyond that a connection gets a few constant bytes,
+``{"busy": {"retry_after": S}}``, instead of a document built for it (issue 26: one user
+opened 70,244 connections in 30 s and cost 71 % of a core). Each uid has its own bucket,
+so one user's flood never keeps another (root's prolog, the service user) from an answer,
+and a client told to wait asks again (``gpuwatchd.cli.statusclient``), so many prologs
+starting at once are slowed, never refused.
+
 Protocol: connect, read one JSON document until the server closes. The document is
-``{"status": <what /api/v1/status serves>, "health": {"ok": bool, "detail": str},
-"http": {"listening": bool, "problem": str | null, "where": "HOST:PORT"}}``.
+``{"busy": ...}`` as above, or ``{"status": <what /api/v1/status serves>, "health":
+{"ok": bool, "detail": str}, "http": {"listening": bool, "problem": str | null, "where":
+"HOST:PORT"}}``.
 """
 
 from __future__ import annotations
@@ -22,14 +32,19 @@ import logging
 import os
 import socket
 import stat
+import struct
 import threading
 from collections.abc import Callable
 from typing import Any
+
+from gpuwatchd.config.web import RateLimiter
 
 log = logging.getLogger(__name__)
 
 SOCKET_NAME = "status.sock"
 SEND_TIMEOUT = 2.0
+ANSWERS_PER_SECOND = 5.0  # per peer uid, after the burst
+ANSWERS_BURST = 20
 
 
 def socket_path(state_dir: str, environ: dict[str, str] | None = None) -> str:
@@ -47,6 +62,8 @@ class StatusSocket:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.problem: str | None = None
+        self._limit = RateLimiter(1.0 / ANSWERS_PER_SECOND, ANSWERS_BURST)
+        self.refused = 0  # connections answered "busy" for the rate limit
 
     def start(self) -> bool:
         """Bind and serve; False (logged, daemon unaffected) if the path cannot be used."""
@@ -93,6 +110,13 @@ class StatusSocket:
                     return
                 continue
             with conn:
+                wait = self._limit.allow(_peer_uid(conn))
+                if wait > 0:
+                    self.refused += 1
+                    with contextlib.suppress(OSError):
+                        conn.settimeout(SEND_TIMEOUT)
+                        conn.sendall(b'{"busy": {"retry_after": %.2f}}' % min(wait, 1.0))
+                    continue
                 try:
                     data = json.dumps(self._document(), sort_keys=True).encode()
                     conn.settimeout(SEND_TIMEOUT)
@@ -108,3 +132,12 @@ class StatusSocket:
                 os.unlink(self.path)
         if self._thread is not None:
             self._thread.join(2.0)
+
+
+def _peer_uid(conn: socket.socket) -> str:
+    """The uid of the process at the other end, as a rate-limit key."""
+    try:
+        creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    except OSError:
+        return "unknown"
+    return str(struct.unpack("3i", creds)[1])

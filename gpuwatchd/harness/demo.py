@@ -30,6 +30,7 @@ from gpuwatchd.config.loader import Config, ListenAddress
 from gpuwatchd.core.alerts import AlertSeverity, AlertState, AlertTransition
 from gpuwatchd.core.clock import Clock, ScaledClock
 from gpuwatchd.core.fields import HEALTH_CLOCK_EVENT_REASONS, decode_clock_event_reasons
+from gpuwatchd.core.health import DEGRADED, OK, firing_by_gpu, gpu_health
 from gpuwatchd.core.records import DeviceEvent, DeviceEventKind, GpuSample, GpuStatus, XidEvent
 from gpuwatchd.rules.stage import RulesStage
 from gpuwatchd.scenario.backend import ScenarioBackend
@@ -375,8 +376,9 @@ def default_demo_config() -> Config:
 
 
 def wants_color(out: TextIO, environ: Mapping[str, str]) -> bool:
-    """Colour only on a terminal, and never when NO_COLOR is set (no-color.org)."""
-    return not environ.get("NO_COLOR") and out.isatty()
+    """Colour only on a terminal that can show it: never when NO_COLOR is set
+    (no-color.org) or TERM is ``dumb``."""
+    return not environ.get("NO_COLOR") and environ.get("TERM") != "dumb" and out.isatty()
 
 
 def memory_trend_pages(daemon: Daemon) -> frozenset[str]:
@@ -492,7 +494,7 @@ def _play(
         f"{format_duration(scenario.step)} of node time. Pages and drains are printed, "
         "never sent.\n"
     )
-    out.write(f"  Metrics: {url}/metrics   Status: {url}/api/v1/status\n\n")
+    out.write(f"  Status page: {url}/   Metrics: {url}/metrics   API: {url}/api/v1/status\n\n")
     out.flush()
     stop = threading.Event()
     try:
@@ -515,10 +517,11 @@ def _play(
                 )
             )
         out.write("\n" + style.bold("Summary") + f": {narrator.findings} findings.\n")
+        by_gpu = firing_by_gpu(firing)
         for g in view.gpus:
-            word = g.status.value
-            text = style.green(word) if g.status is GpuStatus.OK else style.red(word)
-            out.write(f"  GPU {g.info.index} {g.info.pci_bus_id} {text}\n")
+            verdict = gpu_health(g.status.value, by_gpu.get(str(g.info.index), ()))
+            paint = {OK: style.green, DEGRADED: style.yellow}.get(verdict.health, style.red)
+            out.write(f"  GPU {g.info.index} {g.info.pci_bus_id} {paint(verdict.text())}\n")
         for line in narrator.leads:
             out.write(f"  Lead time: {line}.\n")
         out.write(f"  {len(firing)} alert(s) still firing")

@@ -257,7 +257,10 @@ class AlertBook:
         if state is AlertState.FIRING:
             if alert.boot_id != boot_id:
                 self._survived_reboot(rule, values, node, alert, now, out)
+            self._rerender(rule, values, node, alert)
             return
+        if state is AlertState.PENDING:
+            self._rerender(rule, values, node, alert)
         if state is AlertState.INACTIVE:
             alert.active_since = now
             self.active[rule.name][alert.fingerprint] = None
@@ -270,6 +273,14 @@ class AlertBook:
                 return
         if now - alert.active_since >= rule.for_:
             self._fire(rule, values, node, alert, now, out)
+
+    @staticmethod
+    def _rerender(rule: Rule, values: Mapping[str, Any], node: str, alert: Alert) -> None:
+        """Render the annotations again from what this evaluation found, as Prometheus
+        does at every evaluation: the text of a firing alert follows its values (the
+        count that keeps growing), and every later message (a repeat, the resolve, the
+        status API) says what holds now, not what held when it fired."""
+        alert.annotations = render(rule, values, node, alert)  # saved with last_true
 
     def _fire(
         self,

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -171,6 +172,7 @@ class Engine:
             self._loaded = loaded
             self._bank.watch(gpu_fields, link_fields, any(r.per_link for r in new.rules))
             self._snap.xids.retention = xid_window
+            self._snap.sxids.retention = xid_window
             self._book.adopt(new.rules)
 
     # -- observe ------------------------------------------------------------------------
@@ -180,9 +182,12 @@ class Engine:
                 with self._lock:
                     self._bank.observe(record)
         elif isinstance(record, XidEvent):
+            if record.trusted and record.kind == "sxid":
+                with self._lock:
+                    self._snap.sxids.add(record)  # the sxid condition's, not the XID rules'
+                return
             if (
                 not record.trusted
-                or record.kind == "sxid"
                 or (record.pci_bus_id or "").upper() in self.ignore
                 or (record.uuid or "").upper() in self.ignore
             ):
@@ -287,6 +292,58 @@ class Engine:
                 if (state is None and a.state is not AlertState.INACTIVE) or a.state is state
             ]
         return sorted(found, key=lambda a: (a.rule, sorted(a.labels.items())))
+
+    def current(self, rule: str, fingerprint: str) -> tuple[Mapping[str, str], float | None] | None:
+        """A firing alert's annotations and value as the last evaluation rendered them
+        (None when it is not firing): what a repeat or a later message says."""
+        with self._lock:
+            a = self._book.alerts.get(rule, {}).get(fingerprint)
+            if a is None or a.state is not AlertState.FIRING:
+                return None
+            return a.annotations, a.value
+
+    def history(self, rule: str, fingerprint: str, days: int = 14) -> dict[str, Any] | None:
+        """What a firing memory-trend or XID-recurrence alert judged, per day: the daily
+        increase of the rule's counter on the GPU (memory_trend) or the day's count of the
+        XID codes the rule watches on it (xid_recurrence), for the last ``days`` days up
+        to the last evaluation, and when it fired. None for other alerts."""
+        with self._lock:
+            x = self._loaded.get(rule)
+            a = self._book.alerts.get(rule, {}).get(fingerprint)
+            now = self._timers.last_now
+            if x is None or a is None or a.state is not AlertState.FIRING or now is None:
+                return None
+            uuid = a.labels.get("uuid", "")
+            starts = [now - (days - i) * 86400.0 for i in range(days)]
+            c = x.rule.condition
+            if x.rule.kind == "memory_trend":
+                field_name = str(getattr(c, "field", ""))
+                data = self._bank.gpus.get(uuid)
+                h = data.hist.get(field_name) if data is not None else None
+                if h is None:
+                    return None
+                per_day = [max(h.increase(t, t + 86400.0), 0.0) for t in starts]
+                what = field_name
+            elif x.rule.kind == "xid_recurrence":
+                codes = frozenset(getattr(c, "codes", ()) or ())
+                pci = a.labels.get("pci_bus_id", "").upper()
+                per_day = [0.0] * days
+                for ev in self._snap.xids.newest_first(0):
+                    if (ev.pci_bus_id or "").upper() != pci or (codes and ev.xid not in codes):
+                        continue
+                    i = int((ev.timestamp - starts[0]) // 86400.0)
+                    if 0 <= i < days:
+                        per_day[i] += 1.0
+                what = "XID " + "/".join(str(n) for n in sorted(codes)) if codes else "XIDs"
+            else:
+                return None
+            return {
+                "what": what,
+                "day_starts": starts,
+                "per_day": per_day,
+                "fired_at": a.fired_at,
+                "now": now,
+            }
 
     # -- metrics ------------------------------------------------------------------------
     def families(self, view: NodeView, fams: Families) -> None:

@@ -10,6 +10,7 @@ every file completely and reports all problems at once.
 
 from __future__ import annotations
 
+import dataclasses
 import glob
 import os
 import re
@@ -411,10 +412,12 @@ def load_rule_set(
     config_source: str | None = None,
     catalog: xid_catalog.Catalog | None = None,
     extra_fields: tuple[ExtraField, ...] = (),
+    no_drain: Iterable[str] = (),
 ) -> RuleSet:
     """Load the shipped rules (``defaults``) then ``files`` (paths or globs), drop the
-    rules named in ``disable``; raises one ``ConfigError`` with every problem. Rules may
-    use the ``extra_fields`` (the config's ``fields`` section) by name."""
+    rules named in ``disable``, and take the drain off those named in ``no_drain``; raises
+    one ``ConfigError`` with every problem. Rules may use the ``extra_fields`` (the
+    config's ``fields`` section) by name."""
     parser = RuleParser(catalog, extra_fields)
     rules: list[Rule] = []
     loaded: list[str] = []
@@ -434,19 +437,31 @@ def load_rule_set(
         yamlsrc.hide_private_text(parser.r.problems, path)
         loaded.append(path)
     names = {r.name for r in rules}
-    unknown = [n for n in disable if n not in names and n not in parser.seen]
-    if unknown:
-        locs = _disable_locations(config_source)
-        for name in unknown:
-            loc = locs.get(name, Location(config_source or "<config>", 1, 1))
-            parser.r.error(
-                loc, f"rules.disable: no rule named {name!r}{hint(name, names | set(parser.seen))}"
-            )
+    for key, listed in (("disable", disable), ("no_drain", no_drain)):
+        unknown = [n for n in listed if n not in names and n not in parser.seen]
+        if unknown:
+            locs = _disable_locations(config_source, key)
+            for name in unknown:
+                loc = locs.get(name, Location(config_source or "<config>", 1, 1))
+                parser.r.error(
+                    loc,
+                    f"rules.{key}: no rule named {name!r}{hint(name, names | set(parser.seen))}",
+                )
     parser.r.raise_if_any()
+    keep = set(no_drain)
+    rules = [_without_drain(r) if r.name in keep else r for r in rules]
     return RuleSet(tuple(rules), tuple(loaded)).without(set(disable))
 
 
-def _disable_locations(config_source: str | None) -> dict[str, Location]:
+def _without_drain(rule: Rule) -> Rule:
+    """The rule as ``rules.no_drain`` wants it: it alerts as before and never drains."""
+    escalate = rule.escalate
+    if escalate is not None:
+        escalate = dataclasses.replace(escalate, drain=False)
+    return dataclasses.replace(rule, drain=False, escalate=escalate)
+
+
+def _disable_locations(config_source: str | None, key: str = "disable") -> dict[str, Location]:
     if config_source is None:
         return {}
     try:
@@ -454,7 +469,7 @@ def _disable_locations(config_source: str | None) -> dict[str, Location]:
     except ConfigError:
         return {}
     rules = root.get("rules") if root is not None else None
-    disable = rules.get("disable") if rules is not None else None
+    disable = rules.get(key) if rules is not None else None
     if disable is None or not disable.is_sequence():
         return {}
     return {str(item.value): item.loc for item in disable.value}
@@ -483,6 +498,7 @@ def rules_from_config(config: Config, extra_files: Iterable[str] = ()) -> RuleSe
         [*files, *extra_files],
         defaults=defaults,
         disable=disable,
+        no_drain=tuple(getattr(rc, "no_drain", ())),
         config_source=config.source,
         catalog=xid.catalog() if xid is not None else None,
         extra_fields=tuple(getattr(config, "fields", ())),

@@ -127,6 +127,7 @@ class Snapshot:
         "links_moved",
         "meta",
         "status_moved",
+        "sxids",
         "touched",
         "view",
         "xids",
@@ -147,6 +148,7 @@ class Snapshot:
         self.touched = touched  # counter histories that moved since the last evaluation
         self.meta = meta  # history -> (uuid, field, link or -1)
         self.xids = XidLog()
+        self.sxids = XidLog()  # NVSwitch SXids: their own numbering, never an XID rule's
         self.links_moved = True  # a GPU's link samples changed since the last evaluation
         self.status_moved = True  # a GPU's status changed since the last evaluation
         self._guards: dict[Guard, tuple[set[int], set[int]]] = {}
@@ -189,6 +191,7 @@ class Snapshot:
         self.links_moved = False
         self.status_moved = False
         self.xids.trim(now)
+        self.sxids.trim(now)
 
     # -- for the conditions ---------------------------------------------------------------
     def selected(self, rule: Rule) -> list[GpuView]:

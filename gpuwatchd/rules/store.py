@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpuwatchd.core.sqlitecopy import copy_read_only, damaged, storage_error
-from gpuwatchd.core.statefile import check_sqlite_files
+from gpuwatchd.core.statefile import UnsafeStateFile, check_sqlite_files, set_aside_unsafe
 
 log = logging.getLogger(__name__)
 
@@ -129,6 +129,59 @@ class EpisodeRecord:
     flags: int
 
 
+ALERT_STATES = frozenset({"inactive", "pending", "firing"})
+
+
+def _number(v: object) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool)
+
+
+def _maybe(v: object) -> bool:
+    return v is None or _number(v)
+
+
+def _str_map(text: object, what: str) -> dict[str, str]:
+    """A JSON object of strings (labels, annotations); ``ValueError`` for anything else
+    (valid JSON of another shape included)."""
+    if not isinstance(text, str):
+        raise ValueError(f"{what}: not text")
+    value = json.loads(text)
+    if not isinstance(value, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in value.items()
+    ):
+        raise ValueError(f"{what}: not an object of strings")
+    return value
+
+
+def _alert_record(row: tuple[Any, ...]) -> AlertRecord:
+    """One saved alert row, every column checked for its type (a row written by hand, by
+    another version or by a broken disk must not stop the start)."""
+    fingerprint, rule, labels, state, severity = row[0], row[1], row[2], row[3], row[4]
+    if not all(isinstance(x, str) for x in (fingerprint, rule, state, severity, row[11])):
+        raise ValueError("a text column is not text")
+    if state not in ALERT_STATES:
+        raise ValueError(f"unknown state {state[:40]!r}")
+    if not (_number(row[5]) and _number(row[6]) and _maybe(row[7]) and _maybe(row[9])):
+        raise ValueError("a time or value column is not a number")
+    if not isinstance(row[8], int) or not isinstance(row[12], int):
+        raise ValueError("sequence or escalated is not an integer")
+    return AlertRecord(
+        fingerprint=fingerprint,
+        rule=rule,
+        labels=_str_map(labels, "labels"),
+        state=state,
+        severity=severity,
+        active_since=float(row[5]),
+        last_true=float(row[6]),
+        fired_at=None if row[7] is None else float(row[7]),
+        sequence=row[8],
+        value=None if row[9] is None else float(row[9]),
+        annotations=_str_map(row[10], "annotations"),
+        boot_id=row[11],
+        escalated=bool(row[12]),
+    )
+
+
 class StateStore:
     """SQLite-backed state. ``path=":memory:"`` keeps it in memory (simulate, tests)."""
 
@@ -138,6 +191,7 @@ class StateStore:
         self.errors = 0
         self.write_ok = True  # False while writes fail (disk full, read-only): for metrics
         self.rebuilt = False
+        self.set_aside = 0  # files moved aside and rows skipped as unusable
         self._conn: sqlite3.Connection | None = None
         # Where the state belongs on disk, also while it is kept in memory because that
         # disk could not be written (read-only, deleted): ``_write`` goes back to it.
@@ -167,11 +221,33 @@ class StateStore:
         return self.path == ":memory:"
 
     def _connect(self) -> sqlite3.Connection:
-        check_sqlite_files(self.path)  # a FIFO or link here would hang or redirect SQLite
+        try:
+            check_sqlite_files(self.path)  # a FIFO or link here would hang or redirect SQLite
+        except UnsafeStateFile as exc:
+            self._set_aside_unsafe(exc)
         conn = sqlite3.connect(self.path, timeout=5.0, check_same_thread=False)
         conn.execute("PRAGMA journal_mode=WAL" if not self.memory else "PRAGMA journal_mode=MEMORY")
         conn.execute("PRAGMA synchronous=FULL")
         return conn
+
+    def _set_aside_unsafe(self, exc: UnsafeStateFile) -> None:
+        """Move the database's files that are not regular files out of the way (never
+        opening them), so the daemon starts on a fresh database instead of failing every
+        start; ``UnsafeStateFile`` again if that is not possible."""
+        try:
+            moved = set_aside_unsafe(self.path, time.strftime("%Y%m%dT%H%M%S"))
+            check_sqlite_files(self.path)
+        except OSError as again:
+            raise UnsafeStateFile(
+                again.errno or 0, f"{exc}; cannot move it aside: {again}"
+            ) from None
+        self.set_aside += len(moved)
+        log.warning(
+            "rule state: %s: moved aside (%s), not opened; alert states and counter history "
+            "start afresh",
+            ", ".join(moved),
+            "renamed to *.unsafe-<time>",
+        )
 
     def _check(self, conn: sqlite3.Connection) -> str | None:
         """None when the database is usable, else why not."""
@@ -205,6 +281,9 @@ class StateStore:
                 self._to_memory(str(exc))  # cannot write it, but the file is fine: keep it
                 return
             problem = str(exc)
+        except OSError as exc:  # not even moved aside (a read-only directory): memory
+            self._to_memory(str(exc))
+            return
         self._rebuild(problem)
 
     # -- a disk that cannot be written ----------------------------------------------------
@@ -303,7 +382,7 @@ class StateStore:
                 )
             self._conn = conn
             self._ident = self._identity()
-        except sqlite3.Error as exc:
+        except (sqlite3.Error, OSError) as exc:
             log.error(
                 "cannot create rule state database %s (%s): keeping state in memory", self.path, exc
             )
@@ -381,25 +460,12 @@ class StateStore:
         out: list[AlertRecord] = []
         for row in rows:
             try:
-                out.append(
-                    AlertRecord(
-                        fingerprint=row[0],
-                        rule=row[1],
-                        labels=json.loads(row[2]),
-                        state=row[3],
-                        severity=row[4],
-                        active_since=row[5],
-                        last_true=row[6],
-                        fired_at=row[7],
-                        sequence=int(row[8]),
-                        value=row[9],
-                        annotations=json.loads(row[10]),
-                        boot_id=row[11],
-                        escalated=bool(row[12]),
-                    )
+                out.append(_alert_record(row))
+            except (ValueError, TypeError, RecursionError) as exc:
+                self.set_aside += 1
+                log.warning(
+                    "rule state: skipping unreadable alert row %r: %s", str(row[0])[:200], exc
                 )
-            except (ValueError, TypeError) as exc:
-                log.warning("rule state: skipping unreadable alert row %r: %s", row[0], exc)
         return out
 
     def save_alerts(self, records: Iterable[AlertRecord], now: float) -> bool:
@@ -459,15 +525,24 @@ class StateStore:
     def load_counters(self) -> dict[str, CounterRecord]:
         try:
             db = self._db()
-            out = {
-                r[0]: CounterRecord(r[1], r[2], r[3])
-                for r in db.execute('SELECT key, last_raw, "offset", last_t FROM counters')
-            }
+            out: dict[str, CounterRecord] = {}
+            bad = 0
+            for r in db.execute('SELECT key, last_raw, "offset", last_t FROM counters'):
+                if not (isinstance(r[0], str) and _number(r[2]) and all(map(_maybe, r[1::2]))):
+                    bad += 1
+                    continue
+                out[r[0]] = CounterRecord(r[1], float(r[2]), r[3])
             for key, t, v in db.execute("SELECT key, t, v FROM history ORDER BY key, t"):
+                if not (isinstance(key, str) and _number(t) and _number(v)):
+                    bad += 1
+                    continue
                 rec = out.get(key)
                 if rec is None:
                     rec = out[key] = CounterRecord(None, 0.0, None)
-                rec.points.append((t, v))
+                rec.points.append((float(t), float(v)))
+            if bad:
+                self.set_aside += bad
+                log.warning("rule state: skipped %d unreadable counter rows", bad)
         except sqlite3.DatabaseError as exc:
             self._rebuild(str(exc))
             return {}

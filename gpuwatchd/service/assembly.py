@@ -24,18 +24,21 @@ from gpuwatchd.core.alerts import AlertState
 from gpuwatchd.core.clock import Clock
 from gpuwatchd.core.errors import BackendError
 from gpuwatchd.core.families import Families
+from gpuwatchd.core.fieldcheck import FieldCheck, field_status
 from gpuwatchd.core.fields import decode_clock_event_reasons
+from gpuwatchd.core.health import HEALTH_STATES, firing_by_gpu, gpu_health
 from gpuwatchd.core.nodestate import GpuState, NodeState, NodeView
 from gpuwatchd.core.records import GpuInfo, GpuStatus, XidEvent
 from gpuwatchd.core.statehealth import StoreHealth, state_families
-from gpuwatchd.exposition.metrics import MetricsRenderer
+from gpuwatchd.exposition.metrics import GPU_LABELS, MetricsRenderer, gpu_label_text
 from gpuwatchd.rules.stage import SIMULATE_BOOT_ID, RulesStage, rules_stage
 from gpuwatchd.service.handoff import Record
 from gpuwatchd.service.pipeline import Pipeline, Stage
-from gpuwatchd.sources.gpu.backend import Backend, XidEventSource
+from gpuwatchd.sources.gpu.backend import Backend, SupervisedBackend, XidEventSource
 from gpuwatchd.sources.gpu.poller import Poller
 from gpuwatchd.sources.gpu.xid_events import XidEventReader
 from gpuwatchd.sources.xid_inputs import XidInputs
+from gpuwatchd.xid.catalog import decoded_verdict, sxid_verdict
 
 if TYPE_CHECKING:  # actions (and httpx) load only when a config has receivers or a drain
     import httpx
@@ -109,14 +112,17 @@ def gpu_status_dict(g: GpuState) -> dict[str, Any]:
     }
     if g.sample is not None:
         fields = g.sample.fields
-        out["readings"] = {k: fields[k] for k in STATUS_FIELDS if k in fields}
-        mask = fields.get("clock_event_reasons")
-        if mask is not None:
-            out["clock_event_reasons"] = decode_clock_event_reasons(int(mask))
-        down = [ls.link for ls in g.sample.links if ls.fields.get("nvlink_up") == 0.0]
-        out["nvlink_links_down"] = down
-    if g.sample is not None and g.status is not GpuStatus.OK:
-        out["error"] = "readings are from the last successful poll"
+        readings = {k: fields[k] for k in STATUS_FIELDS if k in fields}
+        if g.status is GpuStatus.OK:
+            out["readings"] = readings
+            mask = fields.get("clock_event_reasons")
+            if mask is not None:
+                out["clock_event_reasons"] = decode_clock_event_reasons(int(mask))
+            down = [ls.link for ls in g.sample.links if ls.fields.get("nvlink_up") == 0.0]
+            out["nvlink_links_down"] = down
+        else:  # never shown as current: what the GPU said before it stopped answering
+            out["last_readings"] = readings
+            out["last_readings_at"] = g.sample.timestamp
     return out
 
 
@@ -159,6 +165,8 @@ class Node:
         self.pipeline = Pipeline(
             [self.rules, *wiring.extra_stages], [self.actions] if self.actions else []
         )
+        if self.actions is not None and isinstance(self.rules, RulesStage):
+            self.actions.use_current(self.rules.engine.current)
         self.listeners: list[Callable[[Record], None]] = []
         self.xids = XidInputs(
             config, backend, clock, self._xid, self.source_status, durable=wiring.durable
@@ -166,10 +174,18 @@ class Node:
         self.renderer = MetricsRenderer.for_config(
             self.state.view,
             config.metrics,
-            (self.pipeline.families, self._input_families, *wiring.extra_families),
+            (
+                self.pipeline.families,
+                self._input_families,
+                self._health_families,
+                *wiring.extra_families,
+            ),
             config.fields,
         )
+        self.fieldcheck = FieldCheck(config.fields)
         self.infos: list[GpuInfo] = []
+        if isinstance(backend, SupervisedBackend):
+            backend.set_status(self.source_status)
         self.events: XidEventReader | None = None
         if config.sources.nvml_events and isinstance(backend, XidEventSource):
             self.events = XidEventReader(
@@ -229,8 +245,16 @@ class Node:
                 extra=extra,
             )
         else:
-            if event.trusted:
-                self.state.count_xid(event.gpu, event.xid)
+            if event.trusted and event.kind == "sxid":
+                self.state.count_sxid(event.pci_bus_id or "", sxid_verdict(event.message))
+            elif event.trusted:
+                self.state.count_xid(
+                    event.gpu,
+                    event.xid,
+                    gpu_instance=event.gpu_instance,
+                    compute_instance=event.compute_instance,
+                    verdict=decoded_verdict(event.xid, event.message, event.kind),
+                )
             log.warning(
                 "XID %d on GPU %s (%s) via %s: %s",
                 event.xid,
@@ -256,13 +280,34 @@ class Node:
 
     # -- judging -------------------------------------------------------------------------
     def evaluate(self) -> None:
-        self.pipeline.evaluate(self.clock.now(), self.state.view())
+        view = self.state.view()
+        self.pipeline.evaluate(self.clock.now(), view)
+        self.fieldcheck.check(view)  # a configured field no GPU answers: logged once
         self.state.touch()
 
     # -- reading -------------------------------------------------------------------------
     def _input_families(self, view: NodeView, fams: Families) -> None:
         self.xids.families(fams)
+        if isinstance(self.backend, SupervisedBackend):
+            self.backend.families(fams)
         state_families(fams, self.state_health())
+
+    def _health_families(self, view: NodeView, fams: Families) -> None:
+        """Each GPU's health verdict (the one ``status`` and ``check`` show) as a state set."""
+        fam = fams.get(
+            "gpuwatchd_gpu_health",
+            "gauge",
+            "The GPU's health as a state set: ok; degraded (a ticket fires on it); failing "
+            "(a page fires on it); lost, stale or error (it does not answer). The verdict "
+            "that gpuwatchd status, gpuwatchd check and the status API show.",
+            [*GPU_LABELS, "health"],
+        )
+        by_gpu = firing_by_gpu(self.firing())
+        for g in view.gpus:
+            verdict = gpu_health(g.status.value, by_gpu.get(str(g.info.index), ()))
+            base = gpu_label_text(g.info)
+            for state in HEALTH_STATES:
+                fam.add_text(f'{base},health="{state}"', 1.0 if verdict.health == state else 0.0)
 
     def state_health(self) -> list[StoreHealth]:
         """The rule engine's store and the kernel-log position (the outbox reports its own)."""
@@ -270,7 +315,8 @@ class Node:
         if isinstance(self.rules, RulesStage):
             store = self.rules.engine.store
             if store.boot_id != SIMULATE_BOOT_ID:  # in memory on purpose (demo, simulate)
-                out.append(StoreHealth("rules", not store.memory and store.write_ok, store.errors))
+                durable = not store.memory and store.write_ok
+                out.append(StoreHealth("rules", durable, store.errors, "", store.set_aside))
         position = self.xids.state_health()
         if position is not None:
             out.append(position)
@@ -288,6 +334,9 @@ class Node:
                 "since": a.active_since,
                 "value": a.value,
                 "summary": a.annotations.get("summary"),
+                "fingerprint": a.fingerprint,
+                "fired_at": a.fired_at,
+                "annotations": dict(a.annotations),
             }
             for a in self.rules.engine.alerts(AlertState.FIRING)
         ]
@@ -295,9 +344,17 @@ class Node:
     def status(self) -> dict[str, Any]:
         view = self.state.view()
         now = self.clock.now()
+        firing = self.firing()
+        if isinstance(self.rules, RulesStage):  # what the trend rules judged, for the page
+            for alert in firing:
+                judged = self.rules.engine.history(alert["rule"], alert["fingerprint"])
+                if judged is not None:
+                    alert["history"] = judged
+        by_gpu = firing_by_gpu(firing)
         gpus = []
         for g in view.gpus:
             d = gpu_status_dict(g)
+            d.update(gpu_health(g.status.value, by_gpu.get(str(g.info.index), ())).as_dict())
             if g.sample is not None:
                 d["readings_age_seconds"] = round(now - g.sample.timestamp, 3)
             gpus.append(d)
@@ -316,8 +373,12 @@ class Node:
                     view.xid_counts.items(), key=lambda kv: (kv[0][0] or -1, kv[0][1])
                 )
             ],
-            "alerts": self.firing(),
+            "alerts": firing,
         }
+        if isinstance(self.backend, SupervisedBackend):
+            out["nvml_worker"] = self.backend.health()
+        if self.config.fields:  # the config's extra field ids, and the GPUs that lack them
+            out["fields"] = field_status(view, self.config.fields)
         if self.actions is not None:  # pending deliveries, silences, drain state
             out.update(self.actions.status())
         return out

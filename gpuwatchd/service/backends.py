@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from gpuwatchd.config.loader import PollConfig
 from gpuwatchd.core.clock import Clock
 from gpuwatchd.core.errors import BackendUnavailable
 from gpuwatchd.core.fields import ExtraField
@@ -13,13 +14,39 @@ def open_backend(
     clock: Clock,
     real_stalls: bool = True,
     extra_fields: tuple[ExtraField, ...] = (),
+    poll: PollConfig | None = None,
+    nvml_events: bool = True,
 ) -> Backend:
     """``nvml`` or ``scenario:PATH``; raises ``BackendUnavailable``/``ConfigError``.
-    ``extra_fields`` (the config's ``fields``) are polled by NVML, settable in a scenario."""
+    ``extra_fields`` (the config's ``fields``) are polled by NVML, settable in a scenario.
+    NVML runs in a supervised worker process unless ``poll.worker`` is off."""
     if spec == "nvml":
+        poll = poll or PollConfig()
+        if poll.worker:
+            from gpuwatchd.sources.gpu.worker import WorkerBackend, WorkerSettings
+
+            settings = WorkerSettings(
+                slow_interval_s=poll.slow_interval,
+                link_interval_s=poll.nvlink_counters_interval,
+                state_interval_s=poll.state_interval,
+                nvlink=poll.nvlink,
+                processes=poll.processes,
+                events=nvml_events,
+                extra_fields=extra_fields,
+                hang_s=poll.worker_hang_timeout,
+            )
+            return WorkerBackend(clock, settings)
         from gpuwatchd.sources.gpu.nvml import NvmlBackend
 
-        return NvmlBackend(clock=clock, extra_fields=extra_fields)
+        return NvmlBackend(
+            clock=clock,
+            extra_fields=extra_fields,
+            slow_interval_s=poll.slow_interval,
+            link_interval_s=poll.nvlink_counters_interval,
+            state_interval_s=poll.state_interval,
+            nvlink=poll.nvlink,
+            processes=poll.processes,
+        )
     if spec.startswith("scenario:"):
         from gpuwatchd.scenario.backend import ScenarioBackend
         from gpuwatchd.scenario.model import load_scenario

@@ -53,6 +53,8 @@ RESTART_ONLY = (
     "metrics",
     "fields",  # extra NVML field ids: the backend builds its poll batches at start-up
     "web",  # the web config *file* is re-read when it changes; the key takes a restart
+    "sources",  # the kernel-log reader and the NVML event reader start once
+    "log_format",  # the log handlers are set up once (log_level reloads)
 )
 """Config keys a reload does not change (the running value stays until a restart)."""
 

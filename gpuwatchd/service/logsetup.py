@@ -127,6 +127,43 @@ def redact(text: str) -> str:
     return text
 
 
+def escape_controls(text: str, keep: str = "") -> str:
+    """``text`` with every control character except those in ``keep`` written as an escape
+    (``\x1b``, ``\n``): text a log line quotes (a process name, a receiver's answer, a
+    path) must not move the terminal's cursor, retitle it, ring its bell, or start what
+    looks like a log line of its own."""
+    if text.isprintable():
+        return text
+    return "".join(
+        c if c.isprintable() or c in keep else c.encode("unicode_escape").decode("ascii")
+        for c in text
+    )
+
+
+class _Printable(logging.Filter):
+    """Escapes control characters in what a record quotes: each argument whose text is not
+    printable (newlines included: an argument never starts a line of its own), and the
+    message itself (newlines kept: a message may span lines on purpose). The record's
+    traceback is left as it is."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args
+        if isinstance(args, tuple) and args:
+            record.args = tuple(_printable_arg(a) for a in args)
+        elif isinstance(args, dict):
+            record.args = {k: _printable_arg(v) for k, v in args.items()}
+        if isinstance(record.msg, str) and not record.msg.isprintable():
+            record.msg = escape_controls(record.msg, keep="\n")
+        return True
+
+
+def _printable_arg(value: Any) -> Any:
+    if isinstance(value, int | float) or value is None:
+        return value  # %d, %x, %g need the number
+    text = value if isinstance(value, str) else str(value)
+    return value if text.isprintable() else escape_controls(text)
+
+
 def syslog_priority(levelno: int) -> int:
     """Python level -> syslog priority (0 emerg ... 7 debug)."""
     if levelno >= logging.CRITICAL:
@@ -145,7 +182,7 @@ def _fields(record: logging.LogRecord) -> dict[str, str]:
     for key, name in FIELDS.items():
         value = getattr(record, key, None)
         if value is not None:
-            out[name] = redact(str(value))
+            out[name] = redact(escape_controls(str(value)))
     return out
 
 
@@ -266,7 +303,9 @@ def choose_mode(stream: IO[str], environ: Mapping[str, str]) -> Mode:
         return "plain"
     if journal_stream_matches(fd, environ):
         return "journal"
-    return "tty" if os.isatty(fd) else "plain"
+    if not os.isatty(fd) or environ.get("TERM") == "dumb" or environ.get("NO_COLOR"):
+        return "plain"  # a terminal that shows no colour (TERM=dumb) or does not want it
+    return "tty"
 
 
 _handler: logging.Handler | None = None
@@ -319,6 +358,7 @@ def setup_logging(
                 "%(asctime)s %(levelname)s %(name)s: %(message)s", None, prefix=False, color=False
             )
         )
+    handler.addFilter(_Printable())  # no terminal escape from quoted text, whatever the mode
     root = logging.getLogger()
     if _handler is not None:
         root.removeHandler(_handler)

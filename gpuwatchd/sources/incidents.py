@@ -9,6 +9,12 @@ enriching ``XidEvent`` (``enriches=True``, ``source`` naming both, e.g. ``kmsg+n
 with the kernel line's text, pid and process) that updates the same incident and is never
 counted, paged or drained again. A partner that never comes is counted as a mismatch after
 the window (one of the paths is broken). Pure: time is passed in.
+
+One exception to first sight: an NVML event of a code judged by its message (``hold``: the
+NVLink5 XIDs 144-150 by their decoded registers, XID 154 by its recovery action) says too
+little to judge. While the kernel-log path is up, such an event waits up to the window for
+its kernel line, and the pair is the first sight (the rules judge the decoded text); if no
+line comes, the NVML event is emitted alone when the window ends.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ NVML = "nvml"
 class _Pending:
     event: XidEvent
     arrived: float
+    held: bool = False  # not emitted yet: waits for its kernel line (see ``hold``)
 
 
 def _key(event: XidEvent) -> tuple[str, int]:
@@ -60,8 +67,10 @@ class IncidentMerger:
         kernel_up: Callable[[], bool],
         nvml_up: Callable[[], bool],
         on_mismatch: Callable[[XidEvent, str], None] | None = None,
+        hold: frozenset[int] = frozenset(),
     ) -> None:
         self.window = window
+        self.hold = hold
         self.emit = emit
         self.kernel_up = kernel_up
         self.nvml_up = nvml_up
@@ -91,7 +100,8 @@ class IncidentMerger:
                 return
         nvml = _is_nvml(event)
         partner_expected = self.kernel_up() if nvml else (self.nvml_up() and event.kind == "xid")
-        out = event
+        held = nvml and partner_expected and event.xid in self.hold
+        out: XidEvent | None = event
         with self._lock:
             queue = self._pending.get(_key(event))
             if queue and _is_nvml(queue[0].event) != nvml:  # the partner of a first sighting
@@ -99,24 +109,33 @@ class IncidentMerger:
                 if not queue:
                     del self._pending[_key(event)]
                 kernel_ev, nvml_ev = (head.event, event) if nvml else (event, head.event)
-                out = replace(merge_pair(kernel_ev, nvml_ev), enriches=True)
+                out = merge_pair(kernel_ev, nvml_ev)
+                if not head.held:  # else the pair is the first sight
+                    out = replace(out, enriches=True)
                 self.merged += 1
             elif partner_expected:
-                self._pending.setdefault(_key(event), deque()).append(_Pending(event, now))
+                self._pending.setdefault(_key(event), deque()).append(_Pending(event, now, held))
                 self.new_pending.set()
-        self.emit(out)
+                if held:
+                    out = None
+        if out is not None:
+            self.emit(out)
 
     def expire(self, now: float) -> None:
-        """Count first sightings whose partner did not come within the window."""
-        late: list[XidEvent] = []
+        """Count first sightings whose partner did not come within the window (and emit
+        the held NVML events among them)."""
+        late: list[_Pending] = []
         with self._lock:
             for key in list(self._pending):
                 queue = self._pending[key]
                 while queue and now - queue[0].arrived >= self.window:
-                    late.append(queue.popleft().event)
+                    late.append(queue.popleft())
                 if not queue:
                     del self._pending[key]
-        for event in late:
+        for pending in late:
+            event = pending.event
+            if pending.held:  # its kernel line never came: judged on what NVML said
+                self.emit(event)
             missing = "kernel" if _is_nvml(event) else "nvml"
             self.mismatch[missing] += 1
             if self.on_mismatch is not None:

@@ -25,6 +25,7 @@ from gpuwatchd.sources.kernel.cursor import PositionFile
 from gpuwatchd.sources.kernel.journald import JournaldSource, journal_available
 from gpuwatchd.sources.kernel.kmsg import KmsgSource, kmsg_available
 from gpuwatchd.sources.kernel.linehandler import GpuResolver, KernelLineHandler, kernel_log_families
+from gpuwatchd.xid.catalog import message_judged_codes
 
 log = logging.getLogger(__name__)
 
@@ -125,6 +126,7 @@ class XidInputs:
             kernel_up=lambda: self._kernel_up,
             nvml_up=lambda: self.nvml_events_up,
             on_mismatch=self._mismatch,
+            hold=message_judged_codes(),
         )
         self._stop = threading.Event()
         self._expirer: threading.Thread | None = None

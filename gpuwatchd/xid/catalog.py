@@ -188,6 +188,11 @@ FATAL_BUCKETS: frozenset[str] = frozenset(
         "CHECK_MECHANICALS",
     }
 )
+# Buckets whose codes are judged per report, from the message: the NVLink5 XIDs 144-150
+# by their decoded registers (fatal only when the matching decode rule says RESET_GPU),
+# XID 154 by its recovery-action code.
+VERDICT_BUCKET = "WORKFLOW_NVLINK5_ERR"
+MESSAGE_JUDGED_BUCKETS: frozenset[str] = frozenset({VERDICT_BUCKET, "XID_154"})
 MAX_ACTION_TEXT = 500  # characters of an override's own words for the action
 OVERRIDE_FIELDS = ("severity", "action", "text", "fatal")
 
@@ -394,6 +399,10 @@ class Catalog:
             code: self._apply(entry, self._overrides.get(code))
             for code, entry in self._base.items()
         }
+        self._fatal = frozenset(
+            {e.xid for e in self._entries.values() if e.fatal}
+            | {code for code, o in self._overrides.items() if o.fatal}
+        )
         self._rules: dict[int, tuple[_CompiledRule, ...]] = {}
         for row in catalog_data.NVLINK5_DECODE:
             self._rules.setdefault(row.xid, ())
@@ -454,9 +463,43 @@ class Catalog:
     def fatal_codes(self) -> frozenset[int]:
         """The fatal set: catalog codes of a fatal bucket, with the overrides applied
         (codes outside NVIDIA's catalog join it only by an override's ``fatal: true``)."""
-        found = {e.xid for e in self._entries.values() if e.fatal}
-        found |= {code for code, o in self._overrides.items() if o.fatal}
-        return frozenset(found)
+        return self._fatal
+
+    def verdict_codes(self) -> frozenset[int]:
+        """Codes whose membership of the fatal set is judged per report, from the decoded
+        message (the NVLink5 XIDs 144-150), unless an override pins ``fatal``."""
+        return frozenset(
+            code
+            for code, entry in self._base.items()
+            if entry.immediate == VERDICT_BUCKET
+            and (code not in self._overrides or self._overrides[code].fatal is None)
+        )
+
+    def nvlink5_verdict(self, xid: int, message: str) -> str:
+        """``fatal``, ``nonfatal`` or ``undecoded``: how one XID 144-150 message decodes.
+
+        Fatal when the worst matching decode rule asks for a GPU reset (RESET_GPU); a rule
+        saying IGNORE or "follow the XID 154" (XID_154_EVAL) is not fatal on its own. A
+        message no rule matches is ``undecoded``."""
+        verdict = self._classify_nvlink5(xid, message)
+        if verdict is None:
+            return "undecoded"
+        return "fatal" if verdict.severity is XidSeverity.CRITICAL else "nonfatal"
+
+    def judged_fatal(self, xid: int, message: str = "", kind: str = "xid") -> bool:
+        """Whether one report is in the fatal set: by its code, except that an NVLink5
+        XID 144-150 whose registers decode is fatal only when they decode as fatal (an
+        undecodable one stays fatal: it cannot be told apart). An override's ``fatal``
+        wins. SXids are not XIDs: never."""
+        if kind == "sxid":
+            return False
+        if xid in self._rules:
+            override = self._overrides.get(xid)
+            if override is None or override.fatal is None:
+                verdict = self.nvlink5_verdict(xid, message)
+                if verdict != "undecoded":
+                    return verdict == "fatal"
+        return xid in self._fatal
 
     @classmethod
     def default(cls) -> Catalog:
@@ -474,6 +517,15 @@ class Catalog:
 
     def codes(self) -> tuple[int, ...]:
         return tuple(sorted(self._entries))
+
+    def knows(self, xid: int) -> bool:
+        """Whether NVIDIA's catalog lists ``xid`` or an override says what it is."""
+        return xid in self._entries or xid in self._overrides
+
+    def unbucketed_codes(self) -> frozenset[int]:
+        """Catalog codes without an immediate resolution bucket (162-172 in the shipped
+        edition): NVIDIA lists them but says nothing about what to do."""
+        return frozenset(code for code, e in self._base.items() if not e.immediate)
 
     def lookup(self, xid: int) -> CatalogEntry | None:
         """The entry for ``xid`` (overrides applied), or None if NVIDIA does not list it."""
@@ -645,12 +697,26 @@ def _words(text: str | None, xid: int) -> str | None:
     return text.strip()
 
 
-def _classify_sxid(code: int, message: str) -> Verdict:
+def sxid_verdict(message: str) -> str:
+    """``fatal``, ``nonfatal`` or ``detail``: what an SXid line says of itself.
+
+    The NVSwitch driver prints ``CODE, Fatal, Link N ...`` or ``CODE, Non-fatal, ...`` on the
+    report's main line and follows it with detail lines (``Data {...}``, ``Severity 0
+    Engine instance ...``) that carry the same code and say nothing of their own."""
     head = message.lstrip().lower()
-    where = "see the NVIDIA Fabric Manager User Guide"
     if head.startswith(("non-fatal", "nonfatal")):
-        return Verdict(XidSeverity.WARNING, Action.INVESTIGATE, f"SXid {code} non-fatal; {where}")
+        return "nonfatal"
     if head.startswith("fatal"):
+        return "fatal"
+    return "detail"
+
+
+def _classify_sxid(code: int, message: str) -> Verdict:
+    where = "see the NVIDIA Fabric Manager User Guide"
+    verdict = sxid_verdict(message)
+    if verdict == "nonfatal":
+        return Verdict(XidSeverity.WARNING, Action.INVESTIGATE, f"SXid {code} non-fatal; {where}")
+    if verdict == "fatal":
         return Verdict(XidSeverity.CRITICAL, Action.INVESTIGATE, f"SXid {code} fatal; {where}")
     return Verdict(XidSeverity.UNKNOWN, Action.INVESTIGATE, f"SXid {code} detail line; {where}")
 
@@ -663,6 +729,23 @@ def _default_catalog() -> Catalog:
 def lookup(xid: int) -> CatalogEntry | None:
     """The default catalog's entry for ``xid``, or None."""
     return _default_catalog().lookup(xid)
+
+
+def decoded_verdict(xid: int, message: str, kind: str = "xid") -> str | None:
+    """``Catalog.nvlink5_verdict`` of the default catalog for an XID 144-150 report; None
+    for any other report (the verdict label of ``gpuwatchd_xid_nvlink5_decoded_total``)."""
+    catalog = _default_catalog()
+    if kind != "xid" or xid not in catalog._rules:
+        return None
+    return catalog.nvlink5_verdict(xid, message)
+
+
+@cache
+def message_judged_codes() -> frozenset[int]:
+    """Codes a report of which is judged by its message (XIDs 144-150 and 154): an NVML
+    event of one, which has no message, is worth waiting for its kernel line."""
+    judged = MESSAGE_JUDGED_BUCKETS
+    return frozenset(row.code for row in catalog_data.XIDS if row.immediate in judged)
 
 
 def recovery_actions() -> tuple[RecoveryActionRow, ...]:
@@ -679,8 +762,11 @@ __all__ = [
     "RecoveryChange",
     "Verdict",
     "XidSeverity",
+    "decoded_verdict",
     "lookup",
+    "message_judged_codes",
     "nvlink5_registers",
     "parse_recovery_change",
     "recovery_actions",
+    "sxid_verdict",
 ]

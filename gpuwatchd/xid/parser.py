@@ -13,7 +13,12 @@ journald ``MESSAGE``) whose text **starts** with the driver's header, and reads 
 record's first line, field by field:
 
 - ``NVRM: Xid (PCI:DDDD:BB:DD): CODE`` then the end of the line or ``,`` and the text;
-  ``PCI:`` is optional (old drivers), CODE has 1 to 6 ASCII digits;
+  ``PCI:`` is optional (old drivers), CODE has 1 to 6 ASCII digits. On a GPU split into
+  MIG instances the driver names the instance inside the parentheses, after one space:
+  ``NVRM: Xid (PCI:DDDD:BB:DD GPU-I:NN): CODE`` or ``... GPU-I:NN GPU-CI:NN): CODE``
+  (open-gpu-kernel-modules, ``src/nvidia/src/kernel/gpu/rc/kernel_rc.c``, macro
+  ``XID_PRINT_WITH_ATTR``: the attribute ``"PCI:%04x:%02x:%02x GPU-I:%02u GPU-CI:%02u"``,
+  so each id has at least two decimal digits). Nothing else may stand there;
 - ``nvidia-nvswitchN: SXid (PCI:DDDD:BB:DD.F): CODE`` likewise;
 - ``NVRM: GPU [PCI:][DDDD:]BB:DD.F: GPU has fallen off the bus...``;
 - ``NVRM: The NVIDIA GPU DDDD:BB:DD.F`` whose following lines (the driver's one
@@ -30,12 +35,18 @@ Text logs (``xid parse``): a line may carry one recognised tool prefix before th
 text: a raw /dev/kmsg record (``4,360,24122037,c;``, facility 0 only), the console's
 ``<4>`` (facility 0 only), ``dmesg --decode``'s ``kern  :warn  :`` (``kern`` only), a
 syslog or ``journalctl`` header whose tag is ``kernel`` (``Feb  5 17:37:45 host kernel:``,
-``2025-01-25T10:34:54+0000 host kernel:``, ``kernel:``), and dmesg's time
-(``[  219.470000]``, ``[Thu Nov 26 03:02:01 2026]``, an ISO time). The driver's header
-must follow the prefix directly. Any other prefix (``myapp[42]: NVRM: Xid ...``,
-``user  :warn  : ...``) is refused. A line that starts with white space is a continuation
-of the record above it (dmesg indents those) and never starts a report. Text logs cannot
-show where a record ends; the daemon's trust comes from its structured sources.
+``2025-01-25T10:34:54+0000 host kernel:``, ``kernel:``, and journalctl's short-monotonic
+``[   14.495505] host kernel:``, short-unix ``1732590121.123456 host kernel:`` and
+short-full ``Thu 2026-11-26 03:02:01 UTC host kernel:``), an RFC 5424 syslog header
+(``<4>1 TIME HOST kernel - - - ``, facility 0 only), and dmesg's time (``[  219.470000]``,
+``[Thu Nov 26 03:02:01 2026]``, an ISO time) with the printk caller id of a kernel built
+with CONFIG_PRINTK_CALLER (``[  T1234]``). The driver's header must follow the prefix
+directly. Text logs also take the legacy ``NVRM: GPU at 0000:01:00.0 has fallen off the
+bus.`` of drivers before about 2015; trusted records do not. Any other prefix
+(``myapp[42]: NVRM: Xid ...``, ``user  :warn  : ...``) is refused. A line that starts
+with white space is a continuation of the record above it (dmesg indents those) and never
+starts a report. Text logs cannot show where a record ends; the daemon's trust comes from
+its structured sources.
 
 PCI addresses are returned in NVML's form, ``00000000:3B:00.0`` (8 upper-case hex digits
 of domain, as ``nvmlDeviceGetPciInfo().busId`` prints them), so a parsed event can be
@@ -78,7 +89,9 @@ _BDF_OPT_DOMAIN = (
 _CODE = r"[ \t]*(?P<code>[0-9]{1,6})(?=,|[ \t]*$)"
 
 # Every pattern below is used with .match() on the start of a record's first line.
-_XID_RE = re.compile(rf"NVRM: Xid \((?:PCI:)?{_BDF}\):{_CODE}", _A)
+# The MIG attribution: GPU instance, then optionally compute instance (``%02u`` each).
+_MIG = r"(?: GPU-I:(?P<gi>[0-9]{2,10})(?: GPU-CI:(?P<ci>[0-9]{2,10}))?)?"
+_XID_RE = re.compile(rf"NVRM: Xid \((?:PCI:)?{_BDF}{_MIG}\):{_CODE}", _A)
 _SXID_RE = re.compile(rf"nvidia-nvswitch[0-9]{{1,4}}: SXid \((?:PCI:)?{_BDF}\):{_CODE}", _A)
 _FELL_RE = re.compile(
     rf"NVRM: GPU (?:PCI:)?{_BDF_OPT_DOMAIN}: (?P<msg>GPU has fallen off the bus.*)", _A
@@ -102,11 +115,32 @@ _CONSOLE_PRIO_RE = re.compile(r"<([0-9]{1,4})>", _A)
 _DECODE_RE = re.compile(r"([a-z0-9]{2,8}) *:([a-z]{3,6}) *: ", _A)
 _CLOCK = r"[0-9]{2}:[0-9]{2}:[0-9]{2}(?:[.,][0-9]{1,9})?"
 _ISO_TIME = rf"[0-9]{{4}}-[0-9]{{2}}-[0-9]{{2}}[T ]{_CLOCK}(?:Z|[+-][0-9]{{2}}:?[0-9]{{2}})?"
-_SYSLOG_RE = re.compile(
-    rf"(?:(?:[^\s0-9:\[\]]{{2,5}}\.? {{1,2}}[0-9]{{1,2}} {_CLOCK}|{_ISO_TIME})"
-    r"(?: [^\s:\[\]]{1,255})? )?kernel: ",
+# journalctl's time forms: short and short-precise (``Feb  5 17:37:45[.123456]``), short-iso
+# (``2025-01-25T10:34:54+0000``), short-monotonic (``[   14.495505]``), short-unix
+# (``1732590121.123456``) and short-full (``Thu 2026-11-26 03:02:01 UTC``).
+_JOURNAL_TIME = (
+    rf"(?:[^\s0-9:\[\]]{{2,5}}\.? {{1,2}}[0-9]{{1,2}} {_CLOCK}|{_ISO_TIME}"
+    r"|\[ {0,12}[0-9]{1,10}\.[0-9]{1,9}\]"
+    r"|[0-9]{1,12}\.[0-9]{1,9}"
+    rf"|[^\s0-9:\[\]]{{2,5}} [0-9]{{4}}-[0-9]{{2}}-[0-9]{{2}} {_CLOCK}"
+    r"(?: [A-Za-z0-9+:/_-]{1,32})?)"
 )
-_DMESG_TIME_RE = re.compile(rf"(?:\[[^\]\n]{{1,48}}\]|{_ISO_TIME}) ", _A)
+_SYSLOG_RE = re.compile(rf"(?:{_JOURNAL_TIME}(?: [^\s:\[\]]{{1,255}})? )?kernel: ")
+# RFC 5424: ``<PRI>1 TIMESTAMP HOST APP-NAME PROCID MSGID STRUCTURED-DATA MSG``; the
+# facility (PRI >> 3) must be 0 and APP-NAME ``kernel``; MSG may start with a BOM.
+_RFC5424_RE = re.compile(
+    r"<([0-9]{1,3})>1 [!-~]{1,64} [!-~]{1,255} kernel [!-~]{1,128} [!-~]{1,32} "
+    r"(?:-|(?:\[[^\]\n]{0,1024}\]){1,16}) \ufeff?",
+)
+# dmesg's time, then the printk caller id a kernel built with CONFIG_PRINTK_CALLER adds
+# (``[   14.495505] [  T1234]``, on the console ``[   14.495505][ T1234]``).
+_DMESG_TIME_RE = re.compile(
+    rf"(?:\[[^\]\n]{{1,48}}\]|{_ISO_TIME})(?: ?\[ {{0,10}}[TC][0-9]{{1,10}}\])? ", _A
+)
+# The wording of drivers before about 2015 (``xid parse`` only, see parse_record).
+_LEGACY_FELL_RE = re.compile(
+    rf"NVRM: GPU at (?:PCI:)?{_BDF_OPT_DOMAIN} (?P<msg>has fallen off the bus\.?)[ \t]*$", _A
+)
 
 
 def normalize_pci(domain: str, bus: str, device: str, function: str | None = None) -> str:
@@ -136,9 +170,12 @@ class ParsedXid:
     message: str
     raw: str
     uuid: str | None = None
+    # MIG attribution (``GPU-I:``/``GPU-CI:`` in the header); None on a whole GPU.
+    gpu_instance: int | None = None
+    compute_instance: int | None = None
 
     def as_dict(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "kind": self.kind,
             "pci": self.pci,
             "xid": self.xid,
@@ -146,6 +183,11 @@ class ParsedXid:
             "process": self.process,
             "message": self.message,
         }
+        if self.gpu_instance is not None:
+            out["gpu_instance"] = self.gpu_instance
+        if self.compute_instance is not None:
+            out["compute_instance"] = self.compute_instance
+        return out
 
     def to_event(self, timestamp: float, source: str, *, trusted: bool = True) -> XidEvent:
         """The record a source emits for this report (GPU index is the merger's job)."""
@@ -160,6 +202,8 @@ class ParsedXid:
             process=self.process,
             message=self.message,
             trusted=trusted,
+            gpu_instance=self.gpu_instance,
+            compute_instance=self.compute_instance,
         )
 
 
@@ -225,11 +269,17 @@ def kernel_text(line: str) -> str | None:
         if record is not None:
             return record.message if record.facility == 0 else None
     pos = 0
-    m = _CONSOLE_PRIO_RE.match(text, pos)
+    m = _RFC5424_RE.match(text) if text.startswith("<") else None
     if m is not None:
         if int(m.group(1)) >> 3 != 0:
             return None
         pos = m.end()
+    else:
+        m = _CONSOLE_PRIO_RE.match(text, pos)
+        if m is not None:
+            if int(m.group(1)) >> 3 != 0:
+                return None
+            pos = m.end()
     m = _DECODE_RE.match(text, pos)
     if m is not None:
         if m.group(1) != "kern":
@@ -297,7 +347,19 @@ def _build(kind: XidKind, m: re.Match[str], line: str, raw: str) -> ParsedXid | 
         pid, process, body = _split_pid(body)
     if process is not None and not _printable(process):
         process = process.encode("unicode_escape").decode("ascii")
-    return ParsedXid(kind, _pci_of(m), int(m.group("code")), pid, process, body, raw)
+    groups = m.groupdict()
+    gi, ci = groups.get("gi"), groups.get("ci")
+    return ParsedXid(
+        kind,
+        _pci_of(m),
+        int(m.group("code")),
+        pid,
+        process,
+        body,
+        raw,
+        gpu_instance=int(gi) if gi is not None else None,
+        compute_instance=int(ci) if ci is not None else None,
+    )
 
 
 def _join_continuations(lines: list[str]) -> str:
@@ -336,12 +398,14 @@ def _parse_the_gpu(lines: list[str], raw: str) -> ParsedXid | None:
     return ParsedXid("fallen_off_bus", _pci_of(m), FALLEN_OFF_BUS_XID, None, None, msg, raw)
 
 
-def parse_record(text: str, raw: str | None = None) -> ParsedXid | None:
+def parse_record(text: str, raw: str | None = None, *, legacy: bool = False) -> ParsedXid | None:
     """The report in one kernel record's text (a /dev/kmsg message, a journald MESSAGE).
 
     The caller has decided that the kernel wrote the record (facility 0, kernel
     transport). The driver's header must start at the first character and only the first
-    line is read (see the module's description of a genuine record).
+    line is read (see the module's description of a genuine record). ``legacy`` also takes
+    old drivers' ``NVRM: GPU at 0000:01:00.0 has fallen off the bus.``: ``xid parse`` reads
+    old logs with it; the daemon's sources keep to the wordings of current drivers.
     """
     if raw is None:
         raw = text.rstrip("\r\n")
@@ -355,6 +419,12 @@ def parse_record(text: str, raw: str | None = None) -> ParsedXid | None:
     if first.startswith("nvidia-nvswitch"):
         m = _SXID_RE.match(first)
         return _build("sxid", m, first, raw) if m is not None else None
+    if legacy and first.startswith("NVRM: GPU at ") and _FALLEN in first:
+        m = _LEGACY_FELL_RE.match(first)
+        if m is None:
+            return None
+        msg = m.group("msg")
+        return ParsedXid("fallen_off_bus", _pci_of(m), FALLEN_OFF_BUS_XID, None, None, msg, raw)
     if first.startswith("NVRM: GPU ") and _FALLEN in first:
         m = _FELL_RE.match(first)
         if m is None:
@@ -383,7 +453,7 @@ def parse_line(line: str) -> ParsedXid | None:
         return None
     if nl and not first[:1].isdigit():
         text = text + nl + more  # a kmsg record already carries its own continuation
-    return parse_record(text, line.rstrip("\r\n"))
+    return parse_record(text, line.rstrip("\r\n"), legacy=True)
 
 
 def _identity(text: str, raw: str) -> GpuIdentity | None:

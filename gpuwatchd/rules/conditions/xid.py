@@ -3,7 +3,16 @@
 ``fatal: true`` selects the catalog's fatal set with the config's ``xid.overrides`` applied
 (``Catalog.fatal_codes``); next to ``codes``, ``buckets`` or ``severities`` it narrows them
 (``fatal: false``: only codes outside the fatal set), so a code an override moves into the
-fatal set pages from the fatal rule alone.
+fatal set pages from the fatal rule alone. The NVLink5 XIDs 144-150 are judged per report,
+by their decoded verdict (``Catalog.judged_fatal``): a message whose registers decode as
+non-fatal is matched by ``fatal: false``, not by ``fatal: true``, whatever its code.
+NVSwitch SXid reports are never matched (their codes are another numbering).
+``episode_gap`` counts *episodes* instead of lines: the lines of one process (by pid, else
+process name) on one GPU less than ``episode_gap`` apart are one episode, and another
+process starts another, so one program printing a storm of XIDs counts once.
+``unclassified: true`` selects what nobody has classified: the catalog's codes without a
+resolution bucket, and every code the catalog does not list (a driver newer than the
+catalog) unless an override says what it is, so that no code goes unanswered.
 """
 
 from __future__ import annotations
@@ -62,9 +71,38 @@ class XidMatch(Condition):
     quiet: float = 3600.0
     by_code: bool = False
     include_unknown_gpu: bool = True
+    # Codes judged per report (XIDs 144-150), and which verdict the rule wants of them.
+    judged: frozenset[int] = frozenset()
+    fatal: bool | None = None
+    unknown: bool = False  # also codes outside the catalog (and its overrides)
+    episode_gap: float | None = None  # count episodes of one process, not lines
 
     def hold(self, keep_firing_for: float) -> float:
         return self.quiet
+
+
+def count_episodes(events: list[XidEvent], gap: float) -> int:
+    """Episodes among one GPU's ``events`` (in time order): the lines of one process (pid,
+    else process name; lines naming neither are one process) less than ``gap`` apart."""
+    last: dict[object, float] = {}
+    episodes = 0
+    for e in events:
+        who: object = e.pid if e.pid is not None else e.process
+        seen = last.get(who)
+        if seen is None or e.timestamp - seen >= gap:
+            episodes += 1
+        last[who] = e.timestamp
+    return episodes
+
+
+def mig_text(ev: XidEvent) -> str:
+    """``{mig}``: where on a MIG-split GPU the driver placed the report, or ""."""
+    if ev.gpu_instance is None:
+        return ""
+    where = f" in MIG GPU instance {ev.gpu_instance}"
+    if ev.compute_instance is not None:
+        where += f", compute instance {ev.compute_instance},"
+    return where
 
 
 def xid_values(snap: Snapshot, ev: XidEvent, count: int) -> dict[str, Any]:
@@ -74,7 +112,13 @@ def xid_values(snap: Snapshot, ev: XidEvent, count: int) -> dict[str, Any]:
     verdict = catalog.classify(ev.xid, ev.message, ev.kind)
     text = entry.description if entry is not None else "not in NVIDIA's XID catalog"
     action = catalog.action_text(ev.xid, verdict)
-    values: dict[str, Any] = {"xid": ev.xid, "xid_text": text, "action": action, "count": count}
+    values: dict[str, Any] = {
+        "xid": ev.xid,
+        "xid_text": text,
+        "action": action,
+        "count": count,
+        "mig": mig_text(ev),
+    }
     if snap.gpu_of(ev) < 0 and ev.pci_bus_id:
         values["pci_bus_id"] = ev.pci_bus_id
     return values
@@ -111,9 +155,20 @@ class _Evaluator(Evaluator):
         if self.rule.select is not None:
             allowed = {g.index for g in snap.selected(self.rule)}
         codes = c.codes
+        judged, fatal, catalog = c.judged, c.fatal, snap.catalog
+
+        unknown = c.unknown
+
+        def wanted(e: XidEvent) -> bool:
+            if e.kind == "sxid":
+                return False
+            if e.xid not in codes:
+                return unknown and not catalog.knows(e.xid)
+            return e.xid not in judged or catalog.judged_fatal(e.xid, e.message) == fatal
+
         latest: dict[Key, XidEvent] = {}
         for ev in log.newest_first(cursor):
-            if ev.xid not in codes:
+            if not wanted(ev):
                 continue
             key = (snap.gpu_of(ev), -1, ev.xid if c.by_code else -1)
             if allowed is not None and key[0] not in allowed:
@@ -125,16 +180,16 @@ class _Evaluator(Evaluator):
             # The window ends at the newest event, not at ``now``: an XID that reaches the
             # engine later than its own time (a slow poll, a late log line) still counts.
             start = min(now, ev.timestamp) - c.window
-            count = 0
-            for x in log.events:
-                e = x.event
-                if (
-                    e.timestamp >= start
-                    and e.xid in codes
-                    and (not c.by_code or e.xid == key[2])
-                    and snap.gpu_of(e) == key[0]
-                ):
-                    count += 1
+            matching = [
+                x.event
+                for x in log.events
+                if x.event.timestamp >= start
+                and (not c.by_code or x.event.xid == key[2])
+                and wanted(x.event)
+                and snap.gpu_of(x.event) == key[0]
+            ]
+            gap = c.episode_gap
+            count = len(matching) if gap is None else count_episodes(matching, gap)
             if count >= c.count:
                 hits[key] = (float(count), xid_values(snap, ev, count))
         return hits, set()
@@ -142,8 +197,19 @@ class _Evaluator(Evaluator):
 
 class XidKind(ConditionKind):
     key = "xid"
-    keys = ("codes", "buckets", "severities", "fatal", "count", "window", "quiet", "by_code")
-    placeholders = frozenset({"xid", "xid_text", "action", "count", "window"})
+    keys = (
+        "codes",
+        "buckets",
+        "severities",
+        "unclassified",
+        "fatal",
+        "count",
+        "window",
+        "quiet",
+        "by_code",
+        "episode_gap",
+    )
+    placeholders = frozenset({"xid", "xid_text", "action", "count", "window", "mig"})
     not_with: ClassVar[Mapping[str, str]] = {
         "keep_firing_for": "an xid rule resolves after condition.xid.quiet; set that instead",
         "for": (
@@ -159,8 +225,12 @@ class XidKind(ConditionKind):
     def parse(
         self, p: BodyReader, body: Node, keys: dict[str, Node], what: str
     ) -> Condition | None:
-        if not any(k in keys for k in ("codes", "buckets", "severities", "fatal")):
-            p.error(body, f"{what}: needs at least one of codes, buckets, severities, fatal")
+        selectors = ("codes", "buckets", "severities", "unclassified")
+        if not any(k in keys for k in (*selectors, "fatal")):
+            p.error(
+                body,
+                f"{what}: needs at least one of codes, buckets, severities, unclassified, fatal",
+            )
             return None
         r = p.r
         known = catalog_codes()
@@ -210,15 +280,23 @@ class XidKind(ConditionKind):
                 for entry in p.catalog:  # the config's xid.overrides apply
                     if entry.severity.value == text:
                         codes.add(entry.xid)
+        fatal: bool | None = None
+        judged: frozenset[int] = frozenset()
+        unknown = p.boolean(keys, "unclassified", what, False)
+        if unknown:
+            codes |= p.catalog.unbucketed_codes()
         if "fatal" in keys:
             fatal = r.boolean(keys["fatal"], f"{what}.fatal")
             if fatal is None:
                 return None
             in_set = p.catalog.fatal_codes()  # the config's xid.overrides apply
-            if not any(k in keys for k in ("codes", "buckets", "severities")):
+            by_verdict = p.catalog.verdict_codes()  # judged per report (144-150)
+            if not any(k in keys for k in selectors):
                 codes = set(in_set) if fatal else set(catalog_codes() - in_set)
+                codes |= by_verdict
             else:
-                codes = {c for c in codes if (c in in_set) == fatal}
+                codes = {c for c in codes if c in by_verdict or (c in in_set) == fatal}
+            judged = frozenset(codes & by_verdict)
         count = 1
         if "count" in keys:
             count = r.integer(keys["count"], f"{what}.count", minimum=1, maximum=10000) or 1
@@ -229,10 +307,23 @@ class XidKind(ConditionKind):
         if "quiet" in keys:
             quiet = p.window(keys["quiet"], f"{what}.quiet") or quiet
         by_code = p.boolean(keys, "by_code", what, False)
-        if not codes:
+        episode_gap: float | None = None
+        if "episode_gap" in keys:
+            episode_gap = p.window(keys["episode_gap"], f"{what}.episode_gap")
+        if not codes and not unknown:
             p.error(body, f"{what}: matches no XID code")
             return None
-        return XidMatch(frozenset(codes), count, window, quiet, by_code)
+        return XidMatch(
+            frozenset(codes),
+            count,
+            window,
+            quiet,
+            by_code,
+            judged=judged,
+            fatal=fatal,
+            unknown=unknown,
+            episode_gap=episode_gap,
+        )
 
     def schema(self) -> sp.Schema:
         out = sp.body(
@@ -244,6 +335,11 @@ class XidKind(ConditionKind):
                 },
                 "buckets": sp.enum_list(sorted(catalog_buckets())),
                 "severities": sp.enum_list(CATALOG_SEVERITIES),
+                "unclassified": {
+                    "type": "boolean",
+                    "description": "true: codes the catalog gives no resolution bucket, and "
+                    "codes it does not list at all (unless xid.overrides names them).",
+                },
                 "fatal": {
                     "type": "boolean",
                     "description": "true: the fatal set (catalog buckets that take the GPU "
@@ -254,6 +350,11 @@ class XidKind(ConditionKind):
                 "window": sp.duration("10m"),
                 "quiet": sp.duration("1h"),
                 "by_code": {"type": "boolean", "default": False},
+                "episode_gap": {
+                    **sp.duration(),
+                    "description": "Count episodes, not lines: one process's lines on one GPU "
+                    "less than this apart are one episode; another process is another.",
+                },
             },
             "XID events matched by code, the catalog's immediate resolution bucket, catalog "
             "severity or the fatal set; count in window; resolves after quiet.",
@@ -262,6 +363,7 @@ class XidKind(ConditionKind):
             {"required": ["codes"]},
             {"required": ["buckets"]},
             {"required": ["severities"]},
+            {"required": ["unclassified"]},
             {"required": ["fatal"]},
         ]
         return out

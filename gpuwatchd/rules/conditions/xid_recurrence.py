@@ -22,9 +22,11 @@ when ``new_counts`` is set (a first streak; off by default).
 Episodes survive a restart: the evaluator saves them with the rule engine's state
 (``StateStore.save_episodes``, by GPU UUID, 36 days, at most 1024 per GPU) every minute and
 at shutdown, and takes them back before its first evaluation. Rows that do not make sense
-(unknown code, start after end, a start in the future: a clock stepped back or a state file
-from another host) are dropped with a warning; a rule whose grouping parameters changed
-(codes, gaps, node settings) starts afresh.
+(unknown code, start after end, unreadable) are dropped with a warning; a rule whose
+grouping parameters changed (codes, gaps, node settings) starts afresh. Episodes that start
+after now (a start with the clock behind: an RTC that lost its time, NTP not yet synced)
+are neither used nor dropped: they are kept aside, saved again with the rest, and taken
+back once the clock has caught up with them (issue 26: such a start deleted them all).
 """
 
 from __future__ import annotations
@@ -114,6 +116,7 @@ def signature(c: XidRecurrence) -> str:
 class _Evaluator(Evaluator):
     __slots__ = (
         "adopted",
+        "ahead",
         "c",
         "cursor",
         "dirty",
@@ -133,6 +136,7 @@ class _Evaluator(Evaluator):
         self.recent: deque[_Episode] = deque()  # episode starts, for node events
         self.last_node: dict[int, float] = {}  # xid -> start of the last node event
         self.pending: dict[str, list[EpisodeRecord]] = {}  # saved, GPU not seen yet
+        self.ahead: list[EpisodeRecord] = []  # saved, starting after now: clock behind
         self.dirty = False  # changed since the last save
         self.adopted = False
 
@@ -141,9 +145,16 @@ class _Evaluator(Evaluator):
             self.cursor, self.open, self.repeats = old.cursor, old.open, old.repeats
             self.recent, self.last_node = old.recent, old.last_node
             self.pending, self.dirty, self.adopted = old.pending, old.dirty, True
+            self.ahead = old.ahead
 
     # -- saving and restoring ---------------------------------------------------------------
     def save(self, store: StateStore, now: float) -> None:
+        if self.ahead:  # the clock caught up with some: they count from the next look
+            due = [r for r in self.ahead if r.start <= now]
+            if due:
+                self.ahead = [r for r in self.ahead if r.start > now]
+                for r in due:
+                    self.pending.setdefault(r.uuid, []).append(r)
         if not self.dirty:
             return
         if store.save_episodes(self.rule.name, signature(self.c), self._records(now)):
@@ -179,6 +190,7 @@ class _Evaluator(Evaluator):
             out.extend(recs[-EPISODES_PER_GPU:])
         for records in self.pending.values():  # GPUs not seen since the start: keep them
             out.extend(r for r in records if r.end >= oldest)
+        out.extend(self.ahead)  # never dropped for the clock being behind
         return out
 
     def restore(self, store: StateStore, snap: Snapshot, now: float) -> None:
@@ -192,20 +204,29 @@ class _Evaluator(Evaluator):
                 r.xid not in self.c.codes
                 or not (math.isfinite(r.start) and math.isfinite(r.end))
                 or r.start > r.end
-                or r.start > now
                 or r.flags & ~(INDEPENDENT | NODE | OPEN | RECENT)
             ):
                 bad += 1
                 continue
+            if r.start > now:
+                self.ahead.append(r)
+                continue
             kept.append(r)
         if bad:
             log.warning(
-                "rule %s: %d saved XID episode(s) made no sense (unknown code, in the future,"
-                " or unreadable) and were dropped",
+                "rule %s: %d saved XID episode(s) made no sense (unknown code, start after "
+                "end, or unreadable) and were dropped",
                 self.rule.name,
                 bad,
             )
             self.dirty = True  # rewrite the saved state without them
+        if self.ahead:
+            log.warning(
+                "rule %s: %d saved XID episode(s) start after now (is the clock behind?): "
+                "kept aside, and used once the clock has caught up with them",
+                self.rule.name,
+                len(self.ahead),
+            )
         for r in kept:
             self.pending.setdefault(r.uuid, []).append(r)
         self._place(snap)

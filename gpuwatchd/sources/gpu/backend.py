@@ -8,8 +8,9 @@ through ``gpuwatchd.service.backends.open_backend``.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
+from gpuwatchd.core.families import Families
 from gpuwatchd.core.records import GpuInfo, GpuSample, XidEvent
 
 
@@ -38,6 +39,18 @@ class XidEventSource(Protocol):
     """Backends that can deliver NVML XID events (``nvmlEventSetWait``)."""
 
     def wait_xid_events(self, timeout_s: float) -> list[XidEvent]: ...
+
+
+@runtime_checkable
+class SupervisedBackend(Protocol):
+    """Backends that run in a supervised worker process (``sources.gpu.worker``): they
+    report the worker's state as a source, render its metrics and show in ``status``."""
+
+    def set_status(self, status: Callable[[str, bool, str], None]) -> None: ...
+
+    def families(self, fams: Families) -> None: ...
+
+    def health(self) -> dict[str, Any]: ...
 
 
 BackendFactory = Callable[[], Backend]

@@ -35,9 +35,7 @@ import contextlib
 import ctypes
 import functools
 import logging
-import os
 import struct
-import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -127,10 +125,13 @@ FI_DEV_REMAPPED_COR = 142
 FI_DEV_REMAPPED_UNC = 143
 FI_DEV_REMAPPED_PENDING = 144
 FI_DEV_REMAPPED_FAILURE = 145
+FI_DEV_NVLINK_CRC_FLIT_TOTAL = 38
+FI_DEV_NVLINK_CRC_DATA_TOTAL = 45
+FI_DEV_NVLINK_REPLAY_TOTAL = 52
+FI_DEV_NVLINK_RECOVERY_TOTAL = 59
 FI_DEV_NVLINK_ERROR_DL_REPLAY = 161
 FI_DEV_NVLINK_ERROR_DL_RECOVERY = 162
 FI_DEV_NVLINK_ERROR_DL_CRC = 163
-FI_DEV_NVLINK_GET_STATE = 165
 FI_DEV_GET_GPU_RECOVERY_ACTION = 230
 
 NVLINK_STATE_ACTIVE = 1
@@ -164,6 +165,7 @@ class _FieldSpec:
     field_id: int
     scale: float = 1.0
     slow: bool = False  # costly for the driver: read every slow_interval_s only
+    sentinel: bool = False  # not a reading: a GPU-wide total that says "read the links now"
 
 
 GPU_FIELD_IDS: tuple[_FieldSpec, ...] = (
@@ -186,6 +188,17 @@ GPU_FIELD_IDS: tuple[_FieldSpec, ...] = (
     _FieldSpec("recovery_action", FI_DEV_GET_GPU_RECOVERY_ACTION),
 )
 
+# GPU-wide NVLink error totals (a few us for all four, against ~13 ms of driver CPU for one
+# per-link counter on 18 links of an H200): read every poll while links are polled; when one
+# moves, the per-link counters are read in the same poll, so a link's errors are attributed
+# at once. A GPU that answers NOT_SUPPORTED for them has its links read on the link cadence.
+NVLINK_SENTINELS: tuple[_FieldSpec, ...] = (
+    _FieldSpec("nvlink_crc_flit_total", FI_DEV_NVLINK_CRC_FLIT_TOTAL, sentinel=True),
+    _FieldSpec("nvlink_crc_data_total", FI_DEV_NVLINK_CRC_DATA_TOTAL, sentinel=True),
+    _FieldSpec("nvlink_replay_total", FI_DEV_NVLINK_REPLAY_TOTAL, sentinel=True),
+    _FieldSpec("nvlink_recovery_total", FI_DEV_NVLINK_RECOVERY_TOTAL, sentinel=True),
+)
+
 # HBM ECC through nvmlDeviceGetMemoryErrorCounter when the field ids are not supported
 # (field 11/12 answered NOT_SUPPORTED on an H100 with driver 580.159.04, while the counter
 # by location answered): (field, nvmlMemoryErrorType_t, field id it stands in for).
@@ -206,21 +219,41 @@ ROW_REMAP_FIELDS: tuple[tuple[str, str], ...] = tuple(
 SLOW_FIELDS = frozenset(
     {s.name for s in GPU_FIELD_IDS if s.slow}
     | {"violation_power", "violation_thermal"}
-    | {name for name, _ in ROW_REMAP_FIELDS}
     | {"temperature_gpu_margin"}
 )
-DEFAULT_SLOW_INTERVAL_S = 20.0
+# Measured on a busy 4 x H200 host (docs/PERFORMANCE.md): energy 4 ms of driver CPU per
+# read, each violation counter 0.7-1.2 ms, the margin temperature 0.9 ms, PCIe replays
+# 0.15 ms: about 7 ms per GPU, so every two minutes. No shipped rule reads them; they are
+# metrics, and a counter read two minutes late loses nothing for rate().
+DEFAULT_SLOW_INTERVAL_S = 120.0
+# The per-link error counters when no GPU-wide total says they moved: a safety net.
+DEFAULT_LINK_COUNTERS_INTERVAL_S = 600.0
+# State that changes rarely and whose rules wait minutes anyway (NvlinkLinkDown: 1m,
+# pcie_downtrained and stuck_workload: 10m): NVLink link state, compute processes, PCIe
+# link generation and width. Read cold on a busy H200 these cost 1.5 ms (18 links), 0.5 ms
+# and 0.25 ms of CPU per GPU, most of a 1 s poll (bench/nvml_call_cost.py --gap).
+DEFAULT_STATE_INTERVAL_S = 15.0
+STATE_FIELDS = frozenset({"compute_processes", "pcie_link_generation", "pcie_link_width"})
 
-# Link state is read every poll; the three error counters (54 of the 72 per-link values
-# on an 18-link GPU, ~0.2 ms of driver CPU each) on the slow cadence, like the other
-# costly counters: a counter read 20 s late loses nothing, rules look at increases.
+# The per-link data-link error counters (~0.75 ms of driver CPU per link each on an H200:
+# 40 ms for the three on 18 links). Read when a sentinel total moved, on the link cadence,
+# and on the first poll. Link state is not a field here: ``nvmlDeviceGetNvLinkState`` costs
+# 1-2 us per link where field 165 costs 10-20 us.
 LINK_FIELD_IDS: tuple[_FieldSpec, ...] = (
-    _FieldSpec("nvlink_up", FI_DEV_NVLINK_GET_STATE),
-    _FieldSpec("nvlink_replay_errors", FI_DEV_NVLINK_ERROR_DL_REPLAY, slow=True),
-    _FieldSpec("nvlink_recovery_errors", FI_DEV_NVLINK_ERROR_DL_RECOVERY, slow=True),
-    _FieldSpec("nvlink_crc_errors", FI_DEV_NVLINK_ERROR_DL_CRC, slow=True),
+    _FieldSpec("nvlink_replay_errors", FI_DEV_NVLINK_ERROR_DL_REPLAY),
+    _FieldSpec("nvlink_recovery_errors", FI_DEV_NVLINK_ERROR_DL_RECOVERY),
+    _FieldSpec("nvlink_crc_errors", FI_DEV_NVLINK_ERROR_DL_CRC),
 )
-SLOW_LINK_FIELDS = frozenset(s.name for s in LINK_FIELD_IDS if s.slow)
+LINK_COUNTER_FIELDS = frozenset(s.name for s in LINK_FIELD_IDS)
+
+# libnvidia-ml 580.159.04 corrupts the process heap when nvmlDeviceGetFieldValues runs on
+# two threads at once (docs/real-gpu.md: 2 x H100 and 4 x H200, busy with NCCL; dead in
+# 2-3 s under glibc's malloc checker, alive for the whole run with only this call
+# serialised). One lock for every field-values call in the process; a GPU whose read
+# cannot get it within FIELD_LOCK_WAIT_S reports its fields as errors for that poll
+# instead of waiting behind another GPU's stuck call.
+_FIELD_VALUES_LOCK = threading.Lock()
+FIELD_LOCK_WAIT_S = 2.0
 
 # --- error conversion: the one place NVML errors become gpuwatchd errors ---------------
 
@@ -401,6 +434,7 @@ class _Gpu:
         handle: Any,
         info: GpuInfo,
         extra: tuple[_FieldSpec, ...] = (),
+        nvlink: bool = True,
     ) -> None:
         self.index = index
         self.extra = extra  # the config's extra field ids, after the built-in ones
@@ -408,20 +442,32 @@ class _Gpu:
         self.lock = threading.Lock()
         self.handle = handle
         self.lost = handle is None
-        self.nvlink_count = info.nvlink_count
+        self.nvlink = nvlink  # the config's poll.nvlink
+        self.nvlink_count = info.nvlink_count if nvlink else 0
         self.bad_fields: set[tuple[int, int]] = set()  # (fieldId, scopeId)
         self.bad_calls: set[str] = set()
+        self.bad_link_state: set[int] = set()  # links whose state getter is NOT_SUPPORTED
         self.pcie_max: dict[str, float] = {}
         # field-value batches: everything (full) and without the slow fields (fast)
         self.full_ids: list[tuple[int, int]] = []
         self.full_specs: list[tuple[_FieldSpec, int | None]] = []
         self.fast_ids: list[tuple[int, int]] = []
         self.fast_specs: list[tuple[_FieldSpec, int | None]] = []
+        self.link_ids: list[tuple[int, int]] = []
+        self.link_specs: list[tuple[_FieldSpec, int | None]] = []
         self.batch_dirty = True
         # slow fields: when next due (clock.monotonic), and their last values
         self.slow_due: float | None = None
         self.slow_values: dict[str, float] = {}
-        self.slow_link_values: list[dict[str, float]] = []
+        # slowly changing state (link state, processes, PCIe link): when due, last values
+        self.state_due: float | None = None
+        self.state_fields: dict[str, float] = {}
+        self.state_processes: tuple[ProcessInfo, ...] = ()
+        self.link_up: dict[int, float] = {}
+        # per-link error counters: when next due, the sentinels that last saw them, values
+        self.links_due: float | None = None
+        self.sentinels: dict[str, float] = {}
+        self.link_values: list[dict[str, float]] = []
         # XID events
         self.events_registered = False
         self.events_unsupported = False
@@ -429,24 +475,31 @@ class _Gpu:
     def rebuild_batch(self) -> None:
         ids: list[tuple[int, int]] = []
         specs: list[tuple[_FieldSpec, int | None]] = []
-        for spec in (*GPU_FIELD_IDS, *self.extra):
+        sentinels = NVLINK_SENTINELS if self.nvlink_count else ()
+        for spec in (*GPU_FIELD_IDS, *self.extra, *sentinels):
             if (spec.field_id, 0) not in self.bad_fields:
                 ids.append((spec.field_id, 0))
                 specs.append((spec, None))
-        for link in range(self.nvlink_count):
-            for spec in LINK_FIELD_IDS:
-                if (spec.field_id, link) not in self.bad_fields:
-                    ids.append((spec.field_id, link))
-                    specs.append((spec, link))
         self.full_ids = ids
         self.full_specs = specs
         fast = [i for i, (spec, _) in enumerate(specs) if not spec.slow]
         self.fast_ids = [ids[i] for i in fast]
         self.fast_specs = [specs[i] for i in fast]
+        self.link_ids = []
+        self.link_specs = []
+        for link in range(self.nvlink_count):
+            for spec in LINK_FIELD_IDS:
+                if (spec.field_id, link) not in self.bad_fields:
+                    self.link_ids.append((spec.field_id, link))
+                    self.link_specs.append((spec, link))
         self.batch_dirty = False
 
+    def sentinels_cover_links(self) -> bool:
+        """Whether every GPU-wide NVLink total answers, so a link error moves one."""
+        return all((s.field_id, 0) not in self.bad_fields for s in NVLINK_SENTINELS)
+
     def not_supported(self) -> list[str]:
-        by_id = {s.field_id: s.name for s in (*GPU_FIELD_IDS, *LINK_FIELD_IDS)}
+        by_id = {s.field_id: s.name for s in (*GPU_FIELD_IDS, *LINK_FIELD_IDS, *NVLINK_SENTINELS)}
         by_id.update((s.field_id, s.name) for s in self.extra if s.field_id not in by_id)
         link_ids = {s.field_id for s in LINK_FIELD_IDS}
         out = []
@@ -454,6 +507,7 @@ class _Gpu:
             where = f" link {scope}" if fid in link_ids else ""
             out.append(f"field {fid} ({by_id.get(fid, '?')}){where}")
         out.extend(f"call {c}" for c in sorted(self.bad_calls))
+        out.extend(f"call nvmlDeviceGetNvLinkState link {i}" for i in sorted(self.bad_link_state))
         return out
 
 
@@ -471,8 +525,17 @@ class NvmlBackend:
         nvml: Any | None = None,
         slow_interval_s: float = DEFAULT_SLOW_INTERVAL_S,
         extra_fields: tuple[ExtraField, ...] = (),
+        *,
+        link_interval_s: float = DEFAULT_LINK_COUNTERS_INTERVAL_S,
+        nvlink: bool = True,
+        processes: bool = True,
+        state_interval_s: float = DEFAULT_STATE_INTERVAL_S,
     ) -> None:
         self._clock = clock
+        self._link_interval = max(0.0, link_interval_s)
+        self._state_interval = max(0.0, state_interval_s)
+        self._nvlink = nvlink  # the config's poll.nvlink: links not read at all when off
+        self._processes = processes  # poll.processes
         # The config's ``fields`` section: asked in the same field-values call.
         self._extra = tuple(_FieldSpec(e.name, e.field_id, e.scale, e.slow) for e in extra_fields)
         self._slow_fields = SLOW_FIELDS | {e.name for e in extra_fields if e.slow}
@@ -509,12 +572,6 @@ class NvmlBackend:
         if self._open:
             return list(self._infos)
         nv = self._load()
-        if self._nvml_arg is None and os.environ.get("MALLOC_ARENA_MAX") != "1":
-            log.warning(
-                "MALLOC_ARENA_MAX=1 is not set: NVML polled from worker threads corrupted "
-                "the heap on a 2 x H200 NVLink host (docs/real-gpu.md); `gpuwatchd run` and "
-                "the systemd unit set it"
-            )
         self._nvml = nv
         try:
             nv.nvmlInit()
@@ -575,8 +632,9 @@ class NvmlBackend:
             # Keep the slot: the first sample() reports the GPU as lost and retries by
             # index; identity is read once a handle comes.
             info = GpuInfo(index=index, uuid="", name="", pci_bus_id="", driver=driver)
-            return _Gpu(index, None, info, self._extra)
-        return _Gpu(index, handle, self._read_info(index, handle, driver), self._extra)
+            return _Gpu(index, None, info, self._extra, self._nvlink)
+        info = self._read_info(index, handle, driver)
+        return _Gpu(index, handle, info, self._extra, self._nvlink)
 
     def _read_info(self, index: int, handle: Any, driver: str) -> GpuInfo:
         """Static facts of one GPU; each read may fail alone and leaves its default."""
@@ -628,7 +686,8 @@ class NvmlBackend:
     def _static_fields(self, handle: Any) -> dict[int, float]:
         ids = [(FI_DEV_ECC_CURRENT, 0), (FI_DEV_ECC_PENDING, 0), (FI_DEV_NVLINK_LINK_COUNT, 0)]
         out: dict[int, float] = {}
-        values = self._try_static(self._nvml.nvmlDeviceGetFieldValues, handle, ids)
+        with _FIELD_VALUES_LOCK:
+            values = self._try_static(self._nvml.nvmlDeviceGetFieldValues, handle, ids)
         if values is None:
             return out
         for (fid, _), (ret, value) in zip(ids, read_field_values(values), strict=False):
@@ -663,13 +722,21 @@ class NvmlBackend:
             return gpu.not_supported()
 
     def field_batch(self, index: int, full: bool = True) -> list[tuple[int, int]]:
-        """The ``(fieldId, scopeId)`` list a poll of this GPU asks in its one call
+        """The ``(fieldId, scopeId)`` list a poll of this GPU asks in its GPU-wide call
         (``full``: a poll that also reads the slow fields)."""
         gpu = self._gpu(index)
         with gpu.lock:
             if gpu.batch_dirty:
                 gpu.rebuild_batch()
             return list(gpu.full_ids if full else gpu.fast_ids)
+
+    def link_batch(self, index: int) -> list[tuple[int, int]]:
+        """The per-link error counters asked when they are due (a second call)."""
+        gpu = self._gpu(index)
+        with gpu.lock:
+            if gpu.batch_dirty:
+                gpu.rebuild_batch()
+            return list(gpu.link_ids)
 
     # -- sampling -------------------------------------------------------------------------
 
@@ -730,7 +797,7 @@ class NvmlBackend:
                 continue
             if not gpu.info.uuid:  # first handle ever for this GPU: learn what it is
                 gpu.info = self._read_info(gpu.index, handle, gpu.info.driver)
-                gpu.nvlink_count = gpu.info.nvlink_count
+                gpu.nvlink_count = gpu.info.nvlink_count if gpu.nvlink else 0
                 gpu.batch_dirty = True
                 self._infos[gpu.index] = gpu.info
             gpu.handle = handle
@@ -739,7 +806,10 @@ class NvmlBackend:
             gpu.pcie_max.clear()
             gpu.slow_due = None  # counters may have restarted: read everything now
             gpu.slow_values.clear()
-            gpu.slow_link_values = []
+            gpu.links_due = None
+            gpu.state_due = None
+            gpu.sentinels.clear()
+            gpu.link_values = []
             return handle
         assert last is not None
         if isinstance(last, (GpuLost, ResetRequired)):
@@ -760,13 +830,17 @@ class NvmlBackend:
 
         now = self._clock.monotonic()
         full = gpu.slow_due is None or now >= gpu.slow_due or self._slow_interval <= 0
+        state = gpu.state_due is None or now >= gpu.state_due or self._state_interval <= 0
 
-        # 1. Everything with a field id: one call.
+        # 1. Everything with a GPU-wide field id: one call.
         if gpu.batch_dirty:
             gpu.rebuild_batch()
         ids, specs = (gpu.full_ids, gpu.full_specs) if full else (gpu.fast_ids, gpu.fast_specs)
+        sentinels: dict[str, float] = {}
         if ids:
-            self._read_batch(gpu, handle, ids, specs, fields, link_fields, errors)
+            self._read_batch(gpu, handle, ids, specs, fields, link_fields, errors, sentinels)
+        if gpu.nvlink_count:
+            self._read_links(gpu, handle, now, state, sentinels, link_fields, errors)
 
         # 2. The rest: one getter each; a NOT_SUPPORTED getter is never called again.
         def call(key: str, names: tuple[str, ...], fn: Callable[..., Any], *args: Any) -> Any:
@@ -869,7 +943,8 @@ class NvmlBackend:
             )
             if value is not None:
                 fields["temperature_gpu_margin"] = float(value)
-        if full and hasattr(nv, "nvmlDeviceGetRowRemapperHistogram"):  # slow: see SLOW_FIELDS
+        # 1 us on an H200 (bench/nvml_call_cost.py): every poll
+        if hasattr(nv, "nvmlDeviceGetRowRemapperHistogram"):
             hist = call(
                 "nvmlDeviceGetRowRemapperHistogram",
                 tuple(name for name, _ in ROW_REMAP_FIELDS),
@@ -883,20 +958,21 @@ class NvmlBackend:
         )
         if value is not None:
             fields["clock_event_reasons"] = float(value)
-        value = call(
-            "nvmlDeviceGetCurrPcieLinkGeneration",
-            ("pcie_link_generation",),
-            nv.nvmlDeviceGetCurrPcieLinkGeneration,
-        )
-        if value is not None:
-            fields["pcie_link_generation"] = float(value)
-        value = call(
-            "nvmlDeviceGetCurrPcieLinkWidth",
-            ("pcie_link_width",),
-            nv.nvmlDeviceGetCurrPcieLinkWidth,
-        )
-        if value is not None:
-            fields["pcie_link_width"] = float(value)
+        if state:
+            value = call(
+                "nvmlDeviceGetCurrPcieLinkGeneration",
+                ("pcie_link_generation",),
+                nv.nvmlDeviceGetCurrPcieLinkGeneration,
+            )
+            if value is not None:
+                fields["pcie_link_generation"] = float(value)
+            value = call(
+                "nvmlDeviceGetCurrPcieLinkWidth",
+                ("pcie_link_width",),
+                nv.nvmlDeviceGetCurrPcieLinkWidth,
+            )
+            if value is not None:
+                fields["pcie_link_width"] = float(value)
         # The maxima are facts of the card and the slot: read until they answer once.
         for name, getter in (
             ("pcie_link_generation_max", "nvmlDeviceGetMaxPcieLinkGeneration"),
@@ -908,26 +984,30 @@ class NvmlBackend:
                     gpu.pcie_max[name] = float(value)
             if name in gpu.pcie_max:
                 fields[name] = gpu.pcie_max[name]
-        procs = call(
-            "nvmlDeviceGetComputeRunningProcesses",
-            ("compute_processes",),
-            nv.nvmlDeviceGetComputeRunningProcesses,
-        )
+        procs = None
+        if self._processes and state:
+            procs = call(
+                "nvmlDeviceGetComputeRunningProcesses",
+                ("compute_processes",),
+                nv.nvmlDeviceGetComputeRunningProcesses,
+            )
         processes: tuple[ProcessInfo, ...] = ()
         if procs is not None:
             processes = tuple(_process_info(p) for p in procs)
             fields["compute_processes"] = float(len(processes))
+        if state:
+            gpu.state_fields = {n: fields[n] for n in STATE_FIELDS if n in fields}
+            gpu.state_processes = processes
+            gpu.state_due = now + self._state_interval
+        else:
+            fields.update(gpu.state_fields)
+            processes = gpu.state_processes
 
         if full:
             gpu.slow_values = {n: fields[n] for n in self._slow_fields if n in fields}
-            gpu.slow_link_values = [
-                {n: lf[n] for n in SLOW_LINK_FIELDS if n in lf} for lf in link_fields
-            ]
             gpu.slow_due = now + self._slow_interval
         else:
             fields.update(gpu.slow_values)
-            for lf, kept in zip(link_fields, gpu.slow_link_values, strict=False):
-                lf.update(kept)
 
         add_derived_fields(fields, gpu.info.memory_max_temperature)
         links = tuple(
@@ -944,11 +1024,21 @@ class NvmlBackend:
         fields: dict[str, float],
         link_fields: list[dict[str, float]],
         errors: dict[str, str],
+        sentinels: dict[str, float] | None = None,
     ) -> None:
         nv = self._nvml
+        if not _FIELD_VALUES_LOCK.acquire(timeout=FIELD_LOCK_WAIT_S):
+            for spec, link in specs:
+                if not spec.sentinel:
+                    errors[_label(spec, link)] = (
+                        f"GPU {gpu.index}: field values not read: another GPU's "
+                        f"nvmlDeviceGetFieldValues has not returned in {FIELD_LOCK_WAIT_S:g}s"
+                    )
+            return
         try:
             values = nv.nvmlDeviceGetFieldValues(handle, ids)
         except nv.NVMLError as exc:
+            _FIELD_VALUES_LOCK.release()
             code = nvml_code(exc)
             if code in _CALL_UNSUPPORTED:
                 gpu.bad_fields.update(ids)
@@ -959,16 +1049,21 @@ class NvmlBackend:
             if isinstance(err, (GpuLost, ResetRequired)):
                 raise err from exc
             for spec, link in specs:
-                errors[_label(spec, link)] = str(err)
+                if not spec.sentinel:
+                    errors[_label(spec, link)] = str(err)
             return
-        for (spec, link), (ret, value) in zip(specs, read_field_values(values), strict=False):
+        else:
+            decoded = read_field_values(values)  # before another thread may call again
+            _FIELD_VALUES_LOCK.release()
+        for (spec, link), (ret, value) in zip(specs, decoded, strict=False):
             if ret == NVML_SUCCESS:
                 if value is None:
                     errors[_label(spec, link)] = f"field {spec.field_id}: unknown valueType"
+                elif spec.sentinel:
+                    if sentinels is not None:
+                        sentinels[spec.name] = value
                 elif link is None:
                     fields[spec.name] = value * spec.scale if spec.scale != 1.0 else value
-                elif spec.field_id == FI_DEV_NVLINK_GET_STATE:
-                    link_fields[link][spec.name] = 1.0 if value == NVLINK_STATE_ACTIVE else 0.0
                 else:
                     link_fields[link][spec.name] = value
             elif ret in _FIELD_UNSUPPORTED:
@@ -980,7 +1075,61 @@ class NvmlBackend:
                 )
                 if isinstance(err, (GpuLost, ResetRequired)):
                     raise err
-                errors[_label(spec, link)] = str(err)
+                if not spec.sentinel:
+                    errors[_label(spec, link)] = str(err)
+
+    def _read_links(
+        self,
+        gpu: _Gpu,
+        handle: Any,
+        now: float,
+        state: bool,
+        sentinels: dict[str, float],
+        link_fields: list[dict[str, float]],
+        errors: dict[str, str],
+    ) -> None:
+        """Link state on the state cadence (one getter per link, carried between); the
+        per-link error counters when due: first poll, a GPU-wide total moved, or the link
+        cadence came round."""
+        nv = self._nvml
+        for link in range(gpu.nvlink_count):
+            if link in gpu.bad_link_state:
+                continue
+            if not state:
+                if link in gpu.link_up:
+                    link_fields[link]["nvlink_up"] = gpu.link_up[link]
+                continue
+            try:
+                answer = nv.nvmlDeviceGetNvLinkState(handle, link)
+            except nv.NVMLError as exc:
+                code = nvml_code(exc)
+                if code in _CALL_UNSUPPORTED:
+                    gpu.bad_link_state.add(link)
+                    continue
+                err = error_from_code(code, f"GPU {gpu.index}: nvmlDeviceGetNvLinkState({link})")
+                if isinstance(err, (GpuLost, ResetRequired)):
+                    raise err from exc
+                errors[f"nvlink_up[link {link}]"] = str(err)
+                continue
+            up = gpu.link_up[link] = 1.0 if answer == NVLINK_STATE_ACTIVE else 0.0
+            link_fields[link]["nvlink_up"] = up
+        moved = bool(sentinels) and bool(gpu.sentinels) and sentinels != gpu.sentinels
+        if sentinels:
+            gpu.sentinels = sentinels
+        due = (
+            gpu.links_due is None
+            or now >= gpu.links_due
+            or moved
+            or self._link_interval <= 0
+            or len(gpu.link_values) != gpu.nvlink_count
+        )
+        if due and gpu.link_ids:
+            read: list[dict[str, float]] = [{} for _ in range(gpu.nvlink_count)]
+            self._read_batch(gpu, handle, gpu.link_ids, gpu.link_specs, {}, read, errors)
+            gpu.link_values = read
+            gpu.links_due = now + self._link_interval
+        for lf, kept in zip(link_fields, gpu.link_values, strict=False):
+            lf.update(kept)
 
     # -- XID events -----------------------------------------------------------------------
 
@@ -1073,23 +1222,6 @@ class NvmlBackend:
             uuid=(found.info.uuid or None) if found else None,
             pci_bus_id=(found.info.pci_bus_id or None) if found else None,
         )
-
-
-def reexec_with_single_arena() -> None:
-    """Restart this process with ``MALLOC_ARENA_MAX=1`` in its environment, if not set.
-
-    On a 2 x H200 NVLink host (driver 580.159.04), polling NVML from any thread other than
-    the main one aborted the process within about 20 s ("malloc(): corrupted top size"),
-    while the same polls on the main thread, or with ``MALLOC_ARENA_MAX=1`` set at start-up,
-    ran clean; setting the limit later with mallopt() did not help. gpuwatchd polls each
-    GPU on its own thread, so ``gpuwatchd run`` re-executes itself with the variable set
-    before anything starts (the systemd unit sets it too). docs/real-gpu.md has the
-    experiment matrix; bench/nvml_crash_matrix.sh reproduces it.
-    """
-    if os.environ.get("MALLOC_ARENA_MAX") == "1" or not sys.platform.startswith("linux"):
-        return
-    os.environ["MALLOC_ARENA_MAX"] = "1"
-    os.execv(sys.executable, [sys.executable, "-m", "gpuwatchd", *sys.argv[1:]])
 
 
 def _label(spec: _FieldSpec, link: int | None) -> str:

@@ -1,0 +1,478 @@
+"""A busy NVLink node, watched: soak, cost and kernel-line-to-page latency in one run.
+
+On a lent multi-GPU machine (through the device tool; never on a production node: it writes
+real XIDs into the kernel log). Side by side for ``--seconds``:
+
+- an NCCL all-reduce on ``--nccl-gpus`` (bench/nccl_load.py);
+- four real daemons (``python3 -m gpuwatchd run``, the NVML worker process on): 1 s polls and
+  the default 5 s, each once plainly and once under glibc's malloc checker
+  (``LD_PRELOAD=libc_malloc_debug.so.0 MALLOC_CHECK_=3``); each reads the real /dev/kmsg and
+  NVML events, and pages a loopback webhook; an always-firing ticket and a long group_wait
+  keep each node's alert group busy, so a page held for batching would show;
+- a plain pynvml loop reading the same values with the cheapest calls, at 1 s and at 5 s,
+  and a bare pynvml process (nvmlInit, then sleep);
+- real XID 31s provoked on ``--xid-gpu`` every ``--xid-every`` seconds.
+
+It reports, per daemon: alive at the end, RSS over time (daemon and worker), CPU % of one
+core over the measuring window (daemon, worker, per thread), kernel line -> webhook
+latency (from this script reading the line in /dev/kmsg to the webhook arriving), pages per
+GPU, alerts on the busy GPUs, NVLink links up, and ``check``'s exit code; the same CPU and
+RSS for the plain loops and the bare process. ``--out DIR`` gets soak.json and soak.txt.
+
+    PYTHONPATH=. python3 bench/busy_node_soak.py --seconds 420 --out "$OUT"
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import contextlib
+
+from benchlib import XID31_PROGRAM, free_port, pct
+
+TICK = os.sysconf("SC_CLK_TCK")
+CHECKER = {"LD_PRELOAD": "libc_malloc_debug.so.0", "MALLOC_CHECK_": "3"}
+NCCL_ENV = {
+    "NCCL_NVLS_ENABLE": "0",
+    "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+    "NVSHMEM_DISABLE_NVLS": "1",
+}
+
+RULES = """rules:
+- name: BenchXid31
+  description: Every XID 31 pages (bench only), quiet after 1 s so each fault pages anew.
+  severity: page
+  condition:
+    xid:
+      codes: [31]
+      quiet: 1s
+  annotations:
+    summary: 'XID {xid} on GPU {gpu}'
+- name: BenchBusyTicket
+  description: Always firing (bench only), so the node's alert group is never quiet.
+  severity: ticket
+  condition:
+    threshold:
+      field: temperature_gpu
+      op: '>'
+      value: -100
+  annotations:
+    summary: 'bench ticket on GPU {gpu}'
+"""
+
+
+# -- the plain loop and the bare process (run as children of this script) ------------------
+def plain_loop(interval: float, seconds: float) -> None:
+    """The same values as the daemon, with the cheapest calls, at the daemon's cadences."""
+    import pynvml as nv
+
+    nv.nvmlInit()
+    handles = [nv.nvmlDeviceGetHandleByIndex(i) for i in range(nv.nvmlDeviceGetCount())]
+    ids = [(f, 0) for f in (82, 3, 4, 11, 12, 5, 6, 142, 143, 144, 145, 230)]
+    links = []
+    for h in handles:
+        n = 0
+        for link in range(18):
+            try:
+                nv.nvmlDeviceGetNvLinkState(h, link)
+                n += 1
+            except nv.NVMLError:
+                break
+        links.append(n)
+    end = time.monotonic() + seconds
+    next_slow = next_links = next_state = 0.0
+    while time.monotonic() < end:
+        now = time.monotonic()
+        for h, n in zip(handles, links, strict=True):
+            for fn, args in (
+                (nv.nvmlDeviceGetTemperature, (0,)),
+                (nv.nvmlDeviceGetPowerUsage, ()),
+                (nv.nvmlDeviceGetClockInfo, (1,)),
+                (nv.nvmlDeviceGetClockInfo, (2,)),
+                (nv.nvmlDeviceGetUtilizationRates, ()),
+                (nv.nvmlDeviceGetMemoryInfo, ()),
+                (nv.nvmlDeviceGetCurrentClocksEventReasons, ()),
+                (nv.nvmlDeviceGetRowRemapperHistogram, ()),
+                (nv.nvmlDeviceGetMemoryErrorCounter, (0, 0, 2)),
+                (nv.nvmlDeviceGetMemoryErrorCounter, (1, 0, 2)),
+                (nv.nvmlDeviceGetFieldValues, (ids,)),
+            ):
+                with contextlib.suppress(nv.NVMLError):
+                    fn(h, *args)
+            if now >= next_state:  # the daemon's poll.state_interval
+                for fn, args in (
+                    (nv.nvmlDeviceGetCurrPcieLinkGeneration, ()),
+                    (nv.nvmlDeviceGetCurrPcieLinkWidth, ()),
+                    (nv.nvmlDeviceGetComputeRunningProcesses, ()),
+                ):
+                    with contextlib.suppress(nv.NVMLError):
+                        fn(h, *args)
+                for link in range(n):
+                    nv.nvmlDeviceGetNvLinkState(h, link)
+            if now >= next_slow:
+                for fn, args in (
+                    (nv.nvmlDeviceGetTotalEnergyConsumption, ()),
+                    (nv.nvmlDeviceGetViolationStatus, (0,)),
+                    (nv.nvmlDeviceGetViolationStatus, (1,)),
+                    (nv.nvmlDeviceGetMarginTemperature, ()),
+                    (nv.nvmlDeviceGetPcieReplayCounter, ()),
+                ):
+                    with contextlib.suppress(nv.NVMLError):
+                        fn(h, *args)
+            if now >= next_links and n:
+                nv.nvmlDeviceGetFieldValues(
+                    h, [(f, link) for link in range(n) for f in (161, 162, 163)]
+                )
+        if now >= next_state:
+            next_state = now + 15.0
+        if now >= next_slow:
+            next_slow = now + 120.0
+        if now >= next_links:
+            next_links = now + 600.0
+        time.sleep(max(0.0, interval - (time.monotonic() - now)))
+
+
+def bare(seconds: float) -> None:
+    import pynvml as nv
+
+    nv.nvmlInit()
+    time.sleep(seconds)
+
+
+# -- measuring ----------------------------------------------------------------------------
+def cpu_ticks(pid: int) -> int:
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0
+    return int(fields[11]) + int(fields[12])
+
+
+def threads(pid: int) -> dict[str, int]:
+    out: dict[str, int] = {}
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return out
+    for tid in tids:
+        try:
+            comm = Path(f"/proc/{pid}/task/{tid}/comm").read_text().strip()
+            stat = Path(f"/proc/{pid}/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        out[comm] = out.get(comm, 0) + int(stat[11]) + int(stat[12])
+    return out
+
+
+def rss_kib(pid: int) -> int:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+def children(pid: int) -> list[int]:
+    """Direct children (the NVML worker), by their parent pid in /proc."""
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(stat[1]) == pid:
+                out.append(int(entry))
+    return out
+
+
+class Hooks:
+    """The loopback webhook: (arrival, daemon, alertname, gpu, status) per alert."""
+
+    def __init__(self) -> None:
+        self.got: list[tuple[float, str, str, str, str]] = []
+        self.lock = threading.Lock()
+        hooks = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, format: str, *args: Any) -> None:
+                return
+
+            def do_POST(self) -> None:
+                now = time.monotonic()
+                body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
+                name = self.path.rsplit("/", 1)[-1]
+                with hooks.lock:
+                    for a in json.loads(body).get("alerts", []):
+                        lab = a.get("labels", {})
+                        hooks.got.append(
+                            (now, name, lab.get("alertname", ""), lab.get("gpu", ""), a["status"])
+                        )
+                self.send_response(200)
+                self.end_headers()
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self.server.server_address[1]
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+
+class KmsgWatch:
+    """Reads the real /dev/kmsg from now on: the time each NVRM Xid line was read."""
+
+    def __init__(self) -> None:
+        self.lines: list[tuple[float, str]] = []
+        fd = os.open("/dev/kmsg", os.O_RDONLY)
+        os.lseek(fd, 0, os.SEEK_END)
+        self.fd = fd
+        threading.Thread(target=self._run, daemon=True).start()
+
+    def _run(self) -> None:
+        while True:
+            try:
+                rec = os.read(self.fd, 8192).decode("utf-8", "replace")
+            except OSError:
+                continue
+            if "NVRM: Xid" in rec:
+                self.lines.append((time.monotonic(), rec.split(";", 1)[-1].strip()[:200]))
+
+
+def start_daemon(
+    name: str, interval: str, env_extra: dict[str, str], port: int, hook_port: int, tmp: Path
+) -> dict[str, Any]:
+    state = tmp / name
+    state.mkdir()
+    (tmp / "bench-rules.yaml").write_text(RULES)
+    poll = f"poll: {{interval: {interval}}}\n" if interval != "default" else ""
+    cfg = state / "gpuwatchd.yaml"
+    cfg.write_text(
+        f"node_name: soak-{name}\nstate_dir: {state}\n{poll}"
+        "sources: {kernel_log: kmsg, nvml_events: true}\n"
+        f"rules: {{files: [{tmp / 'bench-rules.yaml'}], disable: [GpuXidApplicationRepeated]}}\n"
+        f'receivers:\n  - {{name: hook, type: webhook, url: "http://127.0.0.1:{hook_port}/{name}"}}\n'
+        "routing: {group_by: [node], group_wait: 15s, repeat_interval: 4h}\n"
+    )
+    env = {**os.environ, **env_extra, "PYTHONFAULTHANDLER": "1"}
+    log = (state / "daemon.log").open("wb")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gpuwatchd", "run", "-c", str(cfg), "--listen", f"127.0.0.1:{port}"],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env=env,
+    )
+    return {"name": name, "proc": proc, "port": port, "cfg": cfg, "log": state / "daemon.log"}
+
+
+def get(url: str) -> bytes:
+    with urllib.request.urlopen(url, timeout=5) as r:
+        return bytes(r.read())
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--seconds", type=float, default=420.0)
+    ap.add_argument("--warmup", type=float, default=60.0)
+    ap.add_argument("--xid-gpu", type=int, default=0)
+    ap.add_argument("--xid-every", type=float, default=8.0)
+    ap.add_argument("--nccl-gpus", default="")
+    ap.add_argument("--out", default=".")
+    ap.add_argument("--cost-only", action="store_true", help="no checker daemons, no XIDs")
+    ap.add_argument("--plain", type=float, help=argparse.SUPPRESS)
+    ap.add_argument("--bare", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.plain:
+        plain_loop(args.plain, args.seconds)
+        return 0
+    if args.bare:
+        bare(args.seconds)
+        return 0
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix="soak-"))
+    import pynvml as nv
+
+    nv.nvmlInit()
+    n = nv.nvmlDeviceGetCount()
+    nv.nvmlShutdown()
+    nccl = args.nccl_gpus or ",".join(str(g) for g in range(n) if g != args.xid_gpu or n <= 2)
+    total = args.seconds + 30
+    procs: dict[str, subprocess.Popen[bytes]] = {}
+    procs["nccl"] = subprocess.Popen(
+        [sys.executable, "bench/nccl_load.py", "--gpus", nccl, "--seconds", str(total)],
+        env={**os.environ, **NCCL_ENV},
+        stdout=(tmp / "nccl.log").open("wb"),
+        stderr=subprocess.STDOUT,
+    )
+    time.sleep(15 if args.cost_only else 20)  # NCCL up: compute processes on the GPUs
+    hooks = Hooks()
+    kmsg = KmsgWatch()
+    daemons = [
+        start_daemon(name, interval, env, free_port(), hooks.port, tmp)
+        for name, interval, env in (
+            ("1s", "1s", {}),
+            ("default", "default", {}),
+            ("1s-checker", "1s", CHECKER),
+            ("default-checker", "default", CHECKER),
+        )
+        if not (args.cost_only and env)
+    ]
+    me = Path(__file__).resolve()
+    for name, extra in (
+        ("plain-1s", ["--plain", "1"]),
+        ("plain-5s", ["--plain", "5"]),
+        ("bare", ["--bare"]),
+    ):
+        procs[name] = subprocess.Popen([sys.executable, str(me), *extra, "--seconds", str(total)])
+    start = time.monotonic()
+    stop = threading.Event()
+    launches: list[float] = []
+
+    def provoke() -> None:
+        time.sleep(15)
+        while not stop.wait(args.xid_every):
+            launches.append(time.monotonic())
+            subprocess.run(
+                [sys.executable, "-c", XID31_PROGRAM],
+                env={**os.environ, "CUDA_VISIBLE_DEVICES": str(args.xid_gpu)},
+                capture_output=True,
+                timeout=60,
+                check=False,
+            )
+
+    if not args.cost_only:
+        threading.Thread(target=provoke, daemon=True).start()
+    rss: dict[str, list[tuple[float, int, int]]] = {d["name"]: [] for d in daemons}
+    cpu0: dict[str, Any] = {}
+    while time.monotonic() - start < args.seconds:
+        time.sleep(5 if args.cost_only else 10)
+        t = round(time.monotonic() - start)
+        for d in daemons:
+            kids = children(d["proc"].pid)
+            rss[d["name"]].append((t, rss_kib(d["proc"].pid), sum(rss_kib(k) for k in kids)))
+        if not cpu0 and time.monotonic() - start >= args.warmup:
+            cpu0 = {"t": time.monotonic()}
+            for d in daemons:
+                pid = d["proc"].pid
+                cpu0[d["name"]] = (
+                    cpu_ticks(pid),
+                    {k: cpu_ticks(k) for k in children(pid)},
+                    threads(pid),
+                )
+            for name in ("plain-1s", "plain-5s", "bare"):
+                cpu0[name] = cpu_ticks(procs[name].pid)
+    window = time.monotonic() - cpu0["t"]
+    stop.set()
+    report: dict[str, Any] = {
+        "gpus": n,
+        "nccl_gpus": nccl,
+        "xid_gpu": args.xid_gpu,
+        "window_s": round(window, 1),
+        "xid_lines": len(kmsg.lines),
+        "launches": len(launches),
+        "daemons": {},
+        "others": {},
+    }
+    for name in ("plain-1s", "plain-5s", "bare"):
+        p = procs[name]
+        report["others"][name] = {
+            "cpu_pct": round((cpu_ticks(p.pid) - cpu0[name]) / TICK / window * 100, 3),
+            "rss_kib": rss_kib(p.pid),
+        }
+    for d in daemons:
+        name, proc = d["name"], d["proc"]
+        r: dict[str, Any] = {"alive": proc.poll() is None, "exit": proc.poll()}
+        if name in cpu0:
+            c_main, c_kids, c_threads = cpu0[name]
+            kids = children(proc.pid)
+            main_pct = (cpu_ticks(proc.pid) - c_main) / TICK / window * 100
+            kid_pct = sum(cpu_ticks(k) - c_kids.get(k, 0) for k in kids) / TICK / window * 100
+            r["cpu_pct_daemon"] = round(main_pct, 3)
+            r["cpu_pct_worker"] = round(kid_pct, 3)
+            r["cpu_pct_total"] = round(main_pct + kid_pct, 3)
+            now_threads = threads(proc.pid)
+            r["cpu_pct_threads"] = {
+                k: round((v - c_threads.get(k, 0)) / TICK / window * 100, 3)
+                for k, v in sorted(now_threads.items())
+                if v - c_threads.get(k, 0) > 0
+            }
+            if kids:
+                r["worker_threads"] = {
+                    k: round(v / TICK / (time.monotonic() - start) * 100, 3)
+                    for k, v in sorted(threads(kids[0]).items())
+                    if v
+                }
+        r["rss_kib"] = rss[name]
+        mine = [g for g in hooks.got if g[1] == name]
+        pages = [g for g in mine if g[2] == "BenchXid31" and g[4] == "firing"]
+        r["pages"] = len(pages)
+        r["pages_by_gpu"] = {
+            gpu: sum(1 for g in pages if g[3] == gpu) for gpu in {g[3] for g in pages}
+        }
+        r["other_alerts"] = sorted(
+            {(g[2], g[3]) for g in mine if g[2] not in ("BenchXid31", "BenchBusyTicket")}
+        )
+        lat = []
+        for t_line, _ in kmsg.lines:
+            after = [g[0] for g in pages if g[0] >= t_line - 0.001]
+            if after:
+                lat.append((min(after) - t_line) * 1000)
+        r["line_to_page_ms"] = {
+            "n": len(lat),
+            "p50": round(pct(lat, 0.5), 1) if lat else None,
+            "p99": round(pct(lat, 0.99), 1) if lat else None,
+            "max": round(max(lat), 1) if lat else None,
+        }
+        if r["alive"]:
+            try:
+                text = get(f"http://127.0.0.1:{d['port']}/metrics").decode()
+                ups = [ln for ln in text.splitlines() if ln.startswith("gpuwatchd_nvlink_up{")]
+                r["nvlink_links"] = len(ups)
+                r["nvlink_links_up"] = sum(1 for ln in ups if float(ln.rsplit(" ", 1)[1]) == 1.0)
+                status = json.loads(get(f"http://127.0.0.1:{d['port']}/api/v1/status"))
+                r["gpu_status"] = {str(g["index"]): g["status"] for g in status["gpus"]}
+                r["firing"] = sorted(
+                    {(a["rule"], str(a["labels"].get("gpu"))) for a in status["alerts"]}
+                )
+                r["nvml_worker"] = status.get("nvml_worker")
+            except OSError as exc:
+                r["scrape_error"] = str(exc)
+            chk = subprocess.run(
+                [sys.executable, "-m", "gpuwatchd", "check", "-c", str(d["cfg"])],
+                capture_output=True,
+                text=True,
+                timeout=60,
+                check=False,
+            )
+            r["check_exit"] = chk.returncode
+            r["check_out"] = chk.stdout[-400:]
+            proc.terminate()
+            try:
+                proc.wait(20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        tail = Path(d["log"]).read_bytes()[-3000:].decode("utf-8", "replace")
+        r["log_tail"] = tail if not r["alive"] or "Traceback" in tail else tail[-600:]
+        report["daemons"][name] = r
+    for p in procs.values():
+        p.kill()
+    text = json.dumps(report, indent=1, default=str)
+    (out / "soak.json").write_text(text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,411 @@
+"""The NVML backend as a supervised worker process, so a crash or a hang inside
+libnvidia-ml never stops kernel-log paging, drains, the outbox or /metrics.
+
+``WorkerBackend`` is a ``Backend`` and an ``XidEventSource`` to the rest of the daemon, as
+``NvmlBackend`` is; behind it, ``workerchild`` runs ``NvmlBackend`` in its own process.
+
+- A worker that dies (a heap corruption's abort, a segfault, an OOM kill) fails every
+  pending poll at once with ``WorkerDown`` (a ``CallTimeout``: the poller marks those GPUs
+  stale at once), every later poll until it is back, and the NVML event source.
+- A worker that hangs (no heartbeat for ``hang_s``, or one poll unanswered for ``hang_s``)
+  is killed (SIGKILL) and handled as a dead one: no thread is left behind in the daemon.
+- It is restarted with exponential backoff (``RESTART_BACKOFF``), and re-opens NVML.
+  Restarts are counted (``gpuwatchd_nvml_worker_restarts_total``, ``status``) and the
+  worker's state is the source ``nvml_worker``.
+
+The worker's cost (a second Python process with libnvidia-ml loaded) is measured in
+docs/PERFORMANCE.md.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import queue
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Callable
+from typing import IO, Any
+
+from gpuwatchd.core.clock import Clock
+from gpuwatchd.core.errors import (
+    BackendError,
+    BackendUnavailable,
+    CallTimeout,
+    GpuLost,
+    NotSupported,
+    ResetRequired,
+)
+from gpuwatchd.core.families import Families
+from gpuwatchd.core.fields import ExtraField
+from gpuwatchd.core.records import GpuInfo, GpuSample, XidEvent
+from gpuwatchd.sources.gpu import workerwire as wire
+
+log = logging.getLogger(__name__)
+
+SOURCE = "nvml_worker"
+RESTART_BACKOFF = (1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
+OPEN_TIMEOUT_S = 120.0  # nvmlInit on a node with a wedged GPU can take a while
+_ERRORS: dict[str, type[BackendError]] = {
+    "GpuLost": GpuLost,
+    "ResetRequired": ResetRequired,
+    "NotSupported": NotSupported,
+    "CallTimeout": CallTimeout,
+    "BackendUnavailable": BackendUnavailable,
+}
+
+
+class WorkerDown(CallTimeout):
+    """The NVML worker process is dead, hung or restarting: no answer for this GPU now."""
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkerSettings:
+    """What the worker's ``NvmlBackend`` is built with (the config's ``poll``, ``fields``)."""
+
+    slow_interval_s: float
+    link_interval_s: float
+    state_interval_s: float = 15.0
+    nvlink: bool = True
+    processes: bool = True
+    events: bool = True
+    extra_fields: tuple[ExtraField, ...] = ()
+    hang_s: float = 30.0
+
+    def open_args(self) -> dict[str, Any]:
+        return {
+            "slow_interval_s": self.slow_interval_s,
+            "link_interval_s": self.link_interval_s,
+            "state_interval_s": self.state_interval_s,
+            "nvlink": self.nvlink,
+            "processes": self.processes,
+            "events": self.events,
+            "extra_fields": [dataclasses.asdict(e) for e in self.extra_fields],
+        }
+
+
+class _Pending:
+    __slots__ = ("done", "reply", "since")
+
+    def __init__(self, since: float) -> None:
+        self.done = threading.Event()
+        self.reply: dict[str, Any] | None = None
+        self.since = since
+
+
+class _Child:
+    """One worker process and the thread that reads what it says."""
+
+    def __init__(
+        self,
+        argv: list[str],
+        on_message: Callable[[_Child, dict[str, Any]], None],
+        on_exit: Callable[[_Child, str], None],
+    ) -> None:
+        self.proc = subprocess.Popen(
+            argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, close_fds=True
+        )
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.stdin: IO[bytes] = self.proc.stdin
+        self._on_message = on_message
+        self._on_exit = on_exit
+        self.send_lock = threading.Lock()
+        self.reader = threading.Thread(
+            target=self._read, args=(self.proc.stdout,), name="nvml-worker-read", daemon=True
+        )
+        self.reader.start()
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def send(self, message: dict[str, Any]) -> bool:
+        with self.send_lock:
+            try:
+                wire.write_frame(self.stdin, message)
+            except (OSError, ValueError):
+                return False
+        return True
+
+    def _read(self, out: IO[bytes]) -> None:
+        why = "exited"
+        try:
+            while True:
+                self._on_message(self, wire.read_frame(out))
+        except EOFError:
+            pass
+        except wire.WireError as exc:
+            why = f"sent a bad frame ({exc})"
+            self.kill()
+        except OSError as exc:
+            why = f"pipe error ({exc})"
+        finally:
+            out.close()
+        code = self.proc.wait()
+        with self.send_lock, contextlib.suppress(OSError):
+            self.stdin.close()
+        if code < 0:
+            with contextlib.suppress(ValueError):
+                why = f"killed by {signal.Signals(-code).name}"
+        elif why == "exited":
+            why = f"exited with status {code}"
+        self._on_exit(self, why)
+
+    def kill(self) -> None:
+        with contextlib.suppress(OSError):
+            self.proc.kill()
+
+
+class WorkerBackend:
+    """NVML in a supervised child process (see the module docstring)."""
+
+    name = "nvml"
+
+    def __init__(
+        self,
+        clock: Clock,
+        settings: WorkerSettings,
+        status: Callable[[str, bool, str], None] | None = None,
+        argv: list[str] | None = None,
+    ) -> None:
+        self._clock = clock
+        self.settings = settings
+        self._status = status or (lambda name, up, detail: None)
+        self._argv = argv or [sys.executable, "-m", "gpuwatchd.sources.gpu.workerchild"]
+        self._lock = threading.Lock()
+        self._child: _Child | None = None
+        self._up = False
+        self._pending: dict[int, _Pending] = {}
+        self._next_id = 0
+        self._infos: list[GpuInfo] = []
+        self._events: queue.SimpleQueue[list[XidEvent] | BackendError] = queue.SimpleQueue()
+        self._last_beat = 0.0
+        self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._supervisor: threading.Thread | None = None
+        self.restarts = 0
+        self.last_exit = ""
+
+    # -- status -------------------------------------------------------------------------
+    def set_status(self, status: Callable[[str, bool, str], None]) -> None:
+        self._status = status
+
+    @property
+    def pid(self) -> int | None:
+        child = self._child
+        return child.pid if child is not None else None
+
+    def health(self) -> dict[str, Any]:
+        return {
+            "up": self._up,
+            "pid": self.pid,
+            "restarts": self.restarts,
+            "last_exit": self.last_exit,
+        }
+
+    def families(self, fams: Families) -> None:
+        fams.get(
+            "gpuwatchd_nvml_worker_restarts_total",
+            "counter",
+            "Restarts of the NVML worker process after it died or hung.",
+            [],
+        ).add([], float(self.restarts))
+        fams.get(
+            "gpuwatchd_nvml_worker_up",
+            "gauge",
+            "Whether the NVML worker process is running and has NVML open.",
+            [],
+        ).add([], 1.0 if self._up else 0.0)
+
+    # -- the wire -----------------------------------------------------------------------
+    def _request(self, message: dict[str, Any], wait_s: float | None = None) -> dict[str, Any]:
+        with self._lock:
+            child = self._child
+            if child is None or (not self._up and message.get("op") != "open"):
+                raise WorkerDown(f"NVML worker is down ({self.last_exit or 'starting'})")
+            self._next_id += 1
+            rid = self._next_id
+            pending = self._pending[rid] = _Pending(self._clock.monotonic())
+        if not child.send({**message, "id": rid}):
+            with self._lock:
+                self._pending.pop(rid, None)
+            raise WorkerDown("NVML worker is down (its pipe is closed)")
+        if not pending.done.wait(wait_s):
+            with self._lock:
+                self._pending.pop(rid, None)
+            raise WorkerDown(f"NVML worker did not answer {message.get('op')} in {wait_s}s")
+        if pending.reply is None:
+            raise WorkerDown(f"NVML worker is down ({self.last_exit})")
+        error = pending.reply.get("error")
+        if isinstance(error, dict):
+            cls = _ERRORS.get(str(error.get("type")), BackendError)
+            code = error.get("code")
+            raise cls(str(error.get("message")), code if isinstance(code, int) else None)
+        return pending.reply
+
+    def _on_message(self, child: _Child, msg: dict[str, Any]) -> None:
+        if child is not self._child:
+            return
+        if "beat" in msg:
+            self._last_beat = self._clock.monotonic()
+            return
+        if "events" in msg:
+            events = msg["events"]
+            if isinstance(events, list):
+                self._events.put([wire.event_from_wire(e) for e in events])
+            return
+        if "events_error" in msg:
+            err = msg["events_error"]
+            text = err.get("message") if isinstance(err, dict) else None
+            self._events.put(BackendError(str(text or "NVML event wait failed")))
+            return
+        rid = msg.get("id")
+        with self._lock:
+            pending = self._pending.pop(rid, None) if isinstance(rid, int) else None
+        if pending is not None:
+            pending.reply = msg
+            pending.done.set()
+
+    def _on_exit(self, child: _Child, why: str) -> None:
+        with self._lock:
+            if child is not self._child:
+                return
+            self._child = None
+            was_up = self._up
+            self._up = False
+            self.last_exit = f"pid {child.pid} {why}"
+            failed = list(self._pending.values())
+            self._pending.clear()
+        for pending in failed:
+            pending.done.set()  # reply None: WorkerDown
+        if self._stop.is_set():
+            return
+        self._events.put(WorkerDown(f"NVML worker is down ({self.last_exit})"))
+        log.error("NVML worker %s; GPUs are stale until it is back", self.last_exit)
+        if was_up:
+            self._status(SOURCE, False, self.last_exit)
+        self._wake.set()
+
+    # -- lifecycle ------------------------------------------------------------------------
+    def _spawn(self) -> list[GpuInfo]:
+        try:
+            child = _Child(self._argv, self._on_message, self._on_exit)
+        except OSError as exc:  # no process could be started (fork failed, no memory)
+            raise WorkerDown(f"cannot start the NVML worker: {exc}") from exc
+        with self._lock:
+            self._child = child
+        self._last_beat = self._clock.monotonic()
+        try:
+            reply = self._request({"op": "open", "args": self.settings.open_args()}, OPEN_TIMEOUT_S)
+        except BackendError:
+            child.kill()
+            raise
+        infos = [wire.info_from_wire(i) for i in reply.get("infos", [])]
+        with self._lock:
+            if self._child is not child:
+                raise WorkerDown(f"NVML worker is down ({self.last_exit})")
+            self._up = True
+        log.info("NVML worker pid %d has %d GPU(s)", child.pid, len(infos))
+        self._status(SOURCE, True, f"pid {child.pid}, {self.restarts} restart(s)")
+        return infos
+
+    def open(self) -> list[GpuInfo]:
+        if self._up:
+            return list(self._infos)
+        try:
+            infos = self._spawn()
+        except WorkerDown as exc:
+            raise BackendUnavailable(f"NVML worker failed to open NVML: {exc}") from exc
+        except BackendUnavailable:
+            raise
+        except BackendError as exc:
+            raise BackendUnavailable(str(exc)) from exc
+        self._infos = infos
+        if self._supervisor is None:
+            self._supervisor = threading.Thread(
+                target=self._supervise, name="nvml-worker", daemon=True
+            )
+            self._supervisor.start()
+        return list(infos)
+
+    def _supervise(self) -> None:
+        """Kill a hung worker; restart a dead one with backoff."""
+        failures = 0
+        while not self._stop.is_set():
+            self._wake.wait(1.0)
+            self._wake.clear()
+            if self._stop.is_set():
+                return
+            child = self._child
+            if child is not None and self._up:
+                failures = 0
+                self._kill_if_hung(child)
+                continue
+            if child is not None:
+                continue  # opening
+            delay = RESTART_BACKOFF[min(failures, len(RESTART_BACKOFF) - 1)]
+            if self._clock.wait(self._stop, delay):
+                return
+            self.restarts += 1
+            failures += 1
+            try:
+                infos = self._spawn()
+            except BackendError as exc:
+                self.last_exit = f"restart failed: {exc}"
+                log.error("NVML worker restart %d failed: %s", self.restarts, exc)
+                self._status(SOURCE, False, self.last_exit)
+                continue
+            if [i.uuid for i in infos] != [i.uuid for i in self._infos]:
+                log.warning("NVML worker restarted with a different set of GPUs")
+            log.warning("NVML worker restarted (%d restart(s))", self.restarts)
+
+    def _kill_if_hung(self, child: _Child) -> None:
+        now = self._clock.monotonic()
+        hang = self.settings.hang_s
+        with self._lock:
+            oldest = min((p.since for p in self._pending.values()), default=now)
+        why = ""
+        if now - self._last_beat > hang:
+            why = f"no heartbeat for {now - self._last_beat:.0f}s"
+        elif now - oldest > hang:
+            why = f"a poll unanswered for {now - oldest:.0f}s"
+        if why:
+            log.error("NVML worker pid %d is hung (%s): killing it", child.pid, why)
+            self.last_exit = f"pid {child.pid} hung ({why})"
+            child.kill()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        child = self._child
+        if child is None:
+            return
+        with contextlib.suppress(BackendError):
+            self._request({"op": "close"}, 5.0)
+        try:
+            child.proc.wait(5.0)
+        except subprocess.TimeoutExpired:
+            child.kill()
+        child.reader.join(5.0)
+
+    # -- Backend ------------------------------------------------------------------------
+    def sample(self, index: int) -> GpuSample:
+        reply = self._request({"op": "sample", "gpu": index})
+        return wire.sample_from_wire(reply.get("sample"))
+
+    def wait_xid_events(self, timeout_s: float) -> list[XidEvent]:
+        if not self._up:
+            self._clock.wait(self._stop, min(timeout_s, 1.0))
+            raise WorkerDown(f"NVML worker is down ({self.last_exit or 'starting'})")
+        try:
+            got = self._events.get(timeout=timeout_s)
+        except queue.Empty:
+            return []
+        if isinstance(got, WorkerDown) and self._up:
+            return []  # news of a worker that has been replaced since
+        if isinstance(got, BackendError):
+            raise got
+        return got

@@ -1,0 +1,153 @@
+"""The wire between the daemon and its NVML worker process: framed JSON, both ways.
+
+A frame is a 4-byte big-endian length and that many bytes of UTF-8 JSON (one object). The
+worker is our own code, but what it sends passes through libnvidia-ml's answers, so the
+daemon treats a frame as untrusted input: bounded in size, parsed as JSON only (never
+pickle), checked for shape before use; a malformed frame ends the worker, which is then
+restarted like a crashed one.
+
+Records cross as plain dicts: ``GpuInfo`` by its fields, ``GpuSample`` and ``XidEvent``
+by the functions below (``MappingProxyType`` and enums do not travel as such).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import struct
+from types import MappingProxyType
+from typing import IO, Any
+
+from gpuwatchd.core.records import GpuInfo, GpuSample, GpuStatus, LinkSample, ProcessInfo, XidEvent
+
+MAX_FRAME = 4 * 1024 * 1024  # a sample of 8 GPUs x 18 links is ~10 KB
+_HEAD = struct.Struct(">I")
+
+
+class WireError(Exception):
+    """A frame that is too large, truncated or not the expected JSON shape."""
+
+
+def write_frame(out: IO[bytes], message: dict[str, Any]) -> None:
+    data = json.dumps(message, separators=(",", ":")).encode()
+    if len(data) > MAX_FRAME:
+        raise WireError(f"frame of {len(data)} bytes exceeds {MAX_FRAME}")
+    out.write(_HEAD.pack(len(data)) + data)
+    out.flush()
+
+
+def _read_exact(inp: IO[bytes], n: int) -> bytes:
+    chunks = []
+    while n:
+        chunk = inp.read(n)
+        if not chunk:
+            raise EOFError("worker pipe closed")
+        chunks.append(chunk)
+        n -= len(chunk)
+    return b"".join(chunks)
+
+
+def read_frame(inp: IO[bytes]) -> dict[str, Any]:
+    """The next message; ``EOFError`` at the end of the stream, ``WireError`` if malformed."""
+    (size,) = _HEAD.unpack(_read_exact(inp, _HEAD.size))
+    if size > MAX_FRAME:
+        raise WireError(f"frame of {size} bytes exceeds {MAX_FRAME}")
+    try:
+        message = json.loads(_read_exact(inp, size))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise WireError(f"frame is not JSON: {exc}") from exc
+    if not isinstance(message, dict):
+        raise WireError("frame is not a JSON object")
+    return message
+
+
+def info_to_wire(info: GpuInfo) -> dict[str, Any]:
+    return dataclasses.asdict(info)
+
+
+def info_from_wire(data: Any) -> GpuInfo:
+    if not isinstance(data, dict):
+        raise WireError("GPU info is not an object")
+    names = {f.name for f in dataclasses.fields(GpuInfo)}
+    try:
+        return GpuInfo(**{k: v for k, v in data.items() if k in names})
+    except TypeError as exc:
+        raise WireError(f"GPU info: {exc}") from exc
+
+
+def sample_to_wire(s: GpuSample) -> dict[str, Any]:
+    return {
+        "gpu": s.gpu,
+        "uuid": s.uuid,
+        "t": s.timestamp,
+        "status": s.status.value,
+        "f": dict(s.fields),
+        "l": [[ls.link, dict(ls.fields)] for ls in s.links],
+        "p": [[p.pid, p.used_memory_bytes] for p in s.processes],
+        "d": s.duration_seconds,
+        "e": s.error,
+        "errors": dict(s.errors),
+    }
+
+
+def _floats(data: Any, what: str) -> dict[str, float]:
+    if not isinstance(data, dict):
+        raise WireError(f"{what} is not an object")
+    out: dict[str, float] = {}
+    for k, v in data.items():
+        if not isinstance(v, int | float) or isinstance(v, bool):
+            raise WireError(f"{what}[{k!r}] is not a number")
+        out[str(k)] = float(v)
+    return out
+
+
+def sample_from_wire(data: Any) -> GpuSample:
+    if not isinstance(data, dict):
+        raise WireError("sample is not an object")
+    try:
+        links = tuple(
+            LinkSample(link=int(link), fields=MappingProxyType(_floats(f, "link fields")))
+            for link, f in data.get("l", [])
+        )
+        processes = tuple(
+            ProcessInfo(pid=int(pid), used_memory_bytes=None if mem is None else int(mem))
+            for pid, mem in data.get("p", [])
+        )
+        errors = data.get("errors", {})
+        if not isinstance(errors, dict):
+            raise WireError("sample errors is not an object")
+        return GpuSample(
+            gpu=int(data["gpu"]),
+            uuid=str(data["uuid"]),
+            timestamp=float(data["t"]),
+            status=GpuStatus(data.get("status", "ok")),
+            fields=MappingProxyType(_floats(data.get("f", {}), "fields")),
+            links=links,
+            processes=processes,
+            duration_seconds=float(data.get("d", 0.0)),
+            error=None if data.get("e") is None else str(data["e"]),
+            errors=MappingProxyType({str(k): str(v) for k, v in errors.items()}),
+        )
+    except (KeyError, TypeError, ValueError) as exc:
+        raise WireError(f"sample: {exc!r}") from exc
+
+
+def event_to_wire(e: XidEvent) -> dict[str, Any]:
+    return {"t": e.timestamp, "xid": e.xid, "gpu": e.gpu, "uuid": e.uuid, "pci": e.pci_bus_id}
+
+
+def event_from_wire(data: Any) -> XidEvent:
+    if not isinstance(data, dict):
+        raise WireError("event is not an object")
+    try:
+        gpu = data.get("gpu")
+        return XidEvent(
+            timestamp=float(data["t"]),
+            source="nvml",
+            xid=int(data["xid"]),
+            gpu=None if gpu is None else int(gpu),
+            uuid=None if data.get("uuid") is None else str(data["uuid"]),
+            pci_bus_id=None if data.get("pci") is None else str(data["pci"]),
+        )
+    except (KeyError, TypeError, ValueError) as exc:
+        raise WireError(f"event: {exc!r}") from exc
