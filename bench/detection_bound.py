@@ -202,10 +202,10 @@ def shipped_rule(config_path: str | None) -> Rule:
         if (
             isinstance(c, MemoryTrend)
             and c.signal == "acceleration"
-            and rule.severity is AlertSeverity.PAGE
+            and (rule.severity is AlertSeverity.PAGE or rule.drain)
         ):
-            return rule
-    raise SystemExit("no page rule with memory_trend signal: acceleration in the config")
+            return rule  # since issue 25 the shipped one drains and opens a ticket
+    raise SystemExit("no page or drain rule with memory_trend signal: acceleration")
 
 
 def shipped_hits(rule: Rule, r: Replayed, until: float) -> list[float]:

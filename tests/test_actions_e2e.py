@@ -191,12 +191,18 @@ drain:
         )
         assert drains and drains[0]["mode"] == "slurm" and drains[0]["result"] == "dry_run"
         assert drains[0]["reason"].startswith("gpuwatchd: ")
-        fatal = next(  # the demo's first drain: GPU 5's XID 48
+        # the demo's first drain is the memory rate's (a ticket that drains, issue 25), then
+        # the certified page's and GPU 5's XID 48 (the dry run counts the node as drained)
+        assert "GpuMemoryErrorsAccelerating" in drains[0]["reason"]
+        accelerating = next(
             r
             for r in first
-            if r["record"] == "alert" and r["rule"] == "GpuXidFatal" and r["state"] == "firing"
+            if r["record"] == "alert"
+            and r["rule"] == "GpuMemoryErrorsAccelerating"
+            and r["state"] == "firing"
         )
-        assert drains[0]["time"] > fatal["time"]  # after the 30s grace
+        assert accelerating["severity"] == "ticket"
+        assert drains[0]["time"] > accelerating["time"]  # after the 30s grace
         assert rx.requests == []  # recorded, not sent
         assert not (tmp_path / "state").exists()  # and nothing written
     finally:

@@ -29,12 +29,39 @@ def test_every_family_generates_valid_reproducible_scenarios() -> None:
     assert sum(f.weight for f in bt.FAMILIES) + bt.HEALTHY_WEIGHT == 1.0
 
 
-def test_scores_come_from_pages_of_the_pipeline() -> None:
-    corroborated = bt.run_family(bt.family_named("corroborated"), 1, 1)
-    row = corroborated.row()
+def test_scores_come_from_pages_and_drains_of_the_pipeline() -> None:
+    certified = bt.run_family(bt.family_named("certified"), 1, 1)
+    row = certified.row()
     assert row["traces"] == 8 and row["detected"] == 1.0
     assert row["within_1h_of_corroboration"] == 1.0
-    assert row["lead_p10_h"] is not None and row["lead_p10_h"] > 24
+    assert row["share_lead_1h"] == 1.0 and row["false_drains_per_1000_gpu_days"] == 0
+    # the rate alone drains and opens a ticket, never pages (issue 25: failed before, when
+    # the acceleration paged and pages and drains were not told apart)
+    regular = bt.run_family(bt.family_named("leak-regular-cadence"), 1, 1).row()
+    assert regular["detected"] == 0 and regular["share_action_6h"] >= 0.75
+    # a benign remap drains once, to apply it, and pages never
+    remap = bt.run_family(bt.family_named("benign-remap"), 1, 1).row()
+    assert remap["false_pages_per_1000_gpu_days"] == 0
+    assert remap["false_drains_per_1000_gpu_days"] == round(1000 * 8 / 240, 3)
+
+
+def test_counter_resets_reset_the_device_memory_counter_the_rules_read() -> None:
+    # Failed before: the family zeroed only the total, so the HBM counter never reset.
+    text, traces = bt.generate(bt.family_named("counter-resets"), 1, 1)[0]
+    scenario = parse_scenario(text, "counter-resets.yaml")
+    resets = [t for t, x in traces[0].events if x.startswith("set:")]
+    assert resets
+    for t in resets[:3]:
+        before, _, _ = scenario.values_at(0, t - 1)
+        after, _, _ = scenario.values_at(0, t + 1)
+        assert after["ecc_corrected_volatile_dev"] <= min(1.0, before["ecc_corrected_volatile_dev"])
+        assert after["ecc_corrected_volatile_dev"] == after["ecc_corrected_volatile"]
+
+
+def test_node_wide_events_hit_every_gpu_within_seconds() -> None:
+    _, traces = bt.generate(bt.family_named("node-wide"), 1, 1)[0]
+    firsts = [min(t for t, x in tr.events if "Xid" in x) for tr in traces]
+    assert max(firsts) - min(firsts) <= 5.0
 
 
 def test_the_cli_prints_one_json_row_per_family_and_the_fleet(tmp_path: Path) -> None:
@@ -62,6 +89,9 @@ def test_the_cli_prints_one_json_row_per_family_and_the_fleet(tmp_path: Path) ->
     rows = [json.loads(line) for line in result.stdout.splitlines()]
     assert rows[0]["family"] == "step" and rows[0]["gpu_days"] == 240
     assert "fleet_false_pages_per_1000_gpu_days" in rows[-1]
+    assert "fleet_1pct_false_drains_per_1000_gpu_days" in rows[-1]
+    assert "false_drains_per_1000_gpu_days" in rows[0]
+    assert "tickets_per_ticketed_gpu_month" in rows[0]
     assert (tmp_path / "step-1-0.yaml").read_text().startswith("name: backtest-step-1-0")
 
 

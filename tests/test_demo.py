@@ -66,9 +66,16 @@ def test_demo_in_seconds_pages_the_trend_a_day_before_the_double_bit_error() -> 
 def tells_the_headline(last_note: str, text: str) -> None:
     story, _, summary = text.partition("\nSummary")
     lines = story.splitlines()
-    page = next(
-        i for i, x in enumerate(lines) if "ALERT [page]   GpuMemoryErrorsAccelerating: GPU 5" in x
+    # the rate drains the node and opens a ticket; the GPU's own certificate (errors that
+    # continue after the row remap took effect) pages
+    drain = next(
+        i for i, x in enumerate(lines) if "ALERT [ticket] GpuMemoryErrorsAccelerating: GPU 5" in x
     )
+    page = next(
+        i for i, x in enumerate(lines) if "ALERT [page]   GpuMemoryErrorsCorroborated: GPU 5" in x
+    )
+    assert not any("ALERT [page]   GpuMemoryErrorsAccelerating" in x for x in lines)
+    assert any("DRAIN node demo-node" in x and "GpuMemoryErrorsAccelerating" in x for x in lines)
     # the double-bit error shows as XID 48 or as the uncorrected counter's rise, whichever
     # the daemon noticed first (on a busy machine the poll can beat the XID readers)
     dbe = next(
@@ -76,15 +83,21 @@ def tells_the_headline(last_note: str, text: str) -> None:
         for i, x in enumerate(lines)
         if re.search(r"GPU 5 \(\S+\): XID 48 from|GPU 5: UNCORRECTED ECC errors 0 -> 1", x)
     )
-    assert page < dbe
+    assert drain < page < dbe
     assert hours_at(lines[dbe]) - hours_at(lines[page]) >= 24
     told = re.search(
-        r"lead time: GpuMemoryErrorsAccelerating paged (\d+) h of node time before "
+        r"lead time: GpuMemoryErrorsCorroborated paged (\d+) h of node time before "
         r"GPU 5's double-bit error",
         story,
     )
     assert told is not None, story[-3000:]
     assert int(told.group(1)) >= 24
+    drained = re.search(
+        r"lead time: GpuMemoryErrorsAccelerating drained the node \(a ticket\) (\d+) h of node "
+        r"time before GPU 5's double-bit error",
+        story,
+    )
+    assert drained is not None and int(drained.group(1)) >= int(told.group(1))
     assert dbe < next(i for i, x in enumerate(lines) if "lead time:" in x)
     # the kernel-log and NVML reports of the XID are one incident, even this fast
     assert len([x for x in lines if re.search(r"GPU 5 \(\S+\): XID 48 from", x)]) == 1
@@ -96,12 +109,13 @@ def tells_the_headline(last_note: str, text: str) -> None:
     assert "GPU 3 00000000:5D:00.0 lost (GpuLost" in summary
     # one verdict: GPU 5, with a page, a double-bit error and a pending remap, is not "ok"
     gpu5 = next(x for x in summary.splitlines() if x.startswith("  GPU 5 "))
-    assert " failing (" in gpu5 and "GpuMemoryErrorsAccelerating" in gpu5, gpu5
+    assert " failing (" in gpu5 and "GpuMemoryErrorsCorroborated" in gpu5, gpu5
     assert "GpuRowRemapPending" in gpu5, gpu5
-    assert f"Lead time: GpuMemoryErrorsAccelerating paged {told.group(1)} h" in summary
+    assert f"Lead time: GpuMemoryErrorsCorroborated paged {told.group(1)} h" in summary
     assert "alert(s) still firing:" in summary
     for firing in (
-        "[page] GpuMemoryErrorsAccelerating on GPU 5",
+        "[ticket] GpuMemoryErrorsAccelerating on GPU 5",
+        "[page] GpuMemoryErrorsCorroborated on GPU 5",
         "[page] GpuLost on GPU 3",
         "[ticket] GpuRowRemapPending on GPU 5",
     ):
@@ -129,13 +143,16 @@ def narrator(trend: frozenset[str] = frozenset({"Trend"})) -> tuple[Narrator, io
     return n, out
 
 
-def fired(rule: str, gpu: int, at: float, severity: AlertSeverity) -> AlertTransition:
+def fired(
+    rule: str, gpu: int, at: float, severity: AlertSeverity, drain: bool = False
+) -> AlertTransition:
     return AlertTransition(
         rule=rule,
         state=AlertState.FIRING,
         severity=severity,
         labels=MappingProxyType({"gpu": str(gpu)}),
         timestamp=T0 + at,
+        drain=drain,
     )
 
 
@@ -156,6 +173,19 @@ def test_lead_time_runs_from_the_first_trend_page_to_the_first_double_bit_error(
     assert n.leads == ["Trend paged 41 h of node time before GPU 5's double-bit error"]
 
 
+def test_a_drain_on_the_rate_and_a_page_on_a_certificate_each_tell_their_lead() -> None:
+    n, out = narrator()
+    n.alert(fired("Trend", 5, 10 * HOUR, AlertSeverity.TICKET, drain=True))
+    n.alert(fired("Trend", 5, 12 * HOUR, AlertSeverity.TICKET, drain=True))  # not the first
+    n.alert(fired("Trend", 5, 20 * HOUR, AlertSeverity.PAGE))
+    n.record(xid48(5, 51 * HOUR))
+    assert n.leads == [
+        "Trend drained the node (a ticket) 41 h of node time before GPU 5's double-bit error",
+        "Trend paged 31 h of node time before GPU 5's double-bit error",
+    ]
+    assert out.getvalue().count("lead time: ") == 2
+
+
 def test_a_rising_uncorrected_counter_is_a_double_bit_error_too() -> None:
     n, out = narrator()
     n.alert(fired("Trend", 1, 0.0, AlertSeverity.PAGE))
@@ -167,14 +197,14 @@ def test_a_rising_uncorrected_counter_is_a_double_bit_error_too() -> None:
 
 def test_no_lead_time_without_a_trend_page_before_the_error() -> None:
     n, _ = narrator()
-    n.alert(fired("Trend", 3, HOUR, AlertSeverity.TICKET))  # a ticket is no page
+    n.alert(fired("Trend", 3, HOUR, AlertSeverity.TICKET))  # a ticket without a drain: none
     n.alert(fired("Other", 4, HOUR, AlertSeverity.PAGE))  # not a memory-trend rule
     n.record(xid48(3, 5 * HOUR))
     n.record(xid48(4, 5 * HOUR))
     n.alert(fired("Trend", 6, 9 * HOUR, AlertSeverity.PAGE))
     n.record(xid48(6, 8 * HOUR))  # came in late: the page was after the error
     assert n.leads == [
-        f"GPU {g}'s double-bit error came with no memory-trend page before it" for g in (3, 4, 6)
+        f"GPU {g}'s double-bit error came with no memory drain or page before it" for g in (3, 4, 6)
     ]
 
 

@@ -15,7 +15,7 @@ from gpuwatchd.core.errors import ConfigError
 from gpuwatchd.rules.conditions.memory_trend import MemoryTrend, judge
 from gpuwatchd.rules.evidence import BUCKET, Activity, binomial_tail, rate_ratio_p_value
 from gpuwatchd.rules.history import CounterHistory
-from gpuwatchd.rules.loader import parse_rules
+from gpuwatchd.rules.loader import load_rule_set, parse_rules
 from gpuwatchd.rules.store import StateStore
 
 HOUR = 3600.0
@@ -100,6 +100,28 @@ def test_the_condition_holds_its_false_alarm_rate_after_the_regime_starts(
     assert hits / trials <= c.alpha
 
 
+def test_the_dispersion_option_discounts_a_baseline_of_sessions() -> None:
+    # Sessions of 8 active buckets every 4 days make a baseline whose day counts vary far
+    # more than a Poisson process's; a busy recent day is then less evidence of a rise.
+    a = Activity()
+    a.mark(T0)
+    for day in range(1, 21, 4):
+        for k in range(8):
+            a.mark(T0 + day * DAY + k * BUCKET)
+    for hour in (1, 2, 9, 10, 17, 18, 19, 20, 21, 22, 23, 23.5):
+        a.mark(T0 + 21 * DAY + hour * HOUR)
+    now = T0 + 22 * DAY - 1
+    b0, b1 = int((T0 + 1 * DAY) // BUCKET), int((T0 + 21 * DAY) // BUCKET)
+    assert a.dispersion(b0, b1) > 4.0
+    steady = Activity()
+    for k in range(40):
+        steady.mark(T0 + k * 12 * HOUR)
+    assert steady.dispersion(b0, b1) == 1.0
+    plain = MemoryTrend(windows=(DAY,), peak_ratio=1e9)
+    assert judge(plain, a, now) is not None
+    assert judge(MemoryTrend(windows=(DAY,), peak_ratio=1e9, dispersion=True), a, now) is None
+
+
 # -- activity ------------------------------------------------------------------------------
 def test_activity_buckets_episodes_regimes_and_peaks() -> None:
     a = Activity()
@@ -112,6 +134,62 @@ def test_activity_buckets_episodes_regimes_and_peaks() -> None:
         (T0 + 20 * DAY) // BUCKET
     )  # 17 quiet days started a new regime
     assert a.peak(b0, b0 + 100, 6) == 2
+
+
+def _walk_regime_start(buckets: list[int], b1: int, quiet: int) -> int | None:
+    i = sum(1 for b in buckets if b < b1) - 1
+    if i < 0:
+        return None
+    while i > 0 and buckets[i] - buckets[i - 1] <= quiet:
+        i -= 1
+    return buckets[i]
+
+
+def _walk_episodes(buckets: list[int], b0: int, b1: int) -> int:
+    inside = [b for b in buckets if b0 <= b < b1]
+    return sum(1 for k, b in enumerate(inside) if k == 0 or b - inside[k - 1] > 6)
+
+
+def _walk_peak(buckets: list[int], b0: int, b1: int, width: int) -> int:
+    inside = [b for b in buckets if b0 <= b < b1]
+    return max((sum(1 for a in inside if b - width < a <= b) for b in inside), default=0)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_incremental_bookkeeping_answers_as_a_walk_through_the_history_would(
+    seed: int,
+) -> None:
+    # Regime starts, episodes and peaks are kept as running counts (constant cost per look
+    # whatever the history, bench/memory_look_cost.py); they must answer exactly as walking
+    # the buckets does, through appends, late points (a clock step), retention trimming
+    # and regimes that end and start again, for several quiet spans and window widths.
+    rng = random.Random(seed)
+    a = Activity()
+    b = int(T0 // BUCKET)
+    for step in range(3000):
+        r = rng.random()
+        if r < 0.01:
+            b += rng.randrange(2000, 6000)  # a long silence: a new regime (sometimes)
+        elif r < 0.03 and a.buckets:
+            late = a.buckets[-1] - rng.randrange(1, 400)  # a late point
+            a.mark(late * BUCKET + 1)
+            continue
+        else:
+            b += rng.choice((1, 1, 2, 3, 7, 20, 150))
+        a.mark(b * BUCKET + 1)
+        if step % 7:
+            continue
+        buckets = list(a.buckets)
+        for _ in range(3):
+            b1 = rng.randrange(buckets[0], buckets[-1] + 50)
+            quiet = rng.choice((144, 2016, 4032))
+            assert a.regime_start(b1, quiet) == _walk_regime_start(buckets, b1, quiet)
+            b0 = b1 - rng.choice((6, 144, 432))
+            assert a.episodes(b0, b1) == _walk_episodes(buckets, b0, b1)
+            start = a.regime_start(b1, 4032)
+            if start is not None:
+                width = rng.choice((144, 432))
+                assert a.peak(start, b0, width) == _walk_peak(buckets, start, b0, width)
 
 
 def test_a_counter_reset_is_not_activity_and_a_restart_keeps_the_evidence() -> None:
@@ -207,6 +285,99 @@ def test_corroboration_pages_within_minutes_of_a_remap() -> None:
     assert ("Corroborated", "0") in n.firing()
     tr = next(tr for _, tr in n.transitions if tr.rule == "Corroborated")
     assert tr.annotations["summary"] == "a correctable row remap"
+
+
+# -- what the GPU certifies (the shipped GpuMemoryErrorsCorroborated) ----------------------------
+CERTIFIED = "GpuMemoryErrorsCorroborated"
+
+
+def _shipped() -> Node:
+    n = Node(load_rule_set([]), gpus=3)
+    for f in n.fields:
+        for name in (
+            "ecc_corrected_volatile_dev",
+            "ecc_uncorrected_volatile_dev",
+            "remapped_rows_correctable",
+            "remapped_rows_uncorrectable",
+            "remapped_rows_pending",
+        ):
+            f[name] = 0.0
+    n.poll()
+    return n
+
+
+def _certified(n: Node) -> dict[str, str]:
+    return {
+        str(tr.labels.get("gpu")): tr.annotations["summary"].rsplit("GPU: ", 1)[1]
+        for _, tr in n.transitions
+        if tr.rule == CERTIFIED and tr.state.value == "firing"
+    }
+
+
+def test_a_contained_uncorrectable_error_then_more_errors_pages() -> None:
+    # Failed before: a prior contained error (the Summit streaks) paged nothing until the
+    # double-bit error itself.
+    n = _shipped()
+    n.run(DAY, step=600)
+    n.xid(0, 94)  # GPU 0: a contained uncorrectable error; GPU 1: the counter says so
+    n.add(0, ecc_uncorrected_volatile_dev=1)
+    n.add(1, ecc_uncorrected_volatile_dev=1, remapped_rows_uncorrectable=1)
+    n.run(1800, step=600)
+    for gpu in (0, 1, 2):  # errors within the hour are the same incident
+        n.add(gpu, ecc_corrected_volatile_dev=1)
+    n.run(1200, step=600)
+    assert _certified(n) == {}
+    n.run(DAY, step=600)
+    for gpu in (0, 1, 2):  # a day later: GPUs 0 and 1 are susceptible, GPU 2 is not
+        n.add(gpu, ecc_corrected_volatile_dev=1)
+    n.step(60)
+    assert set(_certified(n)) == {"0", "1"}
+    assert _certified(n)["0"].startswith("an uncorrectable error 1d")
+    fired = next(tr for _, tr in n.transitions if tr.rule == CERTIFIED)
+    assert fired.severity.value == "page" and fired.drain
+
+
+def test_errors_after_a_remap_took_effect_page_and_a_benign_remap_does_not() -> None:
+    # Failed before: every correctable remap with errors in the same day paged.
+    n = _shipped()
+    n.run(DAY, step=600)
+    for gpu in (0, 1):  # a weak row: errors, then the GPU remaps it (pending a reset)
+        n.add(gpu, ecc_corrected_volatile_dev=3, remapped_rows_correctable=1)
+        n.set(gpu, remapped_rows_pending=1)
+    for _ in range(12):  # the row keeps logging until the reset: not evidence
+        n.run(1800, step=600)
+        n.add(0, ecc_corrected_volatile_dev=1)
+        n.add(1, ecc_corrected_volatile_dev=1)
+    assert _certified(n) == {}
+    pending = {(r, g) for r, g in n.firing() if r == "GpuRowRemapPending"}
+    assert pending == {("GpuRowRemapPending", "0"), ("GpuRowRemapPending", "1")}
+    assert all(tr.drain for _, tr in n.transitions if tr.rule == "GpuRowRemapPending")
+    for gpu in (0, 1):  # the drained GPUs are reset: the remaps take effect
+        n.set(gpu, remapped_rows_pending=0, ecc_corrected_volatile_dev=0)
+    n.run(2 * HOUR, step=600)
+    n.add(1, ecc_corrected_volatile_dev=1)  # GPU 1 goes on logging; GPU 0 is quiet
+    n.run(DAY, step=600)
+    assert _certified(n) == {"1": "corrected errors continuing after a row remap"}
+
+
+def test_a_second_remap_pages() -> None:
+    n = _shipped()
+    n.run(DAY, step=600)
+    n.add(2, remapped_rows_correctable=1)
+    n.run(2 * DAY, step=600)
+    assert _certified(n) == {}
+    n.add(2, remapped_rows_correctable=1)
+    n.step(60)
+    assert _certified(n) == {"2": "a second correctable row remap"}
+
+
+def test_the_rate_drains_and_opens_a_ticket_never_a_page() -> None:
+    n = _shipped()
+    _errors(n, 1, 8 * HOUR, 8 * DAY)
+    _errors(n, 1, 70 * 60, 9 * DAY)
+    fired = [tr for _, tr in n.transitions if tr.rule == "GpuMemoryErrorsAccelerating"]
+    assert fired and all(tr.severity.value == "ticket" and tr.drain for tr in fired)
+    assert not [tr for _, tr in n.transitions if tr.severity.value == "page"]
 
 
 def test_the_evidence_survives_a_restart(tmp_path: Path) -> None:

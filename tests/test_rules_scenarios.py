@@ -53,13 +53,14 @@ def alerts(scenario: str) -> list[dict[str, object]]:
     return [r for r in records if r.get("record") == "alert"]
 
 
-def test_ecc_trend_pages_at_least_a_day_before_the_double_bit_error() -> None:
+def test_ecc_trend_drains_at_least_a_day_before_the_double_bit_error() -> None:
     found = alerts("ecc-leak.yaml")
     page = next(
         a for a in found if a["rule"] == "GpuMemoryErrorsAccelerating" and a["state"] == "firing"
     )
     dbe = next(a for a in found if a["rule"] == "GpuXidFatal" and a["state"] == "firing")
     assert page["gpu"] == dbe["gpu"] == "4"
+    assert page["severity"] == "ticket" and page["drain"] is True  # the rate never pages
     lead = float(dbe["timestamp"]) - float(page["timestamp"])  # type: ignore[arg-type]
     print(
         f"\nECC trend: page at {page['t']}, double-bit error (XID 48) at {dbe['t']}: "
@@ -75,7 +76,7 @@ def test_ecc_trend_pages_at_least_a_day_before_the_double_bit_error() -> None:
 @pytest.mark.parametrize(
     ("scenario", "rule", "severity"),
     [
-        ("ecc-leak.yaml", "GpuMemoryErrorsAccelerating", "page"),
+        ("ecc-leak.yaml", "GpuMemoryErrorsAccelerating", "ticket"),
         ("ecc-leak.yaml", "GpuMemoryErrorsCorroborated", "page"),
         ("thermal-slowdown.yaml", "GpuTemperatureHigh", "page"),
         ("fallen-off-bus.yaml", "GpuLost", "page"),
@@ -123,7 +124,7 @@ def test_check_config_validates_rule_files(tmp_path: Path) -> None:
     cfg.write_text(f"rules:\n  files: [{good}]\n")
     ok = cli("check-config", "-c", str(cfg))
     assert ok.returncode == 0, ok.stderr
-    assert "rules: 36 rule(s) from 4 file(s): OK" in ok.stdout
+    assert "rules: 38 rule(s) from 4 file(s): OK" in ok.stdout
     result = cli("check-config", "-c", str(cfg), str(bad))
     assert result.returncode == 1
     assert result.stderr.splitlines() == [

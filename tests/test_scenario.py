@@ -77,7 +77,7 @@ def test_bundled_demo_is_an_8_gpu_week_with_an_accelerating_leak() -> None:
     assert len(s.gpus) == 8
     assert 6 * 86400 <= s.duration <= 8 * 86400
     assert len(s.notes) >= 8
-    assert sorted(x for _, _, x in s.nvml_xids()) == [48, 79]
+    assert sorted(x for _, _, x in s.nvml_xids()) == [48, 63, 79]  # 63: GPU 5's row remap
     assert any("Xid" in line and ": 79," in line for _, _, line in s.kernel_lines())
     assert any("Xid" in line and ": 48," in line for _, _, line in s.kernel_lines())
     lost_gpu = next(gpu for _, gpu, x in s.nvml_xids() if x == 79)
@@ -91,6 +91,11 @@ def test_bundled_demo_is_an_8_gpu_week_with_an_accelerating_leak() -> None:
     dbe = next(t for t, gpu, x in s.nvml_xids() if x == 48 and gpu == 5)
     assert 5 * day < dbe < s.duration
     assert s.values_at(5, dbe)[0]["ecc_uncorrected_volatile"] == 1
+    # On the way GPU 5 remaps a row; a reset applies it hours later, and errors go on.
+    remap = next(t for t, gpu, x in s.nvml_xids() if x == 63 and gpu == 5)
+    assert 4 * day < remap < dbe - day
+    assert s.values_at(5, remap + 60)[0]["remapped_rows_pending"] == 1
+    assert s.values_at(5, remap + 7 * 3600)[0]["remapped_rows_pending"] == 0
     # Another GPU throttles hot for hours (several polls, even missed ones).
     for hours in (26.75, 29, 30.5):
         hot = s.values_at(2, hours * 3600)[0]

@@ -27,9 +27,9 @@ def add_parser(
         help="score the memory rules on labelled, seeded scenario families",
         description="Expand each scenario family into seeded traces (8 GPUs x 30 days per "
         "file; 56 days for the long leak), play them through the real pipeline on a virtual "
-        "clock, and print per family: share detected, lead time before the uncorrectable "
-        "error (p10/p50), false pages per 1000 GPU-days, and the fleet-weighted false-page "
-        "rate.",
+        "clock, and print per family: share paged, lead time before the uncorrectable "
+        "error, share drained a day ahead, false pages and false drains per 1000 GPU-days, "
+        "and the fleet-weighted rates (5 %% and 1 %% of GPU-days error-active).",
     )
     p.add_argument("-c", "--config", metavar="FILE", help="use this config's rules")
     p.add_argument(
@@ -73,8 +73,9 @@ def cmd_backtest(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     if not args.json:
         print(
-            f"{'family':26} {'traces':>6} {'detected':>8} {'lead p10':>8} {'lead p50':>8} "
-            f"{'>=24h':>6} {'>=6h':>6} {'false/1000':>10}"
+            f"{'family':30} {'traces':>6} {'paged':>6} {'p50':>7} {'>=24h':>6} {'>=6h':>6} "
+            f"{'>=1h':>6} {'drain>=24h':>10} {'any>=6h':>8} {'pages/1k':>8} {'drains/1k':>9} "
+            f"{'tickets/mo':>10}"
         )
     for fam in families:
         score = bt.run_family(fam, args.seed, args.files, config)
@@ -84,24 +85,48 @@ def cmd_backtest(args: argparse.Namespace) -> int:
             print(json.dumps(row))
             continue
         print(
-            f"{fam.name:26} {row['traces']:>6} {_cell(row.get('detected'), '%'):>8} "
-            f"{_cell(row.get('lead_p10_h'), 'h'):>8} {_cell(row.get('lead_p50_h'), 'h'):>8} "
+            f"{fam.name:30} {row['traces']:>6} {_cell(row.get('detected'), '%'):>6} "
+            f"{_cell(row.get('lead_p50_h'), 'h'):>7} "
             f"{_cell(row.get('share_lead_24h'), '%'):>6} {_cell(row.get('share_lead_6h'), '%'):>6} "
-            f"{row['false_pages_per_1000_gpu_days']:>10.2f}"
+            f"{_cell(row.get('share_lead_1h'), '%'):>6} "
+            f"{_cell(row.get('share_drain_24h'), '%'):>10} "
+            f"{_cell(row.get('share_action_6h'), '%'):>8} "
+            f"{row['false_pages_per_1000_gpu_days']:>8.2f} "
+            f"{row['false_drains_per_1000_gpu_days']:>9.2f} "
+            f"{row['tickets_per_ticketed_gpu_month']:>10.2f}"
         )
         if "within_1h_of_corroboration" in row:
             print(
-                f"{'':26} paged within 1 h of the corroborating event: "
+                f"{'':30} paged within 1 h of the certificate: "
                 f"{_cell(row['within_1h_of_corroboration'], '%')}"
             )
-    fleet = bt.fleet_false_per_1000(scores)
+    fleet = {
+        share: (
+            bt.fleet_false_per_1000(scores, share),
+            bt.fleet_false_drains_per_1000(scores, share),
+        )
+        for share in (bt.ERROR_ACTIVE, 0.01)
+    }
     if args.json:
-        print(json.dumps({"fleet_false_pages_per_1000_gpu_days": round(fleet, 4)}))
-    else:
         print(
-            f"fleet-weighted false memory pages: {fleet:.3f} per 1000 GPU-days "
-            f"(benign families at their fleet shares, {bt.HEALTHY_WEIGHT:.0%} of GPU-days "
-            f"without corrected errors); {time.perf_counter() - started:.0f} s"
+            json.dumps(
+                {
+                    "fleet_false_pages_per_1000_gpu_days": round(fleet[bt.ERROR_ACTIVE][0], 4),
+                    "fleet_false_drains_per_1000_gpu_days": round(fleet[bt.ERROR_ACTIVE][1], 4),
+                    "fleet_1pct_false_pages_per_1000_gpu_days": round(fleet[0.01][0], 4),
+                    "fleet_1pct_false_drains_per_1000_gpu_days": round(fleet[0.01][1], 4),
+                }
+            )
+        )
+    else:
+        for share, (pages, drains) in fleet.items():
+            print(
+                f"fleet-weighted, {share:.0%} of GPU-days error-active: false pages {pages:.3f}, "
+                f"false drains {drains:.3f} per 1000 GPU-days"
+            )
+        print(
+            f"(benign families at their fleet shares; the rest of the GPU-days without corrected "
+            f"errors); {time.perf_counter() - started:.0f} s"
         )
     return 0
 

@@ -5,7 +5,8 @@ The scenario backend runs on a ``DemoClock`` (a ``ScaledClock``: node time runs
 and serves /metrics exactly as ``run`` does. A narrator prints the story: the scenario's
 notes, what gpuwatchd notices (lost or stale GPUs, XIDs, rising ECC counters, throttling,
 temperatures near the slowdown threshold), how long before a double-bit error a
-memory-trend rule paged (the lead time), then a summary of what is still firing.
+memory rule drained the node or paged (the lead times), then a summary of what is still
+firing.
 
 The story is played to its end whatever the speed: when the clock passes the scenario's
 end, the demo waits until the daemon has caught up (every scripted kernel line and NVML
@@ -121,10 +122,11 @@ class Narrator:
         self.style = style
         self.clock = clock
         self.t0 = clock.now()  # scenario time 0: set to the backend's once it opens
-        self.trend_rules = trend_rules  # memory-trend rules that page
+        self.trend_rules = trend_rules  # memory-trend rules that page or drain
         self.muted = False
         self._lock = threading.Lock()
-        self._trend_pages: dict[int, tuple[str, float]] = {}  # gpu -> (rule, first page)
+        # gpu -> (rule, verb, first firing) per verb: the first drain and the first page
+        self._trend_pages: dict[int, list[tuple[str, str, float]]] = {}
         self._double_bits: dict[int, float] = {}  # gpu -> time of its first double-bit error
         self.leads: list[str] = []  # one line per double-bit error, for the summary
         self._notes = list(scenario.notes)
@@ -174,7 +176,7 @@ class Narrator:
         if (
             t.state is AlertState.FIRING
             and t.rule in self.trend_rules
-            and t.severity is AlertSeverity.PAGE
+            and (t.severity is AlertSeverity.PAGE or t.drain)
         ):
             self._trend_page(t)
         summary = t.annotations.get("summary") or t.rule
@@ -196,10 +198,13 @@ class Narrator:
         if gpu_label is None or not gpu_label.isdigit():
             return
         gpu = int(gpu_label)
+        verb = "paged" if t.severity is AlertSeverity.PAGE else "drained the node (a ticket)"
         with self._lock:
-            if gpu in self._double_bits or gpu in self._trend_pages:
-                return  # after the error it is no forecast; the first page is the lead
-            self._trend_pages[gpu] = (t.rule, t.timestamp)
+            if gpu in self._double_bits:
+                return  # after the error it is no forecast
+            seen = self._trend_pages.setdefault(gpu, [])
+            if all(v != verb for _, v, _ in seen):  # the first of each kind is the lead
+                seen.append((t.rule, verb, t.timestamp))
 
     def double_bit(self, gpu: int, when: float) -> None:
         """GPU ``gpu`` had its first double-bit error at ``when``: tell the lead time."""
@@ -207,18 +212,18 @@ class Narrator:
             if gpu in self._double_bits:
                 return
             self._double_bits[gpu] = when
-            page = self._trend_pages.get(gpu)
-        if page is not None and page[1] <= when:
-            rule, paged = page
+            seen = [x for x in self._trend_pages.get(gpu, []) if x[2] <= when]
+        for rule, verb, at in sorted(seen, key=lambda x: x[2]):
             text = (
-                f"{rule} paged {hours_text(when - paged)} of node time before "
+                f"{rule} {verb} {hours_text(when - at)} of node time before "
                 f"GPU {gpu}'s double-bit error"
             )
             self.say(when, self.style.bold("lead time: ") + text)
-        else:
-            text = f"GPU {gpu}'s double-bit error came with no memory-trend page before it"
+            self.leads.append(text)
+        if not seen:
+            text = f"GPU {gpu}'s double-bit error came with no memory drain or page before it"
             self.say(when, self.style.yellow("no lead time: ") + text)
-        self.leads.append(text)
+            self.leads.append(text)
 
     def action(self, record: dict[str, Any]) -> None:
         """A page or drain the actions stage recorded (the demo sends nothing)."""
@@ -377,7 +382,7 @@ def wants_color(out: TextIO, environ: Mapping[str, str]) -> bool:
 
 
 def memory_trend_pages(daemon: Daemon) -> frozenset[str]:
-    """The names of the loaded rules that page on a memory trend (whose lead time the
+    """The names of the loaded memory-trend rules that page or drain (whose lead times the
     narrator tells)."""
     rules = daemon.node.rules
     if not isinstance(rules, RulesStage):
@@ -385,7 +390,7 @@ def memory_trend_pages(daemon: Daemon) -> frozenset[str]:
     return frozenset(
         r.name
         for r in rules.engine.rules
-        if r.kind == "memory_trend" and r.severity is AlertSeverity.PAGE
+        if r.kind == "memory_trend" and (r.severity is AlertSeverity.PAGE or r.drain)
     )
 
 

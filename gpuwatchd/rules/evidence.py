@@ -28,13 +28,25 @@ def bucket_of(t: float) -> int:
 
 
 class Activity:
-    """The active buckets of one counter, oldest first."""
+    """The active buckets of one counter, oldest first.
 
-    __slots__ = ("buckets", "version")
+    Every question the memory rules ask costs O(log n) in the number of kept buckets,
+    whatever the history: the episode starts are kept as a running count beside the
+    buckets, the regime breaks (gaps longer than ``quiet``) as a list per ``quiet`` asked
+    about, and the peak of a regime as a running maximum per window width, extended as the
+    regime grows. A late point (a clock step) rebuilds them once."""
+
+    __slots__ = ("_breaks", "_dropped", "_epoch", "_peaks", "_starts", "buckets", "version")
 
     def __init__(self) -> None:
         self.buckets: list[int] = []
         self.version = 0
+        self._dropped = 0  # buckets dropped from the front, ever: absolute = local + this
+        self._epoch = 0  # bumped when a bucket lands in the middle (caches start over)
+        # _starts[i]: episode starts (gap EPISODE_GAP) among buckets[: i + 1], plus a constant
+        self._starts: list[int] = []
+        self._breaks: dict[int, list[int]] = {}  # quiet -> absolute i: a gap > quiet before i
+        self._peaks: dict[int, tuple[int, int, int, int]] = {}  # width -> (epoch, lo, hi, best)
 
     def mark(self, t: float) -> None:
         """The counter grew at time ``t``."""
@@ -44,11 +56,38 @@ class Activity:
             if b == buckets[-1] or b in buckets:
                 return
             bisect.insort(buckets, b)  # a late point (clock step): keep the order
+            self._rebuild()
         else:
+            starts = self._starts
+            if buckets:
+                prev = buckets[-1]
+                starts.append(starts[-1] + (b - prev > EPISODE_GAP))
+                i = len(buckets) + self._dropped
+                for quiet, breaks in self._breaks.items():
+                    if b - prev > quiet:
+                        breaks.append(i)
+            else:
+                starts.append(starts[-1] + 1 if starts else 1)
             buckets.append(b)
             if len(buckets) > 64 and buckets[0] < b - RETENTION_BUCKETS:
-                del buckets[: bisect.bisect_left(buckets, b - RETENTION_BUCKETS)]
+                k = bisect.bisect_left(buckets, b - RETENTION_BUCKETS)
+                del buckets[:k]
+                del starts[:k]
+                self._dropped += k
         self.version += 1
+
+    def _rebuild(self) -> None:
+        self._epoch += 1
+        self._breaks.clear()
+        self._peaks.clear()
+        starts: list[int] = []
+        prev: int | None = None
+        n = 0
+        for b in self.buckets:
+            n += prev is None or b - prev > EPISODE_GAP
+            starts.append(n)
+            prev = b
+        self._starts = starts
 
     def restore(self, points: list[tuple[float, float]]) -> None:
         """Rebuild from counter points (time, reset-adjusted value), oldest first."""
@@ -69,6 +108,10 @@ class Activity:
         buckets = self.buckets
         lo = bisect.bisect_left(buckets, b0)
         hi = bisect.bisect_left(buckets, b1)
+        if hi <= lo:
+            return 0
+        if gap == EPISODE_GAP:  # the first bucket in range always starts one
+            return 1 + self._starts[hi - 1] - self._starts[lo]
         n = 0
         prev: int | None = None
         for i in range(lo, hi):
@@ -85,21 +128,54 @@ class Activity:
         i = bisect.bisect_left(buckets, b1) - 1
         if i < 0:
             return None
-        while i > 0 and buckets[i] - buckets[i - 1] <= quiet:
-            i -= 1
-        return buckets[i]
+        breaks = self._breaks.get(quiet)
+        if breaks is None:
+            breaks = self._scan_breaks(quiet)
+        k = bisect.bisect_right(breaks, i + self._dropped) - 1
+        j = breaks[k] - self._dropped if k >= 0 else 0
+        return buckets[j] if j > 0 else buckets[0]
+
+    def _scan_breaks(self, quiet: int) -> list[int]:
+        if len(self._breaks) >= 8:  # a handful of rules ask; never grow without bound
+            self._breaks.clear()
+        buckets = self.buckets
+        d = self._dropped
+        breaks = [i + d for i in range(1, len(buckets)) if buckets[i] - buckets[i - 1] > quiet]
+        self._breaks[quiet] = breaks
+        return breaks
+
+    def dispersion(self, b0: int, b1: int, day: int = 144, most: int = 30) -> float:
+        """Variance over mean of the active buckets per ``day`` buckets in ``[b0, b1)`` (its
+        last ``most`` whole days): about 1 for a Poisson process, far above for activity
+        that comes in sessions or whose rate wanders. 1.0 with fewer than 2 days or none
+        active."""
+        days = min((b1 - b0) // day, most)
+        if days < 2:
+            return 1.0
+        counts = [self.count(b1 - (k + 1) * day, b1 - k * day) for k in range(days)]
+        mean = sum(counts) / days
+        if mean <= 0:
+            return 1.0
+        var = sum((c - mean) ** 2 for c in counts) / (days - 1)
+        return max(var / mean, 1.0)
 
     def peak(self, b0: int, b1: int, width: int) -> int:
         """The most active buckets any ``width``-bucket window inside ``[b0, b1)`` held."""
         buckets = self.buckets
         lo = bisect.bisect_left(buckets, b0)
         hi = bisect.bisect_left(buckets, b1)
+        d = self._dropped
         best = 0
-        j = lo
-        for i in range(lo, hi):
-            while buckets[i] - buckets[j] >= width:
-                j += 1
+        first = lo
+        seen = self._peaks.get(width)
+        if seen is not None and seen[0] == self._epoch and seen[1] == lo + d and seen[2] <= hi + d:
+            best, first = seen[3], seen[2] - d  # the same regime, grown: extend its maximum
+        for i in range(first, hi):
+            j = max(bisect.bisect_right(buckets, buckets[i] - width, lo, i), lo)
             best = max(best, i - j + 1)
+        if len(self._peaks) >= 8 and width not in self._peaks:
+            self._peaks.clear()
+        self._peaks[width] = (self._epoch, lo + d, hi + d, best)
         return best
 
 

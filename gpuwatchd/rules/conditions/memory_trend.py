@@ -30,6 +30,7 @@ from typing import Any, Literal
 
 from gpuwatchd.config.yamlsrc import Node
 from gpuwatchd.core.units import format_duration
+from gpuwatchd.rules.conditions import memory_certified as mc
 from gpuwatchd.rules.conditions import schema_parts as sp
 from gpuwatchd.rules.conditions.base import (
     NO_HITS,
@@ -48,8 +49,8 @@ from gpuwatchd.rules.evidence import BUCKET, Activity, bucket_of, rate_ratio_p_v
 from gpuwatchd.rules.model import Condition, Rule
 from gpuwatchd.rules.snapshot import GpuView, Snapshot
 
-Signal = Literal["acceleration", "activity", "corroborated"]
-SIGNALS: tuple[Signal, ...] = ("acceleration", "activity", "corroborated")
+Signal = Literal["acceleration", "activity", "corroborated", "certified"]
+SIGNALS: tuple[Signal, ...] = ("acceleration", "activity", "corroborated", "certified")
 RECHECK = 300.0  # seconds between looks at a GPU whose counter did not move
 REMAP_FIELD = "remapped_rows_correctable"
 CORROBORATING_XIDS = frozenset({63, 92})
@@ -71,6 +72,7 @@ class MemoryTrend(Condition):
     min_baseline: float = 86400.0
     quiet: float = 28 * 86400.0
     peak_ratio: float = 0.3
+    dispersion: bool = False
 
     @property
     def window(self) -> float:
@@ -144,11 +146,24 @@ def _accelerated(
     if baseline <= 0:
         return None
     y = act.count(start + 1, w0)
+    if x <= (x + y) * c.factor * width / (c.factor * width + baseline):
+        return None  # at most the expected count: p >= 0.5 > alpha (and no sum to take)
     p = rate_ratio_p_value(x, float(width), y, float(baseline), c.factor)
     if p >= alpha:
         return None
     if act.peak(start, w0, width) >= max(c.min_active, c.peak_ratio * x):
         return None  # an earlier window of this regime was as busy, and it subsided
+    if c.dispersion:
+        # Overdispersion: the baseline's day counts vary more than a Poisson process's, so
+        # the counts carry less evidence than their size says; test them scaled down by the
+        # dispersion factor (quasi-Poisson), the recent count rounded down.
+        phi = act.dispersion(start + 1, w0)
+        if phi > 1.0:
+            p = rate_ratio_p_value(
+                int(x / phi), float(width), round(y / phi), float(baseline), c.factor
+            )
+            if p >= alpha:
+                return None
     days = width * BUCKET / 86400.0
     values: dict[str, Any] = {
         "active": x,
@@ -162,15 +177,42 @@ def _accelerated(
 
 
 class _Evaluator(Evaluator):
-    __slots__ = ("c", "look")
+    __slots__ = ("c", "certified_hits", "certs", "look")
 
     def __init__(self, rule: Rule) -> None:
         super().__init__(rule)
         self.c = model_of(rule, MemoryTrend)
         self.look = Recheck(RECHECK)
+        self.certs = mc.Certificates()
+        self.certified_hits: Hits = {}  # the last look's (certified), while nothing moved
+
+    def adopt(self, old: Evaluator) -> None:
+        if isinstance(old, _Evaluator):
+            self.certs.adopt(old.certs)
+
+    def _certified(self, snap: Snapshot, now: float, fresh: bool) -> Result:
+        c = self.c
+        certs = self.certs
+        targets, unknown = snap.targets(self.rule)
+        fields = mc.FIELDS | {c.field}
+        if not fresh and certs.unchanged(snap, fields, now):
+            # nothing it reads moved since a recent look: the same verdict, for the GPUs
+            # still looked at (evidence only ages out over days: looked at every 5 min)
+            indexes = {g.index for g in targets}
+            return {k: v for k, v in self.certified_hits.items() if k[0] in indexes}, unknown
+        certs.take(snap, now, c.window)
+        hits: Hits = {}
+        for g in targets:
+            why = mc.certified(certs, g, c.field, c.window, now)
+            if why is not None:
+                hits[(g.index, -1, -1)] = (1.0, {"evidence": why})
+        self.certified_hits = hits
+        return dict(hits), unknown
 
     def evaluate(self, snap: Snapshot, now: float, active: bool, fresh: bool) -> Result:
         c = self.c
+        if c.signal == "certified":
+            return self._certified(snap, now, fresh)
         look = self.look
         corroborated = c.signal == "corroborated"
         if not active and not fresh and not corroborated and look.node_quiet(snap, c.field, now):
@@ -213,6 +255,7 @@ class MemoryTrendKind(ConditionKind):
         "min_baseline",
         "quiet",
         "peak_ratio",
+        "dispersion",
     )
     placeholders = frozenset(
         {
@@ -255,10 +298,16 @@ class MemoryTrendKind(ConditionKind):
                 values[name] = r.integer(keys[name], f"{what}.{name}", 1, 10000)
         if "peak_ratio" in keys:
             values["peak_ratio"] = r.number(keys["peak_ratio"], f"{what}.peak_ratio", minimum=0.0)
+        if "dispersion" in keys:
+            values["dispersion"] = r.boolean(keys["dispersion"], f"{what}.dispersion")
         if any(v is None for v in values.values()):
             return None
         c = MemoryTrend(**values)
-        if c.window + c.min_baseline > MAX_WINDOW:
+        if c.signal == "certified":
+            if c.window > MAX_WINDOW:
+                p.error(body, f"{what}: window must be at most 30d (history kept)")
+                return None
+        elif c.window + c.min_baseline > MAX_WINDOW:
             p.error(body, f"{what}: window + min_baseline must be at most 30d (history kept)")
             return None
         return c
@@ -306,6 +355,7 @@ class MemoryTrendKind(ConditionKind):
                 "min_baseline": sp.duration("1d"),
                 "quiet": sp.duration("28d"),
                 "peak_ratio": {"type": "number", "minimum": 0, "default": 0.3},
+                "dispersion": {"type": "boolean", "default": False},
             },
             "Device-memory errors as activity (10-minute buckets, episodes, regimes): a "
             "significant acceleration within a regime (exact conditional binomial test), new "
@@ -319,13 +369,15 @@ class MemoryTrendKind(ConditionKind):
 
     def needs(self, c: Condition) -> Needs:
         assert isinstance(c, MemoryTrend)
+        if c.signal == "certified":
+            return Needs(gpu_counters=frozenset({c.field, *mc.FIELDS}), xid_window=mc.NODE_SPAN)
         if c.signal == "corroborated":
             return Needs(gpu_counters=frozenset({c.field, REMAP_FIELD}), xid_window=c.window)
         return Needs(gpu_counters=frozenset({c.field}))
 
     def trigger(self, c: Condition) -> Trigger:
         assert isinstance(c, MemoryTrend)
-        return "sample" if c.signal == "corroborated" else "periodic"
+        return "sample" if c.signal in ("corroborated", "certified") else "periodic"
 
     def values(self, c: Condition) -> dict[str, Any]:
         assert isinstance(c, MemoryTrend)
