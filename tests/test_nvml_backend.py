@@ -27,6 +27,7 @@ from gpuwatchd.core.fields import GPU_FIELDS, LINK_FIELDS
 from gpuwatchd.sources.gpu.nvml import (
     DEFAULT_LINK_COUNTERS_INTERVAL_S,
     DEFAULT_STATE_INTERVAL_S,
+    FIELD_LOCK_WAIT_S,
     GPU_FIELD_IDS,
     LINK_FIELD_IDS,
     NvmlBackend,
@@ -267,6 +268,27 @@ def test_a_moving_nvlink_total_reads_the_link_counters_at_once() -> None:
     clock.advance(5.0)
     backend.sample(0)  # nothing moved since: one call again
     assert fake.field_value_calls(0) == before + 3
+
+
+def test_a_field_value_call_that_raises_anything_still_frees_the_lock() -> None:
+    """The field-values lock is shared by every GPU: a call that fails with something other
+    than an NVMLError must not leave it held (every later poll would wait 2 s, then report
+    its fields unread)."""
+    backend, fake, _ = make(False)
+    backend.open()
+    real = fake.nvmlDeviceGetFieldValues
+
+    def broken(handle: Any, ids: list[Any]) -> Any:
+        raise RuntimeError("a bug below pynvml")
+
+    fake.nvmlDeviceGetFieldValues = broken  # type: ignore[method-assign]
+    with pytest.raises(RuntimeError):
+        backend.sample(0)
+    fake.nvmlDeviceGetFieldValues = real  # type: ignore[method-assign]
+    started = time.monotonic()
+    s = backend.sample(0)
+    assert time.monotonic() - started < FIELD_LOCK_WAIT_S
+    assert not s.errors and "temperature_memory" in s.fields
 
 
 def test_slowly_changing_state_is_read_on_its_cadence_and_carried() -> None:

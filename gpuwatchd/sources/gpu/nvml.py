@@ -214,8 +214,6 @@ ROW_REMAP_FIELDS: tuple[tuple[str, str], ...] = tuple(
 )
 
 # Fields read only every slow_interval_s (the batch ones above marked slow, and getters).
-# The histogram changes only when a row is remapped (a rare, recorded event) and is a
-# read of InfoROM state: 20 s late is as good as now.
 SLOW_FIELDS = frozenset(
     {s.name for s in GPU_FIELD_IDS if s.slow}
     | {"violation_power", "violation_thermal"}
@@ -237,14 +235,13 @@ STATE_FIELDS = frozenset({"compute_processes", "pcie_link_generation", "pcie_lin
 
 # The per-link data-link error counters (~0.75 ms of driver CPU per link each on an H200:
 # 40 ms for the three on 18 links). Read when a sentinel total moved, on the link cadence,
-# and on the first poll. Link state is not a field here: ``nvmlDeviceGetNvLinkState`` costs
-# 1-2 us per link where field 165 costs 10-20 us.
+# and on the first poll. Link state is not a field here: ``nvmlDeviceGetNvLinkState`` is
+# as cheap as field 165 read cold (1.5 ms for 18 links) and 10x cheaper in a hot loop.
 LINK_FIELD_IDS: tuple[_FieldSpec, ...] = (
     _FieldSpec("nvlink_replay_errors", FI_DEV_NVLINK_ERROR_DL_REPLAY),
     _FieldSpec("nvlink_recovery_errors", FI_DEV_NVLINK_ERROR_DL_RECOVERY),
     _FieldSpec("nvlink_crc_errors", FI_DEV_NVLINK_ERROR_DL_CRC),
 )
-LINK_COUNTER_FIELDS = frozenset(s.name for s in LINK_FIELD_IDS)
 
 # libnvidia-ml 580.159.04 corrupts the process heap when nvmlDeviceGetFieldValues runs on
 # two threads at once (docs/real-gpu.md: 2 x H100 and 4 x H200, busy with NCCL; dead in
@@ -494,10 +491,6 @@ class _Gpu:
                     self.link_specs.append((spec, link))
         self.batch_dirty = False
 
-    def sentinels_cover_links(self) -> bool:
-        """Whether every GPU-wide NVLink total answers, so a link error moves one."""
-        return all((s.field_id, 0) not in self.bad_fields for s in NVLINK_SENTINELS)
-
     def not_supported(self) -> list[str]:
         by_id = {s.field_id: s.name for s in (*GPU_FIELD_IDS, *LINK_FIELD_IDS, *NVLINK_SENTINELS)}
         by_id.update((s.field_id, s.name) for s in self.extra if s.field_id not in by_id)
@@ -686,11 +679,12 @@ class NvmlBackend:
     def _static_fields(self, handle: Any) -> dict[int, float]:
         ids = [(FI_DEV_ECC_CURRENT, 0), (FI_DEV_ECC_PENDING, 0), (FI_DEV_NVLINK_LINK_COUNT, 0)]
         out: dict[int, float] = {}
-        with _FIELD_VALUES_LOCK:
-            values = self._try_static(self._nvml.nvmlDeviceGetFieldValues, handle, ids)
-        if values is None:
+        try:
+            decoded = self._field_values(handle, ids, wait_s=-1)  # at open: wait its turn
+        except self._nvml.NVMLError:
             return out
-        for (fid, _), (ret, value) in zip(ids, read_field_values(values), strict=False):
+        assert decoded is not None  # waited for the lock
+        for (fid, _), (ret, value) in zip(ids, decoded, strict=False):
             if ret == NVML_SUCCESS and value is not None:
                 out[fid] = value
         return out
@@ -1027,18 +1021,9 @@ class NvmlBackend:
         sentinels: dict[str, float] | None = None,
     ) -> None:
         nv = self._nvml
-        if not _FIELD_VALUES_LOCK.acquire(timeout=FIELD_LOCK_WAIT_S):
-            for spec, link in specs:
-                if not spec.sentinel:
-                    errors[_label(spec, link)] = (
-                        f"GPU {gpu.index}: field values not read: another GPU's "
-                        f"nvmlDeviceGetFieldValues has not returned in {FIELD_LOCK_WAIT_S:g}s"
-                    )
-            return
         try:
-            values = nv.nvmlDeviceGetFieldValues(handle, ids)
+            decoded = self._field_values(handle, ids)
         except nv.NVMLError as exc:
-            _FIELD_VALUES_LOCK.release()
             code = nvml_code(exc)
             if code in _CALL_UNSUPPORTED:
                 gpu.bad_fields.update(ids)
@@ -1052,9 +1037,14 @@ class NvmlBackend:
                 if not spec.sentinel:
                     errors[_label(spec, link)] = str(err)
             return
-        else:
-            decoded = read_field_values(values)  # before another thread may call again
-            _FIELD_VALUES_LOCK.release()
+        if decoded is None:
+            for spec, link in specs:
+                if not spec.sentinel:
+                    errors[_label(spec, link)] = (
+                        f"GPU {gpu.index}: field values not read: another GPU's "
+                        f"nvmlDeviceGetFieldValues has not returned in {FIELD_LOCK_WAIT_S:g}s"
+                    )
+            return
         for (spec, link), (ret, value) in zip(specs, decoded, strict=False):
             if ret == NVML_SUCCESS:
                 if value is None:
@@ -1077,6 +1067,19 @@ class NvmlBackend:
                     raise err
                 if not spec.sentinel:
                     errors[_label(spec, link)] = str(err)
+
+    def _field_values(
+        self, handle: Any, ids: list[tuple[int, int]], wait_s: float = FIELD_LOCK_WAIT_S
+    ) -> list[tuple[int, float | None]] | None:
+        """``(nvmlReturn, value)`` per id, read and decoded under the process-wide lock (see
+        ``_FIELD_VALUES_LOCK``); None when the lock was not free within ``wait_s`` (-1:
+        wait for it). NVMLError passes through; whatever happens, the lock is released."""
+        if not _FIELD_VALUES_LOCK.acquire(timeout=wait_s):
+            return None
+        try:
+            return read_field_values(self._nvml.nvmlDeviceGetFieldValues(handle, ids))
+        finally:
+            _FIELD_VALUES_LOCK.release()
 
     def _read_links(
         self,
