@@ -21,32 +21,24 @@ def open_backend(
     ``extra_fields`` (the config's ``fields``) are polled by NVML, settable in a scenario.
     NVML runs in a supervised worker process unless ``poll.worker`` is off."""
     if spec == "nvml":
+        from gpuwatchd.sources.gpu.worker import WorkerBackend, WorkerSettings
+
         poll = poll or PollConfig()
-        if poll.worker:
-            from gpuwatchd.sources.gpu.worker import WorkerBackend, WorkerSettings
-
-            settings = WorkerSettings(
-                slow_interval_s=poll.slow_interval,
-                link_interval_s=poll.nvlink_counters_interval,
-                state_interval_s=poll.state_interval,
-                nvlink=poll.nvlink,
-                processes=poll.processes,
-                events=nvml_events,
-                extra_fields=extra_fields,
-                hang_s=poll.worker_hang_timeout,
-            )
-            return WorkerBackend(clock, settings)
-        from gpuwatchd.sources.gpu.nvml import NvmlBackend
-
-        return NvmlBackend(
-            clock=clock,
-            extra_fields=extra_fields,
+        settings = WorkerSettings(
             slow_interval_s=poll.slow_interval,
             link_interval_s=poll.nvlink_counters_interval,
             state_interval_s=poll.state_interval,
             nvlink=poll.nvlink,
             processes=poll.processes,
+            events=nvml_events,
+            extra_fields=extra_fields,
+            hang_s=poll.worker_hang_timeout,
         )
+        if poll.worker:
+            return WorkerBackend(clock, settings)
+        from gpuwatchd.sources.gpu.nvml import NvmlBackend
+
+        return NvmlBackend(clock=clock, **settings.backend_kwargs())
     if spec.startswith("scenario:"):
         from gpuwatchd.scenario.backend import ScenarioBackend
         from gpuwatchd.scenario.model import load_scenario

@@ -75,15 +75,23 @@ class WorkerSettings:
     extra_fields: tuple[ExtraField, ...] = ()
     hang_s: float = 30.0
 
-    def open_args(self) -> dict[str, Any]:
+    def backend_kwargs(self) -> dict[str, Any]:
+        """``NvmlBackend``'s keyword arguments, in this process or in the worker."""
         return {
             "slow_interval_s": self.slow_interval_s,
             "link_interval_s": self.link_interval_s,
             "state_interval_s": self.state_interval_s,
             "nvlink": self.nvlink,
             "processes": self.processes,
-            "events": self.events,
+            "extra_fields": self.extra_fields,
+        }
+
+    def open_args(self) -> dict[str, Any]:
+        """The worker's ``open`` message: the backend's arguments as JSON, and ``events``."""
+        return {
+            **self.backend_kwargs(),
             "extra_fields": [dataclasses.asdict(e) for e in self.extra_fields],
+            "events": self.events,
         }
 
 

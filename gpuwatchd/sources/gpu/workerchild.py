@@ -67,17 +67,9 @@ class Worker:
         name = os.environ.get(MODULE_ENV)
         if name:
             module = importlib.import_module(name)
-        extra = tuple(ExtraField(**e) for e in args.get("extra_fields", []))
-        backend = NvmlBackend(
-            SystemClock(),
-            nvml=module,
-            slow_interval_s=float(args["slow_interval_s"]),
-            extra_fields=extra,
-            link_interval_s=float(args["link_interval_s"]),
-            state_interval_s=float(args.get("state_interval_s", 15.0)),
-            nvlink=bool(args["nvlink"]),
-            processes=bool(args["processes"]),
-        )
+        kwargs = {k: v for k, v in args.items() if k != "events"}  # WorkerSettings's
+        kwargs["extra_fields"] = tuple(ExtraField(**e) for e in kwargs.get("extra_fields", []))
+        backend = NvmlBackend(SystemClock(), nvml=module, **kwargs)
         try:
             infos = backend.open()
         except BackendError as exc:
