@@ -28,6 +28,20 @@ except Exception as exc:
 """
 
 
+# A bench rule: every XID 31 pages, quiet after 1 s so each provoked fault is a new page
+# (one entry of a ``rules:`` list; xid_to_page.py and busy_node_soak.py use it).
+BENCH_XID31_RULE = """- name: BenchXid31
+  description: Every XID 31 pages (bench only), quiet after 1 s so each fault pages anew.
+  severity: page
+  condition:
+    xid:
+      codes: [31]
+      quiet: 1s
+  annotations:
+    summary: 'XID {xid} on GPU {gpu}'
+"""
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -25,6 +25,7 @@ RSS for the plain loops and the bare process. ``--out DIR`` gets soak.json and s
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import subprocess
@@ -33,34 +34,29 @@ import tempfile
 import threading
 import time
 import urllib.request
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import contextlib
 
-from benchlib import XID31_PROGRAM, free_port, pct
+from benchlib import (
+    BENCH_XID31_RULE,
+    XID31_PROGRAM,
+    cpu_seconds,
+    free_port,
+    pct,
+    status_value,
+    thread_cpu_seconds,
+)
 
-TICK = os.sysconf("SC_CLK_TCK")
 CHECKER = {"LD_PRELOAD": "libc_malloc_debug.so.0", "MALLOC_CHECK_": "3"}
-NCCL_ENV = {
-    "NCCL_NVLS_ENABLE": "0",
-    "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
-    "NVSHMEM_DISABLE_NVLS": "1",
-}
 
-RULES = """rules:
-- name: BenchXid31
-  description: Every XID 31 pages (bench only), quiet after 1 s so each fault pages anew.
-  severity: page
-  condition:
-    xid:
-      codes: [31]
-      quiet: 1s
-  annotations:
-    summary: 'XID {xid} on GPU {gpu}'
-- name: BenchBusyTicket
+RULES = (
+    "rules:\n"
+    + BENCH_XID31_RULE
+    + """- name: BenchBusyTicket
   description: Always firing (bench only), so the node's alert group is never quiet.
   severity: ticket
   condition:
@@ -71,6 +67,7 @@ RULES = """rules:
   annotations:
     summary: 'bench ticket on GPU {gpu}'
 """
+)
 
 
 # -- the plain loop and the bare process (run as children of this script) ------------------
@@ -152,38 +149,28 @@ def bare(seconds: float) -> None:
 
 
 # -- measuring ----------------------------------------------------------------------------
-def cpu_ticks(pid: int) -> int:
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0
-    return int(fields[11]) + int(fields[12])
+T = TypeVar("T")
 
 
-def threads(pid: int) -> dict[str, int]:
-    out: dict[str, int] = {}
+def _alive(read: Callable[[int], T], pid: int, gone: T) -> T:
+    """``read(pid)``, or ``gone`` once the process has ended (a daemon that died)."""
     try:
-        tids = os.listdir(f"/proc/{pid}/task")
+        return read(pid)
     except OSError:
-        return out
-    for tid in tids:
-        try:
-            comm = Path(f"/proc/{pid}/task/{tid}/comm").read_text().strip()
-            stat = Path(f"/proc/{pid}/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        out[comm] = out.get(comm, 0) + int(stat[11]) + int(stat[12])
-    return out
+        return gone
+
+
+def cpu_s(pid: int) -> float:
+    return _alive(cpu_seconds, pid, 0.0)
+
+
+def threads(pid: int) -> dict[str, float]:
+    return _alive(thread_cpu_seconds, pid, {})
 
 
 def rss_kib(pid: int) -> int:
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    except OSError:
-        pass
-    return 0
+    kib = _alive(lambda p: status_value(p, "VmRSS"), pid, 0.0)
+    return 0 if kib != kib else int(kib)  # NaN: no VmRSS line (a zombie)
 
 
 def children(pid: int) -> list[int]:
@@ -312,7 +299,7 @@ def main() -> int:
     procs: dict[str, subprocess.Popen[bytes]] = {}
     procs["nccl"] = subprocess.Popen(
         [sys.executable, "bench/nccl_load.py", "--gpus", nccl, "--seconds", str(total)],
-        env={**os.environ, **NCCL_ENV},
+        env=os.environ,  # nccl_load.py sets the NVLS variables itself
         stdout=(tmp / "nccl.log").open("wb"),
         stderr=subprocess.STDOUT,
     )
@@ -367,12 +354,12 @@ def main() -> int:
             for d in daemons:
                 pid = d["proc"].pid
                 cpu0[d["name"]] = (
-                    cpu_ticks(pid),
-                    {k: cpu_ticks(k) for k in children(pid)},
+                    cpu_s(pid),
+                    {k: cpu_s(k) for k in children(pid)},
                     threads(pid),
                 )
             for name in ("plain-1s", "plain-5s", "bare"):
-                cpu0[name] = cpu_ticks(procs[name].pid)
+                cpu0[name] = cpu_s(procs[name].pid)
     window = time.monotonic() - cpu0["t"]
     stop.set()
     report: dict[str, Any] = {
@@ -388,7 +375,7 @@ def main() -> int:
     for name in ("plain-1s", "plain-5s", "bare"):
         p = procs[name]
         report["others"][name] = {
-            "cpu_pct": round((cpu_ticks(p.pid) - cpu0[name]) / TICK / window * 100, 3),
+            "cpu_pct": round((cpu_s(p.pid) - cpu0[name]) / window * 100, 3),
             "rss_kib": rss_kib(p.pid),
         }
     for d in daemons:
@@ -397,20 +384,20 @@ def main() -> int:
         if name in cpu0:
             c_main, c_kids, c_threads = cpu0[name]
             kids = children(proc.pid)
-            main_pct = (cpu_ticks(proc.pid) - c_main) / TICK / window * 100
-            kid_pct = sum(cpu_ticks(k) - c_kids.get(k, 0) for k in kids) / TICK / window * 100
+            main_pct = (cpu_s(proc.pid) - c_main) / window * 100
+            kid_pct = sum(cpu_s(k) - c_kids.get(k, 0) for k in kids) / window * 100
             r["cpu_pct_daemon"] = round(main_pct, 3)
             r["cpu_pct_worker"] = round(kid_pct, 3)
             r["cpu_pct_total"] = round(main_pct + kid_pct, 3)
             now_threads = threads(proc.pid)
             r["cpu_pct_threads"] = {
-                k: round((v - c_threads.get(k, 0)) / TICK / window * 100, 3)
+                k: round((v - c_threads.get(k, 0)) / window * 100, 3)
                 for k, v in sorted(now_threads.items())
                 if v - c_threads.get(k, 0) > 0
             }
             if kids:
                 r["worker_threads"] = {
-                    k: round(v / TICK / (time.monotonic() - start) * 100, 3)
+                    k: round(v / (time.monotonic() - start) * 100, 3)
                     for k, v in sorted(threads(kids[0]).items())
                     if v
                 }

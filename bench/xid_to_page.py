@@ -32,7 +32,7 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from benchlib import XID31_PROGRAM, pct
+from benchlib import BENCH_XID31_RULE, XID31_PROGRAM, pct
 
 from gpuwatchd.config.loader import ListenAddress, default_config, load_config
 from gpuwatchd.core.clock import SystemClock
@@ -40,18 +40,7 @@ from gpuwatchd.core.records import XidEvent
 from gpuwatchd.service.daemon import Daemon
 from gpuwatchd.sources.gpu.nvml import NvmlBackend
 
-BENCH_RULE = """
-rules:
-- name: BenchXid31
-  description: Every XID 31 pages (bench only), quiet after 1 s so each fault pages anew.
-  severity: page
-  condition:
-    xid:
-      codes: [31]
-      quiet: 1s
-  annotations:
-    summary: 'XID {xid} on GPU {gpu}'
-"""
+BENCH_RULE = f"\nrules:\n{BENCH_XID31_RULE}"
 
 
 class Receiver:
