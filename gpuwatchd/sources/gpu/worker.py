@@ -121,6 +121,7 @@ class _Child:
         self._on_message = on_message
         self._on_exit = on_exit
         self.send_lock = threading.Lock()
+        self.killed_for = ""  # why the supervisor killed it, if it did
         self.reader = threading.Thread(
             target=self._read, args=(self.proc.stdout,), name="nvml-worker-read", daemon=True
         )
@@ -160,6 +161,8 @@ class _Child:
                 why = f"killed by {signal.Signals(-code).name}"
         elif why == "exited":
             why = f"exited with status {code}"
+        if self.killed_for:
+            why = f"{self.killed_for}, {why}"
         self._on_exit(self, why)
 
     def kill(self) -> None:
@@ -382,7 +385,7 @@ class WorkerBackend:
             why = f"a poll unanswered for {now - oldest:.0f}s"
         if why:
             log.error("NVML worker pid %d is hung (%s): killing it", child.pid, why)
-            self.last_exit = f"pid {child.pid} hung ({why})"
+            child.killed_for = f"hung ({why})"
             child.kill()
 
     def close(self) -> None:
