@@ -40,7 +40,7 @@ log = logging.getLogger(__name__)
 __all__ = ["SignalInbox", "Supervisor", "serve", "status_line"]
 
 STATUS_REFRESH = 5.0  # seconds between STATUS= updates when nothing else changed
-MAX_TICK = 1.0  # the main loop checks liveness at least this often
+MAX_TICK = 5.0  # the main loop checks liveness at least this often (heartbeats allow >= 30 s)
 
 
 def _age(seconds: float) -> str:

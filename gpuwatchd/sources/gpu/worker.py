@@ -260,8 +260,8 @@ class WorkerBackend:
     def _on_message(self, child: _Child, msg: dict[str, Any]) -> None:
         if child is not self._child:
             return
+        self._last_beat = self._clock.monotonic()  # any frame shows the worker alive
         if "beat" in msg:
-            self._last_beat = self._clock.monotonic()
             return
         if "events" in msg:
             events = msg["events"]
@@ -345,8 +345,10 @@ class WorkerBackend:
     def _supervise(self) -> None:
         """Kill a hung worker; restart a dead one with backoff."""
         failures = 0
+        # a death wakes this thread at once; a hang is looked for a few times per hang_s
+        look = max(0.2, min(5.0, self.settings.hang_s / 4))
         while not self._stop.is_set():
-            self._wake.wait(1.0)
+            self._wake.wait(look)
             self._wake.clear()
             if self._stop.is_set():
                 return
@@ -391,6 +393,7 @@ class WorkerBackend:
     def close(self) -> None:
         self._stop.set()
         self._wake.set()
+        self._events.put([])  # ends a wait_xid_events in progress
         child = self._child
         if child is None:
             return
