@@ -71,6 +71,20 @@ def test_shipped_scenario_loads_and_tells_a_story(path: str) -> None:
         assert all(set(ls.fields) <= set(LINK_FIELDS) for ls in links)
 
 
+def test_every_shipped_scenario_is_bundled_and_found_by_name() -> None:
+    # issue 23 item 6: `gpuwatchd simulate fallen-off-bus` (the package carries scenarios/)
+    names = {os.path.basename(p).removesuffix(".yaml") for p in SHIPPED}
+    assert set(bundled_scenarios()) == names
+    path = bundled_scenario_path("fallen-off-bus")
+    with (
+        open(path, "rb") as f,
+        open(os.path.join(ROOT, "scenarios", "fallen-off-bus.yaml"), "rb") as g,
+    ):
+        assert f.read() == g.read()
+    with pytest.raises(FileNotFoundError, match="fallen-off-bus"):
+        bundled_scenario_path("no-such-scenario")
+
+
 def test_bundled_demo_is_an_8_gpu_week_with_an_accelerating_leak() -> None:
     assert "demo" in bundled_scenarios()
     s = load_scenario(bundled_scenario_path("demo"))
