@@ -19,9 +19,9 @@ from datetime import UTC, datetime
 
 from gpuwatchd.config.loader import Config, load_config
 from gpuwatchd.config.paths import default_config_path
-from gpuwatchd.config.yamlsrc import parse_duration
 from gpuwatchd.core.errors import ConfigError
 from gpuwatchd.core.health import EXIT_USAGE
+from gpuwatchd.core.units import parse_duration
 
 
 def _config(args: argparse.Namespace) -> Config:

@@ -30,6 +30,26 @@ def format_duration(seconds: float) -> str:
     return "".join(out)
 
 
+_DURATION_RE = re.compile(r"([0-9]{1,32}(?:\.[0-9]{1,32})?)(ms|s|m|h|d|w)", re.ASCII)
+_DURATION_UNITS = {**dict(_UNITS), "ms": 0.001}
+
+
+def parse_duration(text: str) -> float | None:
+    """Seconds for a Prometheus-style duration (``90s``, ``5m``, ``1h30m``, ``250ms``), or
+    ``None``: the one reader of duration text (config, rules, scenarios, the command line)."""
+    text = text.strip()
+    if not text:
+        return None
+    pos = 0
+    total = 0.0
+    for match in _DURATION_RE.finditer(text):
+        if match.start() != pos:
+            return None
+        total += float(match.group(1)) * _DURATION_UNITS[match.group(2)]
+        pos = match.end()
+    return total if pos == len(text) else None
+
+
 _NUMBER_RE = re.compile(r"\s*([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)\s*([A-Za-z%]*)\s*")
 _UNIT_SCALES: Mapping[str, Mapping[str, float]] = MappingProxyType(
     {
