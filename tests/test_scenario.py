@@ -822,3 +822,25 @@ def test_backend_kernel_lines_until() -> None:
         (120, "kernel")
     ]
     assert backend.kernel_log_lines_until(t0 + 7200) == []
+
+
+def test_test_gpus_come_from_the_one_h100_table() -> None:
+    """Issue 24 item 7: the scenario backend, the test backend and the rule kit had three
+    H100 tables with the same keys and different values; now both test GPUs are the
+    scenario's H100 baseline with named changes, and the same identity facts."""
+    from rulekit import BASE
+
+    from gpuwatchd.scenario.gpumodels import DRIVER_VERSION, H100, at_work
+    from gpuwatchd.testing.fake_backend import DEFAULT_FIELDS, make_infos
+
+    assert set(DEFAULT_FIELDS) == set(BASE) == set(H100.baseline)
+    for name in ("pcie_link_generation_max", "memory_total", "ecc_uncorrected_volatile"):
+        assert DEFAULT_FIELDS[name] == BASE[name] == H100.baseline[name]
+    info = make_infos(4)[2]
+    assert (info.name, info.vbios, info.driver) == (H100.name, H100.vbios, DRIVER_VERSION)
+    assert info.slowdown_temperature == H100.slowdown_temperature
+    assert info.shutdown_temperature == H100.shutdown_temperature
+    played = load_scenario(os.path.join(ROOT, "scenarios", "healthy-8xh100.yaml"))
+    assert info.pci_bus_id == played.gpus[2].info().pci_bus_id
+    with pytest.raises(KeyError, match="temperature_gpuu"):
+        at_work(H100, temperature_gpuu=50.0)

@@ -95,9 +95,22 @@ KNOWN_MODELS: Mapping[str, GpuModel] = MappingProxyType(
 
 
 DEFAULT_MODEL = "NVIDIA H100 80GB HBM3"
-
-
 DRIVER_VERSION = "580.159.04"
+H100 = KNOWN_MODELS[DEFAULT_MODEL]
+
+
+def at_work(model: GpuModel, **fields: float) -> dict[str, float]:
+    """The model's idle baseline with ``fields`` changed, e.g. a GPU running a job; the
+    free memory follows a changed ``memory_used``. Test GPUs are built this way, from the
+    one table, naming only what differs from idle."""
+    values = dict(model.baseline)
+    unknown = sorted(set(fields) - set(values))
+    if unknown:
+        raise KeyError(f"not fields of {model.name}'s baseline: {', '.join(unknown)}")
+    values.update(fields)
+    if "memory_used" in fields and "memory_free" not in fields:
+        values["memory_free"] = values["memory_total"] - values["memory_used"]
+    return values
 
 
 # An unknown model starts from zeros and must give at least these in `baseline`.
