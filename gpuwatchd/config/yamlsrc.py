@@ -22,6 +22,7 @@ import yaml
 
 from gpuwatchd.core.errors import ConfigError, Location
 from gpuwatchd.core.statefile import open_regular
+from gpuwatchd.core.units import MAX_DURATION as MAX_DURATION
 from gpuwatchd.core.units import parse_duration as parse_duration  # config/actions.py uses it
 
 
@@ -342,8 +343,6 @@ def load_file(path: str, *, allow_pipe: bool = False) -> Node | None:
 
 MAX_NUMBER = 2**53
 """Largest magnitude of a number setting that names no range of its own."""
-MAX_DURATION = 10 * 366 * 86400.0
-"""Longest duration accepted anywhere (ten years): longer waits overflow timers."""
 
 
 def type_name(value: Any) -> str:

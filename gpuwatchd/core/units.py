@@ -3,6 +3,7 @@ rules (``1h30m``, ``250ms``; ``1980MHz``, ``72GiB``, ``97%``)."""
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping
 from types import MappingProxyType
@@ -48,6 +49,25 @@ def parse_duration(text: str) -> float | None:
         total += float(match.group(1)) * _DURATION_UNITS[match.group(2)]
         pos = match.end()
     return total if pos == len(text) else None
+
+
+MAX_DURATION = 10 * 366 * 86400.0
+"""Longest duration accepted anywhere (ten years): longer waits overflow timers and dates."""
+
+
+def duration_or_seconds(text: str) -> float | None:
+    """A duration (``30m``) or a plain number of seconds (``1800``), as a command line or an
+    annotation gives it: ``None`` unless it is finite, not negative and at most
+    ``MAX_DURATION`` (``inf``, ``nan`` and ``1e400`` are numbers to ``float``)."""
+    seconds = parse_duration(text)
+    if seconds is None:
+        try:
+            seconds = float(text)
+        except ValueError:
+            return None
+    if not math.isfinite(seconds) or seconds < 0 or seconds > MAX_DURATION:
+        return None
+    return seconds
 
 
 _NUMBER_RE = re.compile(r"\s*([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)\s*([A-Za-z%]*)\s*")
