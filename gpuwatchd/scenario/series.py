@@ -17,8 +17,6 @@ from gpuwatchd.core.records import GpuInfo, LinkSample, ProcessInfo
 from gpuwatchd.scenario.gpumodels import DRIVER_VERSION
 
 NVML_ERROR_GPU_IS_LOST = 15
-
-
 NVML_ERROR_TIMEOUT = 10
 
 
@@ -136,8 +134,6 @@ _FieldsPlan = tuple[float, float, dict[str, float], tuple[_Moving, ...], tuple[_
 
 
 _W1 = 2 * math.pi / 173.0  # the two periods of the deterministic jitter, in seconds
-
-
 _W2 = 2 * math.pi / 31.0
 
 

@@ -15,8 +15,6 @@ by a user process, or written into /dev/kmsg by a user process (facility != 0)."
 
 
 MAX_GPUS = 64
-
-
 MAX_XID = 1023
 
 
