@@ -45,13 +45,14 @@ DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recomme
 
 # Whatever the new packages enabled is disabled again; links that were there stay.
 enable_links | comm -13 "$WORK/before" - >"$WORK/new"
-while read -r link; do
-    case "$link" in
-    /etc/rc?.d/S*)
-        name=$(basename "$link" | sed 's/^S[0-9]*//')
-        $SUDO update-rc.d "$name" disable >/dev/null 2>&1 || $SUDO rm -f "$link"
-        ;;
-    *) $SUDO rm -f "$link" ;;
-    esac
-    echo "apt-install: left disabled: $(basename "$link")"
-done <"$WORK/new"
+# SysV start links: one `update-rc.d NAME disable` per script (it turns S links into K
+# links, which later upgrades keep); systemd's *.wants links are removed.
+sed -n 's|^/etc/rc[1-5]\.d/S[0-9]*||p' "$WORK/new" | sort -u >"$WORK/sysv"
+while read -r name; do
+    $SUDO update-rc.d "$name" disable >/dev/null 2>&1 || $SUDO rm -f /etc/rc[1-5].d/S[0-9][0-9]"$name"
+done <"$WORK/sysv"
+grep -v '^/etc/rc[1-5]\.d/' "$WORK/new" | while read -r link; do
+    $SUDO rm -f "$link"
+done
+disabled=$(sed 's|.*/||; s|^S[0-9]*||' "$WORK/new" | sort -u | tr '\n' ' ')
+[ -z "$disabled" ] || echo "apt-install: left disabled at boot (not started): $disabled"

@@ -15,6 +15,7 @@ Needs root (a chroot) and network access to deb.debian.org and PyPI; about 2-4 m
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 from pathlib import Path
 
@@ -138,4 +139,7 @@ def test_first_run_on_a_fresh_debian_12_is_light(tmp_path: Path) -> None:
     assert read("cron-installed").strip() == "yes", read("cron.log")
     assert "cron" not in read("procs-cron").split()
     assert read("links-cron") == read("links-before"), read("cron.log")
+    # cron's scripts did enable it (systemd and SysV links): undone, and said so
+    disabled = re.search(r"left disabled at boot \(not started\): (.*)", read("cron.log"))
+    assert disabled is not None and {"cron", "cron.service"} <= set(disabled[1].split())
     assert not read("policy-left")  # its temporary policy-rc.d is gone
