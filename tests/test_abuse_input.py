@@ -40,7 +40,8 @@ def merge_bomb(levels: int = 12) -> str:
 HOSTILE: dict[str, tuple[bytes, str]] = {  # name -> (file content, what the error says)
     "alias bomb": (alias_bomb().encode(), "too large after alias expansion"),
     "merge-key bomb": (merge_bomb().encode(), "too large after alias expansion"),
-    "recursive alias": (b"a: &a [1, *a]\n", ""),
+    # one reader for every YAML file (config/yamlsrc): the same clear message everywhere
+    "recursive alias": (b"a: &a [1, *a]\n", "recursive YAML alias *a"),
     # libyaml stops at its own depth limit first, PyYAML's parser reaches ours
     "deep nesting": (b"a: " + b"[" * 100_000 + b"]" * 100_000 + b"\n", "nest"),
     "deep mappings": (b"a: " + b"{b: " * 200 + b"1" + b"}" * 200 + b"\n", "nested too deeply"),
