@@ -357,6 +357,7 @@ def main() -> int:
                     cpu_s(pid),
                     {k: cpu_s(k) for k in children(pid)},
                     threads(pid),
+                    {k: threads(k) for k in children(pid)},
                 )
             for name in ("plain-1s", "plain-5s", "bare"):
                 cpu0[name] = cpu_s(procs[name].pid)
@@ -375,31 +376,32 @@ def main() -> int:
     for name in ("plain-1s", "plain-5s", "bare"):
         p = procs[name]
         report["others"][name] = {
-            "cpu_pct": round((cpu_s(p.pid) - cpu0[name]) / window * 100, 3),
+            "cpu_pct": round((cpu_s(p.pid) - cpu0[name]) / window * 100, 4),
             "rss_kib": rss_kib(p.pid),
         }
     for d in daemons:
         name, proc = d["name"], d["proc"]
         r: dict[str, Any] = {"alive": proc.poll() is None, "exit": proc.poll()}
         if name in cpu0:
-            c_main, c_kids, c_threads = cpu0[name]
+            c_main, c_kids, c_threads, c_kid_threads = cpu0[name]
             kids = children(proc.pid)
             main_pct = (cpu_s(proc.pid) - c_main) / window * 100
             kid_pct = sum(cpu_s(k) - c_kids.get(k, 0) for k in kids) / window * 100
-            r["cpu_pct_daemon"] = round(main_pct, 3)
-            r["cpu_pct_worker"] = round(kid_pct, 3)
-            r["cpu_pct_total"] = round(main_pct + kid_pct, 3)
+            r["cpu_pct_daemon"] = round(main_pct, 4)
+            r["cpu_pct_worker"] = round(kid_pct, 4)
+            r["cpu_pct_total"] = round(main_pct + kid_pct, 4)
             now_threads = threads(proc.pid)
             r["cpu_pct_threads"] = {
-                k: round((v - c_threads.get(k, 0)) / window * 100, 3)
+                k: round((v - c_threads.get(k, 0)) / window * 100, 4)
                 for k, v in sorted(now_threads.items())
                 if v - c_threads.get(k, 0) > 0
             }
             if kids:
+                before = c_kid_threads.get(kids[0], {})  # empty: a worker restarted since
                 r["worker_threads"] = {
-                    k: round(v / (time.monotonic() - start) * 100, 3)
+                    k: round((v - before.get(k, 0.0)) / window * 100, 4)
                     for k, v in sorted(threads(kids[0]).items())
-                    if v
+                    if v - before.get(k, 0.0) > 0
                 }
         r["rss_kib"] = rss[name]
         mine = [g for g in hooks.got if g[1] == name]
@@ -457,8 +459,32 @@ def main() -> int:
         p.kill()
     text = json.dumps(report, indent=1, default=str)
     (out / "soak.json").write_text(text)
-    print(text)
+    summary = cost_summary(report)
+    (out / "soak.txt").write_text(summary)
+    print(summary)
     return 0
+
+
+def cost_summary(report: dict[str, Any]) -> str:
+    """CPU side by side: each daemon (process + NVML worker) against the plain loop at its
+    interval, as a ratio, with the per-thread split."""
+    lines = [f"{report['gpus']} GPUs, NCCL on {report['nccl_gpus']}, {report['window_s']} s window"]
+    others = report["others"]
+    for name, d in report["daemons"].items():
+        if "cpu_pct_total" not in d:
+            lines.append(f"{name:16s} no CPU reading (alive={d['alive']})")
+            continue
+        plain = others["plain-1s" if name.startswith("1s") else "plain-5s"]["cpu_pct"]
+        ratio = d["cpu_pct_total"] / plain if plain else float("nan")
+        lines.append(
+            f"{name:16s} {d['cpu_pct_total']:.4f} % of a core (daemon {d['cpu_pct_daemon']:.4f}"
+            f" + worker {d['cpu_pct_worker']:.4f}) vs plain {plain:.4f} %: {ratio:.2f}x;"
+            f" alive={d['alive']} pages={d['pages']} p99={d['line_to_page_ms']['p99']} ms"
+        )
+        for part in ("cpu_pct_threads", "worker_threads"):
+            split = ", ".join(f"{k} {v:.4f}" for k, v in d.get(part, {}).items())
+            lines.append(f"    {part}: {split}")
+    return "\n".join(lines) + "\n"
 
 
 if __name__ == "__main__":

@@ -36,6 +36,8 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
+import selectors
 import socket
 import socketserver
 import sys
@@ -99,7 +101,42 @@ class _Server(socketserver.ThreadingMixIn, socketserver.TCPServer):
         # are evicted to make room, so slow clients can never lock a scraper out
         self._waiting: dict[int, tuple[float, socket.socket]] = {}
         self._warned: dict[str, float] = {}
+        # stop_serving() writes here: the accept loop sleeps until a client or this comes
+        self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         super().__init__(address, _Handler)
+
+    def serve_until_stopped(self) -> None:
+        """Accept connections until ``stop_serving``. Unlike ``serve_forever``, whose poll
+        interval wakes the thread twice a second for nothing, an idle server sleeps."""
+        with selectors.DefaultSelector() as selector:
+            selector.register(self.socket, selectors.EVENT_READ)
+            selector.register(self._wake_r, selectors.EVENT_READ)
+            while True:
+                for key, _ in selector.select():
+                    if key.fileobj == self._wake_r:
+                        return
+                self._accept_one()
+
+    def _accept_one(self) -> None:
+        try:
+            request, client_address = self.get_request()
+        except OSError:
+            return
+        try:
+            self.process_request(request, client_address)
+        except Exception:
+            self.handle_error(request, client_address)
+            self.shutdown_request(request)
+
+    def stop_serving(self) -> None:
+        with contextlib.suppress(OSError):
+            os.write(self._wake_w, b"x")
+
+    def server_close(self) -> None:
+        super().server_close()
+        for fd in (self._wake_r, self._wake_w):
+            with contextlib.suppress(OSError):
+                os.close(fd)
 
     def openmetrics(self) -> tuple[bytes, str]:
         """The OpenMetrics body and its content type (the renderer's own, cached)."""
@@ -571,15 +608,12 @@ class HttpServer:
 
     def start(self) -> None:
         self._thread = threading.Thread(
-            target=self._server.serve_forever,
-            kwargs={"poll_interval": 0.5},
-            name="http",
-            daemon=True,
+            target=self._server.serve_until_stopped, name="http", daemon=True
         )
         self._thread.start()
 
     def stop(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
+        self._server.stop_serving()
         if self._thread is not None:
             self._thread.join(2.0)
+        self._server.server_close()

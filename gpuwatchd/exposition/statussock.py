@@ -93,8 +93,7 @@ class StatusSocket:
             os.makedirs(os.path.dirname(self.path), exist_ok=True)
             sock.bind(self.path)
             os.chmod(self.path, 0o666)  # any local user may ask, as over HTTP on localhost
-            sock.listen(BACKLOG)
-            sock.settimeout(0.5)
+            sock.listen(BACKLOG)  # accept() blocks: stop() shuts the socket down to end it
         except OSError as exc:
             sock.close()
             return self._fail(exc.strerror or str(exc))
@@ -113,8 +112,6 @@ class StatusSocket:
         while not self._stop.is_set():
             try:
                 conn, _ = self._sock.accept()
-            except TimeoutError:
-                continue
             except OSError:
                 if self._stop.is_set():
                     return
@@ -139,6 +136,8 @@ class StatusSocket:
     def stop(self) -> None:
         self._stop.set()
         if self._sock is not None:
+            with contextlib.suppress(OSError):
+                self._sock.shutdown(socket.SHUT_RDWR)  # wakes the blocked accept()
             self._sock.close()
             with contextlib.suppress(OSError):
                 os.unlink(self.path)
