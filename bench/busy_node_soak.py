@@ -71,8 +71,13 @@ RULES = (
 
 
 # -- the plain loop and the bare process (run as children of this script) ------------------
-def plain_loop(interval: float, seconds: float) -> None:
-    """The same values as the daemon, with the cheapest calls, at the daemon's cadences."""
+def plain_loop(
+    interval: float, seconds: float, threads: bool = False, events: bool = False
+) -> None:
+    """The same values as the daemon, with the cheapest calls, at the daemon's cadences.
+    ``threads``: one thread per GPU, reading at the same moments (as the NVML worker's
+    per-GPU threads do); ``events``: a thread waiting on XID events meanwhile (10 s waits,
+    as the worker)."""
     import pynvml as nv
 
     nv.nvmlInit()
@@ -88,57 +93,85 @@ def plain_loop(interval: float, seconds: float) -> None:
             except nv.NVMLError:
                 break
         links.append(n)
-    end = time.monotonic() + seconds
-    next_slow = next_links = next_state = 0.0
-    while time.monotonic() < end:
-        now = time.monotonic()
-        for h, n in zip(handles, links, strict=True):
+    if events:
+        event_set = nv.nvmlEventSetCreate()
+        for h in handles:
+            nv.nvmlDeviceRegisterEvents(h, nv.nvmlEventTypeXidCriticalError, event_set)
+
+        def wait_events() -> None:
+            while True:
+                with contextlib.suppress(nv.NVMLError):
+                    nv.nvmlEventSetWait(event_set, 10000)
+
+        threading.Thread(target=wait_events, daemon=True).start()
+    started = time.monotonic()
+
+    def read(h: Any, n: int, state: bool, slow: bool, counters: bool) -> None:
+        for fn, args in (
+            (nv.nvmlDeviceGetTemperature, (0,)),
+            (nv.nvmlDeviceGetPowerUsage, ()),
+            (nv.nvmlDeviceGetClockInfo, (1,)),
+            (nv.nvmlDeviceGetClockInfo, (2,)),
+            (nv.nvmlDeviceGetUtilizationRates, ()),
+            (nv.nvmlDeviceGetMemoryInfo, ()),
+            (nv.nvmlDeviceGetCurrentClocksEventReasons, ()),
+            (nv.nvmlDeviceGetRowRemapperHistogram, ()),
+            (nv.nvmlDeviceGetMemoryErrorCounter, (0, 0, 2)),
+            (nv.nvmlDeviceGetMemoryErrorCounter, (1, 0, 2)),
+            (nv.nvmlDeviceGetFieldValues, (ids,)),
+        ):
+            with contextlib.suppress(nv.NVMLError):
+                fn(h, *args)
+        if state:  # the daemon's poll.state_interval
             for fn, args in (
-                (nv.nvmlDeviceGetTemperature, (0,)),
-                (nv.nvmlDeviceGetPowerUsage, ()),
-                (nv.nvmlDeviceGetClockInfo, (1,)),
-                (nv.nvmlDeviceGetClockInfo, (2,)),
-                (nv.nvmlDeviceGetUtilizationRates, ()),
-                (nv.nvmlDeviceGetMemoryInfo, ()),
-                (nv.nvmlDeviceGetCurrentClocksEventReasons, ()),
-                (nv.nvmlDeviceGetRowRemapperHistogram, ()),
-                (nv.nvmlDeviceGetMemoryErrorCounter, (0, 0, 2)),
-                (nv.nvmlDeviceGetMemoryErrorCounter, (1, 0, 2)),
-                (nv.nvmlDeviceGetFieldValues, (ids,)),
+                (nv.nvmlDeviceGetCurrPcieLinkGeneration, ()),
+                (nv.nvmlDeviceGetCurrPcieLinkWidth, ()),
+                (nv.nvmlDeviceGetComputeRunningProcesses, ()),
             ):
                 with contextlib.suppress(nv.NVMLError):
                     fn(h, *args)
-            if now >= next_state:  # the daemon's poll.state_interval
-                for fn, args in (
-                    (nv.nvmlDeviceGetCurrPcieLinkGeneration, ()),
-                    (nv.nvmlDeviceGetCurrPcieLinkWidth, ()),
-                    (nv.nvmlDeviceGetComputeRunningProcesses, ()),
-                ):
-                    with contextlib.suppress(nv.NVMLError):
-                        fn(h, *args)
-                for link in range(n):
-                    nv.nvmlDeviceGetNvLinkState(h, link)
+            for link in range(n):
+                nv.nvmlDeviceGetNvLinkState(h, link)
+        if slow:
+            for fn, args in (
+                (nv.nvmlDeviceGetTotalEnergyConsumption, ()),
+                (nv.nvmlDeviceGetViolationStatus, (0,)),
+                (nv.nvmlDeviceGetViolationStatus, (1,)),
+                (nv.nvmlDeviceGetMarginTemperature, ()),
+                (nv.nvmlDeviceGetPcieReplayCounter, ()),
+            ):
+                with contextlib.suppress(nv.NVMLError):
+                    fn(h, *args)
+        if counters and n:
+            per_link = [(f, link) for link in range(n) for f in (161, 162, 163)]
+            nv.nvmlDeviceGetFieldValues(h, per_link)
+
+    def loop(gpus: list[tuple[Any, int]]) -> None:
+        end = started + seconds
+        next_slow = next_links = next_state = started
+        tick = started
+        while time.monotonic() < end:
+            now = time.monotonic()
+            for h, n in gpus:
+                read(h, n, now >= next_state, now >= next_slow, now >= next_links)
+            if now >= next_state:
+                next_state = now + 15.0
             if now >= next_slow:
-                for fn, args in (
-                    (nv.nvmlDeviceGetTotalEnergyConsumption, ()),
-                    (nv.nvmlDeviceGetViolationStatus, (0,)),
-                    (nv.nvmlDeviceGetViolationStatus, (1,)),
-                    (nv.nvmlDeviceGetMarginTemperature, ()),
-                    (nv.nvmlDeviceGetPcieReplayCounter, ()),
-                ):
-                    with contextlib.suppress(nv.NVMLError):
-                        fn(h, *args)
-            if now >= next_links and n:
-                nv.nvmlDeviceGetFieldValues(
-                    h, [(f, link) for link in range(n) for f in (161, 162, 163)]
-                )
-        if now >= next_state:
-            next_state = now + 15.0
-        if now >= next_slow:
-            next_slow = now + 120.0
-        if now >= next_links:
-            next_links = now + 600.0
-        time.sleep(max(0.0, interval - (time.monotonic() - now)))
+                next_slow = now + 120.0
+            if now >= next_links:
+                next_links = now + 600.0
+            tick += interval  # every thread on the same grid: they read at the same moments
+            time.sleep(max(0.0, tick - time.monotonic()))
+
+    pairs = list(zip(handles, links, strict=True))
+    if not threads:
+        loop(pairs)
+        return
+    workers = [threading.Thread(target=loop, args=([p],)) for p in pairs]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
 
 
 def bare(seconds: float) -> None:
@@ -238,7 +271,13 @@ class KmsgWatch:
 
 
 def start_daemon(
-    name: str, interval: str, env_extra: dict[str, str], port: int, hook_port: int, tmp: Path
+    name: str,
+    interval: str,
+    env_extra: dict[str, str],
+    port: int,
+    hook_port: int,
+    tmp: Path,
+    sources: str = "{kernel_log: kmsg, nvml_events: true}",
 ) -> dict[str, Any]:
     state = tmp / name
     state.mkdir()
@@ -247,7 +286,7 @@ def start_daemon(
     cfg = state / "gpuwatchd.yaml"
     cfg.write_text(
         f"node_name: soak-{name}\nstate_dir: {state}\n{poll}"
-        "sources: {kernel_log: kmsg, nvml_events: true}\n"
+        f"sources: {sources}\n"
         f"rules: {{files: [{tmp / 'bench-rules.yaml'}], disable: [GpuXidApplicationRepeated]}}\n"
         f'receivers:\n  - {{name: hook, type: webhook, url: "http://127.0.0.1:{hook_port}/{name}"}}\n'
         "routing: {group_by: [node], group_wait: 15s, repeat_interval: 4h}\n"
@@ -278,10 +317,12 @@ def main() -> int:
     ap.add_argument("--out", default=".")
     ap.add_argument("--cost-only", action="store_true", help="no checker daemons, no XIDs")
     ap.add_argument("--plain", type=float, help=argparse.SUPPRESS)
+    ap.add_argument("--plain-threads", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--plain-events", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--bare", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.plain:
-        plain_loop(args.plain, args.seconds)
+        plain_loop(args.plain, args.seconds, args.plain_threads, args.plain_events)
         return 0
     if args.bare:
         bare(args.seconds)
