@@ -44,6 +44,7 @@ from gpuwatchd.actions.fleet import (
     BUDGET_RULE,
     FleetBudget,
     FleetView,
+    claimed_xids,
     correlated,
     xid_counts,
     xid_of_reason,
@@ -324,16 +325,24 @@ class DrainController:
         return gate
 
     def _confirm(self, inc: dict[str, Any], result: DrainResult) -> DrainResult:
-        """After a drain: re-count; above the budget, release it at once (docs/fleet.md)."""
+        """A drain of ours found without a record of it (a restart between the drain and
+        writing it down): re-count; above the budget, release it at once. A release that
+        fails is an error: the incident tries again, and re-counts again."""
         assert self.fleet is not None
-        verdict = self.fleet.confirm(self.fleet.wall())
+        verdict = self.fleet.confirm()
         if verdict.allowed:
             return result
         try:
             released = self.driver.resume(inc, False)
         except DrainError as exc:
-            log.error("fleet budget: could not release the drain of %s: %s", self.node, exc)
-            return DrainResult(result.result, result.detail + "; over the budget, release failed")
+            raise DrainError(
+                f"over the fleet budget ({verdict.detail}), and the release failed: {exc}"
+            ) from None
+        if released.result == "resumed":
+            try:
+                self.fleet.released()
+            except DrainError as exc:  # the claim expires by itself (CLAIM_TTL)
+                log.warning("fleet budget: could not take %s's claim off: %s", self.node, exc)
         return DrainResult(
             OVER_BUDGET,
             f"fleet drain budget spent: released after the re-count ({released.result}): "
@@ -367,10 +376,9 @@ class DrainController:
                     inc, inc["reason"], self.cfg.dry_run, gate=self._gate(inc["reason"])
                 )
                 # "already" on a node gpuwatchd has no record of draining: it drained, then
-                # stopped before its re-count (a crash, a restart); re-count now
-                recount = result.result == "drained" or (
-                    result.result == "already" and not owned["owned"]
-                )
+                # stopped before writing it down (a crash, a restart); re-count now. A drain
+                # made now was admitted by its claim before it was written.
+                recount = result.result == "already" and not owned["owned"]
                 if recount and self.fleet is not None:
                     result = self._confirm(inc, result)
         except DrainError as exc:
@@ -450,18 +458,20 @@ class DrainController:
             return []
         verdict = fleet.last
         drains = verdict.census.drains
-        xids = xid_counts(drains)
         mine = xid_of_reason(inc["reason"])
-        if mine:
-            xids[mine] += 1
+        # other nodes waiting for a place say which XID they want to drain for
+        extra = claimed_xids(verdict.census, fleet.wall(), self.node)
+        extra += [f"{self.node}|{mine}"] if mine else []
+        xids = xid_counts(drains)
+        xids.update(item.partition("|")[2] for item in extra)
         seen = ", ".join(f"XID {x} on {n}" for x, n in sorted(xids.items(), key=lambda p: -p[1]))
+        drained = len([d for d in drains if d.node != self.node])
         summary = (
-            f"fleet drain budget of {verdict.limit} nodes reached: {verdict.count} drained by "
+            f"fleet drain budget of {verdict.limit} nodes reached: {drained} drained by "
             f"gpuwatchd at the last count ({verdict.nodes} nodes known); not draining "
             f"{self.node} for {inc['reason']}" + (f" (XIDs: {seen})" if seen else "")
         )
-        notes: dict[str, str] = {"xids": seen, "drained_nodes": str(verdict.count)}
-        extra = [f"{self.node}|{mine}"] if mine else []
+        notes: dict[str, str] = {"xids": seen, "drained_nodes": str(drained)}
         common = correlated(drains, self.cfg.fleet, fleet.wall(), extra)
         if common:
             xid, nodes = common[0]

@@ -43,7 +43,7 @@ import httpx
 import yaml
 
 from gpuwatchd.actions.drivers import DrainError, DrainResult, Gate
-from gpuwatchd.actions.fleet import Census, FleetDrain
+from gpuwatchd.actions.fleet import Census, Claim, FleetDrain
 from gpuwatchd.config.actions import FleetDrainConfig, KubernetesDrainConfig
 
 log = logging.getLogger(__name__)
@@ -279,7 +279,7 @@ class KubeFleetView:
         ns = urllib.parse.quote(cfg.budget_namespace, safe="")
         self.leases = f"/apis/coordination.k8s.io/v1/namespaces/{ns}/leases"
 
-    def census(self) -> Census:
+    def census(self, full: bool = True) -> Census:
         path = "/api/v1/nodes"
         if self.fleet.selector:
             path += "?" + urllib.parse.urlencode({"labelSelector": self.fleet.selector})
@@ -402,8 +402,8 @@ class KubeFleetView:
                 return
         raise DrainError(f"lease {LEASE} kept changing; gave up after {LEASE_RETRIES} tries")
 
-    def settled_at(self, drained_at: float) -> float:
-        return drained_at
+    def write_claim(self, node: str, claim: Claim | None) -> None:
+        raise NotImplementedError("the Lease is the claim: reserve and release")
 
 
 class KubernetesDriver:
