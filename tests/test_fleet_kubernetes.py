@@ -204,6 +204,7 @@ drain:
     max_percent: 10
     selector: nvidia.com/gpu.present=true
     recheck: 1m
+    jitter: 0s
 """,
         name="drain.yaml",
     )

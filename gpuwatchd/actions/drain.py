@@ -82,6 +82,7 @@ LIMIT_RULE = "GpuwatchdDrainLimitReached"
 FAILED_RULE = "GpuwatchdDrainFailed"
 RETRY_BASE = 5.0
 RETRY_MAX = 300.0
+RECHECK_MAX_FACTOR = 8.0  # a held-back incident asks at least every 8 x fleet.recheck
 
 
 class DrainController:
@@ -119,6 +120,7 @@ class DrainController:
         self._fleet: FleetBudget | None = None
         self._fleet_for: tuple[Driver, Any, str] | None = None
         self._hold_next = 0.0
+        self._held_times: dict[str, int] = {}  # incident -> checks in a row over the budget
         self.rate_limited = 0
         self._count_lock = threading.Lock()  # counters move on the drain and the submit thread
         self._health_written: str | None = None
@@ -166,9 +168,12 @@ class DrainController:
         """A firing transition of a drain rule: open its incident (once)."""
         grace = self.grace_for(rec)
         state = "silenced" if silenced else PENDING
+        # with a fleet budget the first check waits a random moment: a fault seen by every
+        # node in the same second reaches the scheduler spread out (docs/fleet.md)
+        jitter = self.rng.uniform(0.0, self.cfg.fleet.jitter) if self.cfg.fleet.enabled else 0.0
         cur = conn.execute(
             "INSERT OR IGNORE INTO incidents(key, fingerprint, record, reason, state, opened, "
-            "drain_at, closed) VALUES(?, ?, ?, ?, ?, ?, ?, ?)",
+            "drain_at, closed, next_attempt) VALUES(?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (
                 rec["idempotency_key"],
                 rec["fingerprint"],
@@ -178,6 +183,7 @@ class DrainController:
                 now,
                 now + grace,
                 now if silenced else None,
+                now + grace + jitter,
             ),
         )
         if cur.rowcount and silenced:
@@ -435,10 +441,16 @@ class DrainController:
     ) -> list[AlertTransition]:
         """Not drained: the incident stays pending and asks again after ``recheck``."""
         first = not str(inc["result"] or "").startswith(OVER_BUDGET)
+        # while the budget stays full, ask again less often (up to 8 times recheck), each
+        # at a random moment of its interval, so held-back nodes do not ask in step
+        held = 1 if first else self._held_times.get(inc["key"], 1) + 1
+        self._held_times[inc["key"]] = held
+        wait = self.cfg.fleet.recheck * min(2.0 ** (held - 1), RECHECK_MAX_FACTOR)
+        wait *= self.rng.uniform(0.75, 1.0)
         with self.store.tx() as conn:
             conn.execute(
                 "UPDATE incidents SET result=?, attempts=0, next_attempt=? WHERE key=?",
-                (f"{OVER_BUDGET}: {result.detail}", now + self.cfg.fleet.recheck, inc["key"]),
+                (f"{OVER_BUDGET}: {result.detail}", now + wait, inc["key"]),
             )
         if first:
             self._record("drain", inc, result)

@@ -183,6 +183,7 @@ class FleetDrainConfig:
     selector: str | None = None  # Kubernetes: count only nodes matching this label selector
     window: float | None = None  # count only drains younger than this (None: every drain)
     recheck: float = 60.0  # how often an incident held back by the budget asks again
+    jitter: float = 1.0  # a drain's first check waits up to this (random): storms spread
     correlate: float = 600.0  # the same XID on several nodes within this is named as such
     # drain.mode exec only: who counts the fleet. "slurm": the daemon runs sinfo itself
     # (no privilege needed) while drains and releases go through the exec command (the
@@ -769,6 +770,8 @@ def _read_fleet(r: Reader, node: Node, what: str) -> FleetDrainConfig | None:
                 value = None
         elif key in ("window", "recheck", "correlate"):
             value = _duration(r, value_node, where, positive=True)
+        elif key == "jitter":
+            value = _duration(r, value_node, where)
         elif key == "census":
             value = r.string(value_node, where)
             if value is not None and value != "slurm":
