@@ -131,7 +131,8 @@ def test_failing_hook_is_retried_then_pages(tmp_path: Path) -> None:
     )
     sink = sink_for(cfg, clock)
     try:
-        sink.deliver([transition(at=clock.now(), drain=True)], clock.now())
+        # a drain rule that is not about an XID (an XID's drain never gives up: below)
+        sink.deliver([transition("gpu_lost", at=clock.now(), drain=True, xid=None)], clock.now())
         for _ in range(3):
             sink.run_pending()
             clock.advance(600)
@@ -148,12 +149,55 @@ def test_failing_hook_is_retried_then_pages(tmp_path: Path) -> None:
         rx.stop()
 
 
+def test_an_xid_drain_is_never_given_up(tmp_path: Path) -> None:
+    """Issue 28: five scheduler errors marked a fatal XID's drain failed for good (a 90 s
+    slurmctld outage gave up 17 nodes with XID 79). Now it pages once after ``attempts``
+    and keeps trying with backoff; when the scheduler answers again the node drains and the
+    page resolves. Failed on main: the incident was 'failed' and the hook never ran again."""
+    flag = tmp_path / "down"
+    flag.touch()
+    script, log = hook(
+        tmp_path, tail=f"[ -e {flag} ] && {{ echo 'unreachable' >&2; exit 3; }}; true"
+    )
+    rx = HttpReceiver(free_port()).start()
+    clock = VirtualClock(1_767_225_600.0)
+    sink = sink_for(exec_config(tmp_path, script, "  attempts: 3\n", ops_receiver(rx)), clock)
+    try:
+        sink.deliver([transition(at=clock.now(), drain=True)], clock.now())
+        for _ in range(6):
+            sink.run_pending()
+            clock.advance(600)
+        assert len(calls(log)) == 6  # main: 3, then given up
+        inc = sink.status()["drain"]["incidents"][0]
+        assert inc["state"] == "pending" and inc["attempts"] == 6
+        failed = [
+            a["status"]
+            for r in rx.requests
+            for a in r.json()["alerts"]
+            if a["labels"]["alertname"] == "GpuwatchdDrainFailed"
+        ]
+        assert failed == ["firing"]  # one page, not one per attempt
+        flag.unlink()  # the scheduler answers again
+        sink.run_pending()
+        assert sink.status()["drain"]["state"] == "drained"
+        failed = [
+            a["status"]
+            for r in rx.requests
+            for a in r.json()["alerts"]
+            if a["labels"]["alertname"] == "GpuwatchdDrainFailed"
+        ]
+        assert failed == ["firing", "resolved"]
+    finally:
+        sink.close()
+        rx.stop()
+
+
 def test_hook_timeout_kills_it(tmp_path: Path) -> None:
     script, _ = hook(tmp_path, tail="sleep 30")
     clock = VirtualClock(1_767_225_600.0)
     sink = sink_for(exec_config(tmp_path, script, "  timeout: 500ms\n  attempts: 1\n"), clock)
     try:
-        sink.deliver([transition(at=clock.now(), drain=True)], clock.now())
+        sink.deliver([transition("gpu_lost", at=clock.now(), drain=True, xid=None)], clock.now())
         sink.run_pending()
         assert "did not finish within 0.5s (killed)" in sink.status()["drain"]["last_error"]
         assert sink.status()["drain"]["incidents"][0]["state"] == "failed"

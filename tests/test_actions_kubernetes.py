@@ -478,7 +478,8 @@ def test_unauthorized_is_retried_then_fails_with_a_page(tmp_path: Path, api: Fak
     cfg = kube_config(tmp_path, api, extra="  attempts: 2\n")
     sink = sink_for(cfg, clock)  # type: ignore[arg-type]
     try:
-        sink.deliver([transition(at=clock.now(), drain=True)], clock.now())
+        # not an XID: an XID's drain is never given up (test_actions_drain.py)
+        sink.deliver([transition("gpu_lost", at=clock.now(), drain=True, xid=None)], clock.now())
         sink.run_pending()
         inc = sink.status()["drain"]["incidents"][0]
         assert inc["state"] == "pending" and inc["attempts"] == 1
@@ -488,7 +489,7 @@ def test_unauthorized_is_retried_then_fails_with_a_page(tmp_path: Path, api: Fak
         assert drain["incidents"][0]["state"] == "failed"
         assert "HTTP 401" in (drain["last_error"] or "")
         firing = sink.status()["deliveries"]["firing"]
-        assert [a["rule"] for a in firing] == ["gpu_xid_fatal", "GpuwatchdDrainFailed"]
+        assert [a["rule"] for a in firing] == ["gpu_lost", "GpuwatchdDrainFailed"]
         assert time.time() > 0
     finally:
         sink.close()

@@ -49,7 +49,7 @@ from gpuwatchd.actions.fleet import (
     xid_counts,
     xid_of_reason,
 )
-from gpuwatchd.actions.model import dumps, short_reason
+from gpuwatchd.actions.model import dumps, short_reason, xid_of
 from gpuwatchd.actions.store import Store, loads
 from gpuwatchd.config.actions import DrainConfig
 from gpuwatchd.core.alerts import AlertSeverity, AlertState, AlertTransition
@@ -265,6 +265,11 @@ class DrainController:
         pages.extend(self._limit_alert(now))
         pages.extend(self._budget_resolved(now))
         self._hold(now)
+        for inc in self._incidents(
+            "state='cancelled' AND attempts >= ? AND closed > ?",
+            (self.cfg.attempts, now - 86400.0),
+        ):
+            pages.extend(self._failing_resolved(inc, now))
         for inc in self._incidents("state='failed' AND resolved IS NOT NULL AND notified < 2"):
             with self.store.tx() as conn:
                 conn.execute("UPDATE incidents SET notified=2 WHERE key=?", (inc["key"],))
@@ -390,6 +395,8 @@ class DrainController:
         except DrainError as exc:
             self.last_error = str(exc)
             attempts = inc["attempts"] + 1
+            if attempts >= self.cfg.attempts and xid_of(inc["record"]) is not None:
+                return self._keep_trying(inc, now, attempts, exc)
             if attempts >= self.cfg.attempts:
                 with self.store.tx() as conn:
                     conn.execute(
@@ -414,8 +421,9 @@ class DrainController:
                 )
             log.warning("drain %s: attempt %d failed: %s", self.node, attempts, exc)
             return []
+        pages = self._failing_resolved(inc, now)
         if result.result == OVER_BUDGET:
-            return self._over_budget(inc, now, result)
+            return pages + self._over_budget(inc, now, result)
         self._hold_next = now + self.cfg.hold_interval
         with self.store.tx() as conn:
             conn.execute(
@@ -433,7 +441,39 @@ class DrainController:
             if self.cfg.dry_run and result.result == "dry_run":
                 Store.set_meta(conn, "dry_run_drained", inc["reason"])
         self._record("drain", inc, result)
-        return []
+        return pages
+
+    def _keep_trying(
+        self, inc: dict[str, Any], now: float, attempts: int, exc: DrainError
+    ) -> list[AlertTransition]:
+        """A drain for an XID is never given up: the scheduler being unreachable for a while
+        (a restart, an outage) must not leave a node with a fatal XID in service. After
+        ``attempts`` failures it pages once and goes on trying, at most every RETRY_MAX."""
+        with self.store.tx() as conn:
+            conn.execute(
+                "UPDATE incidents SET attempts=?, last_error=?, next_attempt=? WHERE key=?",
+                (attempts, str(exc), now + self._backoff(attempts), inc["key"]),
+            )
+        log.warning("drain %s: attempt %d failed (trying again): %s", self.node, attempts, exc)
+        if attempts != self.cfg.attempts:
+            return []
+        self._record("drain", inc, "failed", f"{attempts} attempts failed, trying again: {exc}")
+        with self.store.tx() as conn:
+            Store.set_meta(conn, f"failing:{inc['key']}", "firing")
+        summary = (
+            f"gpuwatchd could not drain {self.node} after {attempts} attempts and keeps "
+            f"trying: {exc}"
+        )
+        return [self._synthetic(FAILED_RULE, AlertState.FIRING, inc, now, summary)]
+
+    def _failing_resolved(self, inc: dict[str, Any], now: float) -> list[AlertTransition]:
+        """The drain that kept failing went through (or its fault ended): resolve its page."""
+        if self._meta(f"failing:{inc['key']}") != "firing":
+            return []
+        with self.store.tx() as conn:
+            Store.set_meta(conn, f"failing:{inc['key']}", "")
+        summary = f"the drain of {self.node} that kept failing is no longer failing"
+        return [self._synthetic(FAILED_RULE, AlertState.RESOLVED, inc, now, summary)]
 
     # -- the fleet budget -------------------------------------------------------------
     def _over_budget(
