@@ -356,7 +356,7 @@ drain:
   node: {me}
   state_file: null
   exec: {{command: {command}}}
-  fleet: {{max_nodes: {BUDGET}, census: slurm, recheck: 1m, jitter: 0s}}
+  fleet: {{max_nodes: {BUDGET}, recheck: 1m, jitter: 0s}}
 """,
         name="drain.yaml",
     )
