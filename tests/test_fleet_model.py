@@ -30,11 +30,13 @@ from gpuwatchd.actions.fleet import (
     Census,
     Claim,
     FleetDrain,
+    Mark,
     Op,
     Read,
     Verdict,
     Wait,
     Write,
+    WriteMark,
     claim_protocol,
     limit_for,
 )
@@ -61,12 +63,14 @@ class Controller:
     nodes: int
     claims: dict[str, Claim] = field(default_factory=dict)
     drained: dict[str, float] = field(default_factory=dict)
+    marks: dict[str, Mark] = field(default_factory=dict)
     most: int = 0
 
     def census(self, full: bool) -> Census:
         drains = tuple(FleetDrain(n, float(int(t)), REASON) for n, t in self.drained.items())
         claims = tuple(c for c in self.claims.values() if full or c.node in self.drained)
-        return Census(self.nodes, drains, claims, full)
+        marks = tuple(m for m in self.marks.values() if full or m.node in self.drained)
+        return Census(self.nodes, drains, claims, full, marks)
 
     def drain(self, node: str, at: float) -> None:
         self.drained[node] = at
@@ -84,11 +88,12 @@ def storm(
     die: float = 0.0,
     fail: float = 0.0,
     until: float = 900.0,
+    breaker: bool = False,
 ) -> tuple[Controller, int]:
     """Every daemon sees the XID within ``spread`` seconds; returns the controller after
     ``until`` seconds and how many daemons are still alive (wanting a drain)."""
     rng = random.Random(seed)
-    cfg = FleetDrainConfig(max_nodes=budget, recheck=RECHECK)
+    cfg = FleetDrainConfig(max_nodes=budget, recheck=RECHECK, breaker=breaker)
     ctl = Controller(n + 10)  # a few nodes nobody drains
     daemons = [
         Daemon(
@@ -157,6 +162,8 @@ def storm(
                     ctl.claims.pop(d.name, None)
                 else:
                     ctl.claims[d.name] = payload.claim
+            elif isinstance(payload, WriteMark):
+                ctl.marks[d.name] = payload.mark
             at(clock + rng.uniform(0.0, latency), "reply", d, answer)
         elif kind == "reply":
             advance(d, clock, payload if isinstance(payload, Census) else None)
@@ -209,3 +216,25 @@ def test_skew_does_not_matter() -> None:
     still give exactly the budget, never more."""
     ctl, _ = storm(60, 5, 3, skew=30.0, until=300.0)
     assert ctl.most == len(ctl.drained) == 5
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    n=st.integers(1, 50),
+    budget=st.integers(1, 8),
+    seed=st.integers(0, 2**32),
+    spread=st.floats(0.0, 3.0),
+)
+def test_the_breaker_stops_everyone_behind_the_budget(
+    n: int, budget: int, seed: int, spread: float
+) -> None:
+    """With the breaker on, a storm larger than the budget trips it: the nodes whose claims
+    were within the budget still drain, nobody else does, ever (no reset in the model).
+    (A node refused by the first cheap census, the budget already full, does not trip it.)"""
+    ctl, _ = storm(n, budget, seed, spread=spread, breaker=True)
+    assert len(ctl.drained) <= budget
+    if n <= budget:
+        assert not ctl.marks and len(ctl.drained) == n
+    elif ctl.marks:  # tripped: those ahead of the first to trip filled the budget
+        assert all(m.what == "tripped" for m in ctl.marks.values())
+        assert len(ctl.drained) == budget, (len(ctl.drained), budget)

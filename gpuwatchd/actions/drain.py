@@ -41,6 +41,7 @@ from gpuwatchd.actions.drivers import (
     run_argv,
 )
 from gpuwatchd.actions.fleet import (
+    BREAKER_RULE,
     BUDGET_RULE,
     FleetBudget,
     FleetView,
@@ -502,6 +503,10 @@ class DrainController:
         fleet = self.fleet
         if fleet is None or fleet.last is None:
             return []
+        if fleet.last.tripped and self._meta("breaker_alert") != "firing":
+            return self._breaker_page(inc, now)
+        if fleet.last.stopped:
+            return []  # the fleet is stopped: one page says so (the breaker's), not each node
         if self._meta("fleet_alert") == "firing":
             return []
         last = self._meta("fleet_page_at")
@@ -546,13 +551,48 @@ class DrainController:
         )
         return int(row[0][0])
 
+    def _breaker_page(self, inc: dict[str, Any], now: float) -> list[AlertTransition]:
+        """This node tripped the breaker (first of those that did): one page for the fleet,
+        naming the XIDs and the share of nodes that wanted to drain."""
+        fleet = self.fleet
+        assert fleet is not None and fleet.last is not None
+        verdict = fleet.last
+        census = verdict.census
+        mine = xid_of_reason(inc["reason"])
+        extra = claimed_xids(census, fleet.wall(), self.node)
+        extra += [f"{self.node}|{mine}"] if mine else []
+        xids = xid_counts(d for d in census.drains if d.node != self.node)
+        xids.update(item.partition("|")[2] for item in extra)
+        wanting = len({d.node for d in census.drains} | {i.partition("|")[0] for i in extra})
+        share = 100.0 * wanting / max(1, verdict.nodes)
+        seen = ", ".join(f"XID {x} on {n}" for x, n in sorted(xids.items(), key=lambda p: -p[1]))
+        summary = (
+            f"fleet drain breaker tripped: {wanting} of {verdict.nodes} nodes ({share:.0f} %) "
+            f"want to drain at once, above the budget of {verdict.limit}"
+            + (f" ({seen})" if seen else "")
+            + "; gpuwatchd drains no more nodes until an operator runs `gpuwatchd fleet reset`"
+        )
+        notes = {"xids": seen, "nodes_wanting": str(wanting), "share_percent": f"{share:.1f}"}
+        with self.store.tx() as conn:
+            Store.set_meta(conn, "breaker_alert", "firing")
+        return [self._synthetic(BREAKER_RULE, AlertState.FIRING, None, now, summary, notes)]
+
     def _budget_resolved(self, now: float) -> list[AlertTransition]:
+        out: list[AlertTransition] = []
+        fleet = self.fleet
+        if self._meta("breaker_alert") == "firing" and (
+            not self._held_back() or (fleet and fleet.last and not fleet.last.stopped)
+        ):
+            with self.store.tx() as conn:
+                Store.set_meta(conn, "breaker_alert", "")
+            summary = "the fleet drain breaker was reset: gpuwatchd drains again"
+            out.append(self._synthetic(BREAKER_RULE, AlertState.RESOLVED, None, now, summary))
         if self._meta("fleet_alert") != "firing" or self._held_back():
-            return []
+            return out
         with self.store.tx() as conn:
             Store.set_meta(conn, "fleet_alert", "")
         summary = f"no drain of {self.node} waits for the fleet drain budget any more"
-        return [self._synthetic(BUDGET_RULE, AlertState.RESOLVED, None, now, summary)]
+        return [*out, self._synthetic(BUDGET_RULE, AlertState.RESOLVED, None, now, summary)]
 
     # -- holding the node out of service ---------------------------------------------
     def _held(self) -> list[dict[str, Any]]:

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol
 
-from gpuwatchd.actions.fleet import CLAIM_PREFIX, Census, Claim, FleetDrain
+from gpuwatchd.actions.fleet import CLAIM_PREFIX, MARK_PREFIX, Census, Claim, FleetDrain, Mark
 from gpuwatchd.actions.model import REASON_PREFIX, xid_of
 from gpuwatchd.config.actions import FleetDrainConfig
 from gpuwatchd.core.errors import GpuwatchdError
@@ -159,7 +159,7 @@ class ExecDriver:
         (``GPUWATCHD_ACTION=claim``, the claim in ``GPUWATCHD_CLAIM``, empty to take it
         off), drains and resumes: the claims work as in ``slurm`` mode."""
 
-        def put(node: str, claim: Claim | None, known: str | None) -> None:
+        def put(node: str, claim: Claim | Mark | None, known: str | None) -> None:
             env = {
                 **os.environ,
                 **incident_env("claim", node, None, ""),
@@ -172,7 +172,11 @@ class ExecDriver:
                     f"{_tail(res.stderr)}"
                 )
 
-        return SlurmFleetView(self.sinfo, self.timeout, cfg.partition, put)
+        def mark(node: str, what: Mark | None, known: str | None) -> None:
+            if what is not None:  # the helper takes no mark off: that is an operator's reset
+                put(node, what, known)
+
+        return SlurmFleetView(self.sinfo, self.timeout, cfg.partition, put, mark)
 
     def _run(self, action: str, incident: Mapping[str, Any] | None, reason: str) -> None:
         env = {**os.environ, **incident_env(action, self.node, incident, reason)}
@@ -262,13 +266,7 @@ def put_claim(
     """Write ``node``'s claim into its Comment (None: take ours off), keeping any text
     another owner put before it. ``known``: the Comment as just read (None: read it)."""
     if known is None:
-        res = run_argv(
-            [sinfo, "--noheader", "--Node", "--nodes", node, "--Format", "Comment:0"],
-            timeout=timeout,
-        )
-        if res.returncode != 0:
-            raise DrainError(f"sinfo failed (status {res.returncode}): {_tail(res.stderr)}")
-        known = "" if res.stdout.strip() == "(null)" else res.stdout.strip()
+        known = _comment(sinfo, timeout, node)
     at = known.rfind(CLAIM_PREFIX)
     if claim is None and at < 0:
         return  # nothing of ours there
@@ -278,6 +276,43 @@ def put_claim(
         keep = COMMENT_MAX - len(text) - len(NOTE_SEPARATOR)
         text = theirs[:keep] + (NOTE_SEPARATOR + text if text else "")
     res = run_argv([scontrol, "update", f"NodeName={node}", f"Comment={text}"], timeout=timeout)
+    if res.returncode != 0:
+        raise DrainError(
+            f"scontrol update Comment failed (status {res.returncode}): {_tail(res.stderr)}"
+        )
+
+
+def _comment(sinfo: str, timeout: float, node: str) -> str:
+    res = run_argv(
+        [sinfo, "--noheader", "--Node", "--nodes", node, "--Format", "Comment:0"],
+        timeout=timeout,
+    )
+    if res.returncode != 0:
+        raise DrainError(f"sinfo failed (status {res.returncode}): {_tail(res.stderr)}")
+    return "" if res.stdout.strip() == "(null)" else res.stdout.strip()
+
+
+def put_mark(
+    scontrol: str,
+    sinfo: str,
+    timeout: float,
+    node: str,
+    mark: Mark | None,
+    known: str | None = None,
+) -> None:
+    """Put a fleet-wide stop into ``node``'s Comment (None: take ours off), before any
+    claim and after any text of another owner."""
+    text = _comment(sinfo, timeout, node) if known is None else known
+    at_claim = text.rfind(CLAIM_PREFIX)
+    claim = text[at_claim:] if at_claim >= 0 else ""
+    rest = text[:at_claim] if at_claim >= 0 else text
+    at_mark = rest.find(MARK_PREFIX)
+    if mark is None and at_mark < 0:
+        return
+    theirs = (rest[:at_mark] if at_mark >= 0 else rest).rstrip().removesuffix(";").rstrip()
+    parts = [p for p in (theirs, mark.text if mark else "", claim) if p]
+    new = NOTE_SEPARATOR.join(parts)[-COMMENT_MAX:]
+    res = run_argv([scontrol, "update", f"NodeName={node}", f"Comment={new}"], timeout=timeout)
     if res.returncode != 0:
         raise DrainError(
             f"scontrol update Comment failed (status {res.returncode}): {_tail(res.stderr)}"
@@ -302,11 +337,13 @@ class SlurmFleetView:
         timeout: float,
         partition: str | None,
         put: Callable[[str, Claim | None, str | None], None] | None = None,
+        mark: Callable[[str, Mark | None, str | None], None] | None = None,
     ) -> None:
         self.sinfo = sinfo
         self.timeout = timeout
         self.partition = partition
         self.put = put
+        self.mark = mark
         # the Comment per node as the last census read it, and when (monotonic): a write
         # keeps another owner's text, read again when older than COMMENT_FRESH
         self._comments: dict[str, str] = {}
@@ -326,6 +363,13 @@ class SlurmFleetView:
         fresh = time.monotonic() - self._read_at <= COMMENT_FRESH
         known = self._comments.get(node) if fresh else None
         self.put(node, claim, known)
+        self._comments.pop(node, None)
+
+    def write_mark(self, node: str, mark: Mark | None) -> None:
+        if self.mark is None:
+            raise DrainError("drain.fleet: this drain mode cannot stop the fleet")
+        fresh = time.monotonic() - self._read_at <= COMMENT_FRESH
+        self.mark(node, mark, self._comments.get(node) if fresh else None)
         self._comments.pop(node, None)
 
     def _sinfo(self, *args: str) -> str:
@@ -353,6 +397,7 @@ class SlurmFleetView:
         nodes: dict[str, SlurmNode] = {}
         since: dict[str, float | None] = {}
         claims: list[Claim] = []
+        marks: list[Mark] = []
         self._comments = {}
         self._read_at = time.monotonic()
         for record in out.split(rec)[:-1]:
@@ -369,15 +414,18 @@ class SlurmFleetView:
             claim = Claim.parse(name, comment)
             if claim is not None:
                 claims.append(claim)
+            mark = Mark.parse(name, comment)
+            if mark is not None:
+                marks.append(mark)
         drains = tuple(
             FleetDrain(name, since[name], n.reason)
             for name, n in sorted(nodes.items())
             if n.offline and n.ours
         )
         if full:
-            return Census(len(nodes), drains, tuple(claims))
+            return Census(len(nodes), drains, tuple(claims), marks=tuple(marks))
         names = {ln.strip() for ln in self._sinfo("--Node", "--Format", "NodeList:0").split()}
-        return Census(len(names), drains, tuple(claims), full=False)
+        return Census(len(names), drains, tuple(claims), full=False, marks=tuple(marks))
 
 
 class SlurmDriver:
@@ -420,7 +468,10 @@ class SlurmDriver:
         def put(node: str, claim: Claim | None, known: str | None) -> None:
             put_claim(self.scontrol, self.sinfo, self.timeout, node, claim, known)
 
-        return SlurmFleetView(self.sinfo, self.timeout, cfg.partition, put)
+        def mark(node: str, what: Mark | None, known: str | None) -> None:
+            put_mark(self.scontrol, self.sinfo, self.timeout, node, what, known)
+
+        return SlurmFleetView(self.sinfo, self.timeout, cfg.partition, put, mark)
 
     def _note(self, node: SlurmNode, reason: str, dry_run: bool) -> DrainResult:
         """The node is out of service for another owner: keep their reason, add ours (NHC's

@@ -38,6 +38,7 @@ from gpuwatchd.config.actions import FleetDrainConfig
 from gpuwatchd.core.errors import GpuwatchdError
 
 BUDGET_RULE = "GpuwatchdFleetDrainBudget"
+BREAKER_RULE = "GpuwatchdFleetDrainBreaker"
 CORRELATED_NODES = 3  # the same XID on this many nodes within ``correlate`` is named
 _XID_RE = re.compile(r"\bXID (\d+)\b")
 CLAIM_PREFIX = "gpuwatchd-claim:"
@@ -47,6 +48,12 @@ CHOOSING_PATIENCE = 40.0  # seconds: choosing nodes that take longer make us bac
 # an admission more than this after our ticket was written is not used: another reader may
 # soon take our claim for a dead daemon's (the drain's own write comes within its timeout)
 ADMIT_WITHIN = CLAIM_TTL / 2
+TRIP_SETTLE = 1.0  # seconds after tripping the breaker before choosing who pages
+MARK_PREFIX = "gpuwatchd-fleet:"
+_MARK_RE = re.compile(
+    r"gpuwatchd-fleet: (?P<what>tripped|paused) at "
+    r"(?P<at>[0-9]{1,11}(?:\.[0-9]{1,3})?)(?: xid (?P<xid>[0-9]{1,4}))?"
+)
 _CLAIM_RE = re.compile(
     r"gpuwatchd-claim: (?:choosing|ticket (?P<ticket>[1-9][0-9]{0,8})) at "
     r"(?P<at>[0-9]{1,11}(?:\.[0-9]{1,3})?)(?: xid (?P<xid>[0-9]{1,4}))?"
@@ -70,6 +77,10 @@ class Claim:
     xid: str | None = None  # the XID it wants to drain for (named in budget pages)
 
     @property
+    def choosing(self) -> bool:
+        return self.ticket is None
+
+    @property
     def text(self) -> str:
         what = "choosing" if self.ticket is None else f"ticket {self.ticket}"
         return f"{CLAIM_PREFIX} {what} at {self.at:.3f}" + (f" xid {self.xid}" if self.xid else "")
@@ -88,11 +99,43 @@ class Claim:
 
 
 @dataclass(frozen=True)
+class Mark:
+    """A fleet-wide stop (Slurm: in a node's ``Comment``, before any claim): ``tripped`` by
+    the breaker when more nodes wanted to drain at once than the budget allows, or
+    ``paused`` by an operator (``gpuwatchd fleet pause``). While any node carries one, no
+    node drains; ``gpuwatchd fleet reset`` takes them all off."""
+
+    node: str
+    what: str  # tripped | paused
+    at: float
+    xid: str | None = None
+
+    @property
+    def text(self) -> str:
+        return f"{MARK_PREFIX} {self.what} at {self.at:.3f}" + (
+            f" xid {self.xid}" if self.xid else ""
+        )
+
+    @classmethod
+    def parse(cls, node: str, text: str) -> Mark | None:
+        at = text.find(MARK_PREFIX)
+        if at < 0:
+            return None
+        end = text.find(CLAIM_PREFIX, at)
+        part = text[at : end if end >= 0 else len(text)].strip().removesuffix(";").strip()
+        m = _MARK_RE.fullmatch(part)
+        if m is None:
+            return None
+        return cls(node, m.group("what"), float(m.group("at")), m.group("xid"))
+
+
+@dataclass(frozen=True)
 class Census:
     nodes: int  # nodes the scheduler knows (in the partition or selector)
     drains: tuple[FleetDrain, ...]  # the nodes drained by gpuwatchd
     claims: tuple[Claim, ...] = ()  # claims on places (a claiming view's full census)
     full: bool = True  # False: a cheap census that shows drains only, not claims
+    marks: tuple[Mark, ...] = ()  # fleet-wide stops (breaker tripped, paused)
 
 
 class FleetView(Protocol):
@@ -119,6 +162,8 @@ class FleetView(Protocol):
 
     def write_claim(self, node: str, claim: Claim | None) -> None: ...
 
+    def write_mark(self, node: str, mark: Mark | None) -> None: ...
+
 
 @dataclass(frozen=True)
 class Verdict:
@@ -127,9 +172,21 @@ class Verdict:
     limit: int
     nodes: int
     census: Census
+    tripped: bool = False  # this check tripped the breaker and is the one to page
+
+    @property
+    def stopped(self) -> str | None:
+        """Why draining is stopped fleet-wide (None: it is not)."""
+        if not self.census.marks:
+            return None
+        m = min(self.census.marks, key=lambda m: (m.at, m.node))
+        how = "paused by an operator" if m.what == "paused" else "stopped by the breaker"
+        return f"fleet draining {how} (on {m.node}); `gpuwatchd fleet reset` resumes it"
 
     @property
     def detail(self) -> str:
+        if self.stopped:
+            return self.stopped
         return (
             f"{self.count} of a budget of {self.limit} nodes drained or claimed by gpuwatchd "
             f"({self.nodes} nodes known to the scheduler)"
@@ -220,7 +277,14 @@ class Wait:
     seconds: float
 
 
-Op = Read | Write | Wait
+@dataclass(frozen=True)
+class WriteMark:
+    """Operation: put a fleet-wide stop on this node."""
+
+    mark: Mark
+
+
+Op = Read | Write | Wait | WriteMark
 
 
 def claim_protocol(
@@ -239,15 +303,18 @@ def claim_protocol(
     yield Write(Claim(node, None, now(), xid))
     census = yield Read(full=True)
     assert census is not None
+    if census.marks:  # the fleet is stopped: no drain until an operator resets it
+        yield Write(None)
+        return Verdict(False, 0, limit, census.nodes, census)
     ticket = next_ticket(census, now())
     yield Write(Claim(node, ticket, now(), xid))
     started = now()
     census = yield Read(full=True)
     assert census is not None
-    waiting = {c.node for c in live_claims(census, now()).values() if c.ticket is None}
+    waiting = {c.node for c in live_claims(census, now()).values() if c.choosing}
     waiting.discard(node)
     while True:
-        choosing = {c.node for c in live_claims(census, now()).values() if c.ticket is None}
+        choosing = {c.node for c in live_claims(census, now()).values() if c.choosing}
         waiting &= choosing
         if not waiting:
             break
@@ -259,10 +326,22 @@ def claim_protocol(
         assert census is not None
     limit = limit_for(cfg, census.nodes)
     ahead = ahead_of(census, node, ticket, cfg, now())
-    if len(ahead) < limit and now() - started <= ADMIT_WITHIN:
+    # a breaker tripped after our ticket was taken stops the nodes behind us, not us: those
+    # within the budget still drain (an operator's pause stops everyone)
+    paused = any(m.what == "paused" for m in census.marks)
+    if not paused and len(ahead) < limit and now() - started <= ADMIT_WITHIN:
         return Verdict(True, len(ahead), limit, census.nodes, census)
     yield Write(None)
-    return Verdict(False, len(ahead), limit, census.nodes, census)
+    if census.marks or not cfg.breaker or len(ahead) < limit:
+        return Verdict(False, len(ahead), limit, census.nodes, census)
+    # more nodes want to drain at once than the budget allows: trip the breaker; of the
+    # nodes that tripped it together, the first by name pages
+    yield WriteMark(Mark(node, "tripped", now(), xid))
+    yield Wait(TRIP_SETTLE)  # others that read no mark a moment ago write theirs now
+    census = yield Read(full=True)
+    assert census is not None
+    first = min((m.node for m in census.marks if m.what == "tripped"), default=node)
+    return Verdict(False, len(ahead), limit, census.nodes, census, tripped=first == node)
 
 
 def xid_of_reason(reason: str) -> str | None:
@@ -344,6 +423,8 @@ class FleetBudget:
                     answer = self.view.census(full=op.full)
                 elif isinstance(op, Write):
                     self.view.write_claim(self.node, op.claim)
+                elif isinstance(op, WriteMark):
+                    self.view.write_mark(self.node, op.mark)
                 else:
                     self.sleep(op.seconds)
         except StopIteration as done:

@@ -43,7 +43,7 @@ import httpx
 import yaml
 
 from gpuwatchd.actions.drivers import DrainError, DrainResult, Gate
-from gpuwatchd.actions.fleet import Census, Claim, FleetDrain
+from gpuwatchd.actions.fleet import Census, Claim, FleetDrain, Mark
 from gpuwatchd.config.actions import FleetDrainConfig, KubernetesDrainConfig
 
 log = logging.getLogger(__name__)
@@ -404,6 +404,9 @@ class KubeFleetView:
 
     def write_claim(self, node: str, claim: Claim | None) -> None:
         raise NotImplementedError("the Lease is the claim: reserve and release")
+
+    def write_mark(self, node: str, mark: Mark | None) -> None:
+        raise NotImplementedError("the fleet breaker is for Slurm")
 
 
 class KubernetesDriver:

@@ -148,17 +148,20 @@ def parse_request(data: bytes, node: str) -> Request:
 
 
 def _claim_text(value: Any) -> str:
-    from gpuwatchd.actions.fleet import Claim
+    from gpuwatchd.actions.fleet import Claim, Mark
 
     if value == "":
         return ""
-    if not isinstance(value, str) or len(value) > 80 or Claim.parse("-", value) is None:
-        raise RequestError("claim must be empty or 'gpuwatchd-claim: choosing|ticket N at SECONDS'")
-    claim = Claim.parse("-", value)
-    assert claim is not None
-    if claim.text != value:
-        raise RequestError(f"claim must be written as {claim.text!r}")
-    return value
+    if isinstance(value, str) and len(value) <= 80:
+        parsed: Claim | Mark | None = Claim.parse("-", value)
+        if parsed is None and value.startswith("gpuwatchd-fleet: tripped "):
+            parsed = Mark.parse("-", value)  # the breaker, tripped (only a reset undoes it)
+        if parsed is not None and parsed.text == value:
+            return value
+    raise RequestError(
+        "claim must be empty, 'gpuwatchd-claim: choosing|ticket N at SECONDS [xid N]' or "
+        "'gpuwatchd-fleet: tripped at SECONDS [xid N]', written exactly so"
+    )
 
 
 # -- the actions ----------------------------------------------------------------------------
@@ -261,11 +264,17 @@ def perform(cfg: HelperConfig, req: Request, run: Runner = _run) -> tuple[bool, 
 def _claim(cfg: HelperConfig, req: Request) -> tuple[bool, str]:
     if cfg.mode != "slurm":
         return False, f"claim: the fleet budget's claims are for mode slurm, not {cfg.mode}"
-    from gpuwatchd.actions.drivers import DrainError, put_claim
-    from gpuwatchd.actions.fleet import Claim
+    from gpuwatchd.actions.drivers import DrainError, put_claim, put_mark
+    from gpuwatchd.actions.fleet import Claim, Mark
 
     try:
-        put_claim(cfg.scontrol, cfg.sinfo, cfg.timeout, cfg.node, Claim.parse(cfg.node, req.claim))
+        mark = Mark.parse(cfg.node, req.claim)
+        if mark is not None:
+            put_mark(cfg.scontrol, cfg.sinfo, cfg.timeout, cfg.node, mark)
+        else:
+            put_claim(
+                cfg.scontrol, cfg.sinfo, cfg.timeout, cfg.node, Claim.parse(cfg.node, req.claim)
+            )
     except DrainError as exc:
         return False, f"claim failed: {exc}"
     return True, f"claim: {req.claim or 'taken off'}"

@@ -184,6 +184,9 @@ class FleetDrainConfig:
     window: float | None = None  # count only drains younger than this (None: every drain)
     recheck: float = 60.0  # how often an incident held back by the budget asks again
     jitter: float = 1.0  # a drain's first check waits up to this (random): storms spread
+    # Slurm: when more nodes want to drain at once than the budget allows, stop draining
+    # fleet-wide until an operator runs ``gpuwatchd fleet reset``
+    breaker: bool = False
     correlate: float = 600.0  # the same XID on several nodes within this is named as such
     # drain.mode exec only: who counts the fleet. "slurm" (the default with exec): the daemon
     # runs sinfo itself (no privilege needed) while claims, drains and resumes go through
@@ -763,6 +766,8 @@ def _read_fleet(r: Reader, node: Node, what: str) -> FleetDrainConfig | None:
             value = _duration(r, value_node, where, positive=True)
         elif key == "jitter":
             value = _duration(r, value_node, where)
+        elif key == "breaker":
+            value = r.boolean(value_node, where)
         elif key == "census":
             value = r.string(value_node, where)
             if value is not None and value != "slurm":
