@@ -44,6 +44,7 @@ class Cluster:
         self.events: list[dict[str, Any]] = []
         self.cordoned_most = 0
         self.lease_conflicts = 0
+        self.node_lists: list[dict[str, list[str]]] = []  # the queries of node lists
 
     def _next(self) -> str:
         self.rv += 1
@@ -73,8 +74,13 @@ class Cluster:
         with self.lock:
             if method == "GET" and url.path == "/api/v1/nodes":
                 query = urllib.parse.parse_qs(url.query)
-                assert query == {"labelSelector": ["nvidia.com/gpu.present=true"]}, query
-                return 200, {"kind": "NodeList", "items": list(self.nodes.values())}
+                self.node_lists.append(dict(query))
+                assert query.pop("labelSelector") == ["nvidia.com/gpu.present=true"], query
+                items = list(self.nodes.values())
+                if query.pop("fieldSelector", None) == ["spec.unschedulable=true"]:
+                    items = [i for i in items if i["spec"].get("unschedulable")]
+                assert query == {}, query
+                return 200, {"kind": "NodeList", "items": items}
             if url.path.startswith("/api/v1/nodes/"):
                 node = self.nodes.get(parts[4])
                 if node is None:
@@ -255,6 +261,10 @@ def test_fifty_daemons_take_exactly_the_budget_through_the_lease(
         assert cluster.nodes["gpu-50"]["metadata"]["annotations"] == {}
         places = json.loads(cluster.leases[LEASE]["metadata"]["annotations"][PLACES])
         assert sorted(places) == ours
+        # issue 28: the annotations are read only from the cordoned nodes (a field selector),
+        # never from a list of every Node object (tens of MB at 10,000 nodes)
+        with_fields = [q for q in cluster.node_lists if "fieldSelector" in q]
+        assert with_fields and len(with_fields) * 2 == len(cluster.node_lists)
         print(f"lease writes refused as stale: {cluster.lease_conflicts}")
         budget = [
             a
