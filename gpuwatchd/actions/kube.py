@@ -579,8 +579,24 @@ class KubernetesDriver:
             add_taint = self.cfg.taint and not any(
                 t.get("key") == self.cfg.taint_key for t in taints
             )
+            # our record of an earlier cordon (an operator uncordoned, we cordon again): a
+            # taint that record says is ours stays ours, so that the resume takes it off
+            try:
+                before = json.loads(annotations.get(ANNOTATION) or "{}")
+            except ValueError:
+                before = {}
+            kept = (
+                isinstance(before, dict)
+                and before.get("taint") is True
+                and any(t.get("key") == self.cfg.taint_key for t in taints)
+            )
             record = json.dumps(
-                {"reason": reason, "cordoned": True, "taint": add_taint, "at": self._now()},
+                {
+                    "reason": reason,
+                    "cordoned": True,
+                    "taint": add_taint or kept,
+                    "at": self._now(),
+                },
                 sort_keys=True,
             )
             ops: list[dict[str, Any]] = [
