@@ -375,6 +375,38 @@ def test_silenced_gpu_is_not_drained(tmp_path: Path) -> None:
         sink.close()
 
 
+def test_a_drain_held_by_a_silence_happens_when_it_ends(tmp_path: Path) -> None:
+    """Issue 24: after a silence ended, a drain rule still firing paged (the notifier
+    re-sends it) but never drained: its incident stayed 'silenced' for good. Now, once no
+    silence covers it and it still fires, it drains (after its grace, counted from then)."""
+    script, log = hook(tmp_path)
+    clock = VirtualClock(1_767_225_600.0)
+    cfg = exec_config(tmp_path, script)
+    os.makedirs(cfg.state_dir, exist_ok=True)
+    add_silence(
+        path_in(cfg.state_dir),
+        node="node17",
+        gpu=None,
+        rule=None,
+        duration=600,
+        reason="maintenance",
+        author="t",
+        now=clock.now(),
+    )
+    sink = sink_for(cfg, clock)
+    try:
+        sink.deliver([transition(at=clock.now(), drain=True, gpu=3)], clock.now())
+        sink.run_pending()
+        assert calls(log) == []
+        assert sink.status()["drain"]["incidents"][0]["state"] == "silenced"
+        clock.advance(601)  # the silence is over; GPU 3 still has its XID 79
+        sink.run_pending()
+        assert [c["GPUWATCHD_GPU"] for c in calls(log)] == ["3"]  # main: no drain
+        assert sink.status()["drain"]["state"] == "drained"
+    finally:
+        sink.close()
+
+
 def test_drain_survives_a_restart_mid_grace(tmp_path: Path) -> None:
     script, log = hook(tmp_path)
     clock = VirtualClock(1_767_225_600.0)

@@ -257,6 +257,7 @@ class DrainController:
     def step(self, now: float) -> float | None:
         """Do what is due; returns when there is more to do (None: nothing scheduled)."""
         pages: list[AlertTransition] = []
+        self._unsilence(now)
         for inc in self._incidents("state=? AND notified=0 AND drain_at > opened", (PENDING,)):
             self._notify(inc)
         for inc in self._incidents(
@@ -282,6 +283,22 @@ class DrainController:
         if pages:
             self.page(pages)
         return self._next_due(now)
+
+    def _unsilence(self, now: float) -> None:
+        """A drain a silence held back, whose alert still fires once no silence covers it
+        any more: it is due now (after its grace, counted from now)."""
+        if self.silenced_by is None:
+            return
+        for inc in self._incidents("state='silenced' AND resolved IS NULL"):
+            if self.silenced_by(inc["record"], now) is not None:
+                continue
+            with self.store.tx() as conn:
+                conn.execute(
+                    "UPDATE incidents SET state=?, closed=NULL, drain_at=?, next_attempt=0 "
+                    "WHERE key=? AND state='silenced'",
+                    (PENDING, now + self.grace_for(inc["record"]), inc["key"]),
+                )
+            log.warning("drain for %s: the silence is over and it still fires", inc["reason"])
 
     def _notify(self, inc: dict[str, Any]) -> None:
         with self.store.tx() as conn:
