@@ -520,3 +520,32 @@ def test_notify_command_runs_once_per_drain(tmp_path: Path) -> None:
         assert len(calls(notify_log)) == 1
     finally:
         sink.close()
+
+
+def test_simulate_records_one_drain_for_a_fallen_off_bus_cascade(tmp_path: Path) -> None:
+    """Issue 24: ``simulate`` recorded two drains for one fallen-off-bus cascade (XID 79,
+    then GPU lost) and, with ``max_drains: 1``, rate-limited the second, where the daemon
+    says "already" (the node is drained by gpuwatchd). Now simulate says what the daemon
+    does: one drain, then "already"."""
+    import subprocess
+
+    from conftest import GPUWATCHD, ROOT
+
+    cfg = tmp_path / "sim.yaml"
+    cfg.write_text(
+        f"node_name: sim\nstate_dir: {tmp_path / 'state'}\ndrain: {{mode: slurm, max_drains: 1}}\n"
+    )
+    out = subprocess.run(
+        [*GPUWATCHD, "simulate", str(ROOT / "scenarios" / "fallen-off-bus.yaml"), "-c", str(cfg)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+        check=True,
+    ).stdout
+    drains = [
+        r
+        for r in map(json.loads, out.splitlines())
+        if r.get("record") == "drain" and r["action"] == "drain"
+    ]
+    assert [d["result"] for d in drains] == ["dry_run", "already"], drains  # main: rate_limited

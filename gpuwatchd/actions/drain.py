@@ -336,9 +336,16 @@ class DrainController:
         row = self.store.query("SELECT value FROM meta WHERE key=?", (name,))
         return str(row[0][0]) if row and row[0][0] is not None else None
 
+    @property
+    def _pretend(self) -> bool:
+        """Drains are not done, only said (dry-run; ``simulate``'s recording driver)."""
+        return self.cfg.dry_run or bool(getattr(self.driver, "recording", False))
+
     def _dry_run_drained(self) -> str | None:
-        """In dry-run: the reason of the drain gpuwatchd would hold now (None: none)."""
-        if not self.cfg.dry_run:
+        """In dry-run (and ``simulate``): the reason of the drain gpuwatchd would hold now
+        (None: none). A cascade's later alerts find it "already" drained, as the daemon
+        does."""
+        if not self._pretend:
             return None
         return self._meta("dry_run_drained") or None
 
@@ -456,7 +463,7 @@ class DrainController:
                     "resume_attempts=0, next_attempt=0, last_result=? WHERE id=1",
                     (inc["reason"], now, result.result),
                 )
-            if self.cfg.dry_run and result.result == "dry_run":
+            if self._pretend and result.result == "dry_run":
                 Store.set_meta(conn, "dry_run_drained", inc["reason"])
         self._record("drain", inc, result)
         return pages

@@ -572,6 +572,7 @@ class RecordDriver:
     """``simulate``: never touches the scheduler; says what it would have done."""
 
     reads_state = False
+    recording = True  # the controller treats its drains as a dry run's
 
     def __init__(self, mode: str) -> None:
         self.mode = mode
