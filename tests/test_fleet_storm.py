@@ -4,9 +4,10 @@ A real slurmctld (tests/slurm_support.py: auth/none, loopback, state in a temp d
 NODES + 1 nodes, and NODES real ``gpuwatchd run`` processes, one per node, each on the
 scenario backend (one GPU) and following its own kmsg file. The same XID 79 is written into
 every file within one second; each daemon's rule fires and asks for a drain, with a fleet
-budget of 10 %. The controller is sampled every 100 ms while the storm lasts: never more
-than the budget of nodes drained by gpuwatchd at any moment, and, once every daemon has
-decided, exactly the budget.
+budget of 10 %. Half a second later slurmctld stops (saving its state) and comes back 3 s
+later. The controller is sampled every 100 ms while it answers: never more than the budget
+of nodes drained by gpuwatchd at any moment, and, once every daemon has decided, exactly
+the budget, each held drained by its own daemon (no stray drain).
 
 CPU: the daemons run with the smallest config that drains (one GPU, polls every 30 s, no
 NVML worker process, no receivers, no per-link metrics); they are started in small
@@ -16,11 +17,13 @@ changes the size (bench/fleet_storm.py runs the large ones)."""
 from __future__ import annotations
 
 import os
+import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from conftest import Proc, need_binary
 from fault_support import Daemon, KmsgFile
 from slurm_support import Slurm, start_slurm
 
@@ -72,20 +75,46 @@ drain:
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Slurm]:
+def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Slurm, list[Proc]]]:
     found, procs = start_slurm(tmp_path_factory.mktemp("storm"), extra=NODES)
     try:
-        yield found
+        yield found, procs
     finally:
         for p in reversed(procs):
             p.stop()
+
+
+def restart_slurmctld(cluster: Slurm, procs: list[Proc], down: float) -> None:
+    """Stop slurmctld (it saves its state), stay down ``down`` seconds, start it again from
+    the saved state (no ``-c``: drains and Comments come back)."""
+    work = Path(cluster.env["SLURM_CONF"]).parent
+    procs[0].stop()
+    time.sleep(down)
+    procs[0] = Proc([need_binary("slurmctld"), "-D"], work / "ctld-restarted.out", cluster.env)
+
+
+def sample(cluster: Slurm) -> int | None:
+    """gpuwatchd's drains as the controller has them now (None: it does not answer)."""
+    res = subprocess.run(
+        ["sinfo", "--noheader", "--list-reasons", "--Node", "--format", "%E"],
+        env=cluster.env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    if res.returncode != 0:
+        return None
+    return sum(1 for line in res.stdout.splitlines() if line.startswith(PREFIX))
 
 
 def drained(cluster: Slurm) -> list[str]:
     return sorted(n for n, r in cluster.reasons().items() if r.startswith(PREFIX))
 
 
-def test_real_daemons_never_drain_above_the_budget(cluster: Slurm, tmp_path: Path) -> None:
+def test_real_daemons_never_drain_above_the_budget(
+    slurm: tuple[Slurm, list[Proc]], tmp_path: Path
+) -> None:
+    cluster, procs = slurm
     rules = tmp_path / "rules.yaml"
     rules.write_text(RULES)
     scenario = tmp_path / "one-gpu.yaml"
@@ -128,10 +157,15 @@ def test_real_daemons_never_drain_above_the_budget(cluster: Slurm, tmp_path: Pat
                     n += 1
             return n
 
+        # slurmctld restarts mid-storm: down for 3 s while the daemons claim and drain
+        time.sleep(0.5)
+        restart_slurmctld(cluster, procs, 3.0)
         deadline = time.monotonic() + 300.0
-        next_look = 0.0
+        next_look = time.monotonic() + 5.0
         while True:
-            samples.append(len(drained(cluster)))
+            count = sample(cluster)
+            if count is not None:
+                samples.append(count)
             if time.monotonic() >= next_look:
                 if decided() == len(daemons):
                     break
@@ -146,6 +180,13 @@ def test_real_daemons_never_drain_above_the_budget(cluster: Slurm, tmp_path: Pat
         )
         assert max(samples) <= BUDGET, samples
         assert len(final) == BUDGET, final
+        # no stray drain: every drained node is one whose daemon holds it drained
+        holding = [
+            node
+            for node, d in zip(cluster.others, daemons, strict=True)
+            if d.status()["drain"]["state"] == "drained"
+        ]
+        assert sorted(holding) == final, (holding, final)
     finally:
         for d in daemons:
             if d.proc is not None and d.proc.poll() is None:
