@@ -100,7 +100,8 @@ class Claim:
 
 @dataclass(frozen=True)
 class Mark:
-    """A fleet-wide stop (Slurm: in a node's ``Comment``, before any claim): ``tripped`` by
+    """A fleet-wide stop (Slurm: in a node's ``Comment``, before any claim; Kubernetes: in
+    the budget's Lease): ``tripped`` by
     the breaker when more nodes wanted to drain at once than the budget allows, or
     ``paused`` by an operator (``gpuwatchd fleet pause``). While any node carries one, no
     node drains; ``gpuwatchd fleet reset`` takes them all off."""
@@ -408,10 +409,14 @@ class FleetBudget:
             taken, places = self.view.reserve(self.node, limit, census, reason)
             # the places include drains whose cordon does not show yet
             seen = {d.node for d in census.drains}
+            stop = getattr(self.view, "stop", None)
             both = Census(
-                census.nodes, census.drains + tuple(p for p in places if p.node not in seen)
+                census.nodes,
+                census.drains + tuple(p for p in places if p.node not in seen),
+                marks=(stop,) if stop is not None and not taken else (),
             )
-            self.last = Verdict(taken, len(places), limit, census.nodes, both)
+            tripped = bool(getattr(self.view, "tripped", False))
+            self.last = Verdict(taken, len(places), limit, census.nodes, both, tripped=tripped)
             return self.last
         steps = claim_protocol(self.cfg, self.node, self.wall, xid_of_reason(reason))
         answer: Census | None = None

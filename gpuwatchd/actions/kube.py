@@ -43,7 +43,7 @@ import httpx
 import yaml
 
 from gpuwatchd.actions.drivers import DrainError, DrainResult, Gate
-from gpuwatchd.actions.fleet import Census, Claim, FleetDrain, Mark
+from gpuwatchd.actions.fleet import Census, Claim, FleetDrain, Mark, xid_of_reason
 from gpuwatchd.config.actions import FleetDrainConfig, KubernetesDrainConfig
 
 log = logging.getLogger(__name__)
@@ -268,6 +268,24 @@ PLACES = "gpuwatchd.io/drained-nodes"
 PLACE_TTL = 300.0  # seconds a place taken for a drain that never showed up is kept
 MAX_CLOCK_SKEW = 300.0  # a place stamped further ahead than this is not believed
 LEASE_RETRIES = 32  # each stale write means another daemon's went through
+STOP = "gpuwatchd.io/fleet-stop"  # in the Lease: the fleet's drains are stopped
+
+
+def _stop_of(annotations: Mapping[str, Any]) -> Mark | None:
+    try:
+        raw = json.loads(annotations.get(STOP) or "null")
+    except ValueError:
+        return None
+    if not isinstance(raw, dict) or raw.get("what") not in ("tripped", "paused"):
+        return None
+    at = raw.get("at")
+    xid = raw.get("xid")
+    return Mark(
+        str(raw.get("node", ""))[:253],
+        str(raw["what"]),
+        float(at) if isinstance(at, int | float) else 0.0,
+        str(xid) if isinstance(xid, int | str) and str(xid).isdigit() else None,
+    )
 
 
 class KubeFleetView:
@@ -286,6 +304,8 @@ class KubeFleetView:
         self.wall = wall
         ns = urllib.parse.quote(cfg.budget_namespace, safe="")
         self.leases = f"/apis/coordination.k8s.io/v1/namespaces/{ns}/leases"
+        self.stop: Mark | None = None  # the fleet stop in the Lease at the last read
+        self.tripped = False  # the last reserve tripped the breaker (and wrote the stop)
 
     def _list(self, cordoned: bool) -> list[dict[str, Any]]:
         query = {"labelSelector": self.fleet.selector} if self.fleet.selector else {}
@@ -333,6 +353,7 @@ class KubeFleetView:
         if status != 200:
             raise DrainError(f"GET lease {LEASE}: HTTP {status} {data.get('message', '')}")
         meta = data.get("metadata") or {}
+        self.stop = _stop_of(meta.get("annotations") or {})
         try:
             raw = json.loads((meta.get("annotations") or {}).get(PLACES, "{}"))
         except ValueError:
@@ -345,14 +366,22 @@ class KubeFleetView:
         return str(meta.get("resourceVersion", "")), places
 
     def _write(self, rv: str | None, places: dict[str, dict[str, Any]]) -> bool:
-        """Write the places; False when someone else wrote first (read again)."""
+        """Write the places (and the stop, if any); False when someone else wrote first
+        (read again)."""
+        annotations = {PLACES: json.dumps(places, sort_keys=True)}
+        if self.stop is not None:
+            annotations[STOP] = json.dumps(
+                {"what": self.stop.what, "node": self.stop.node, "at": self.stop.at,
+                 "xid": self.stop.xid},
+                sort_keys=True,
+            )  # fmt: skip
         body: dict[str, Any] = {
             "apiVersion": "coordination.k8s.io/v1",
             "kind": "Lease",
             "metadata": {
                 "name": LEASE,
                 "namespace": self.cfg.budget_namespace,
-                "annotations": {PLACES: json.dumps(places, sort_keys=True)},
+                "annotations": annotations,
             },
             "spec": {},
         }
@@ -371,6 +400,7 @@ class KubeFleetView:
         self, node: str, limit: int, census: Census, reason: str
     ) -> tuple[bool, tuple[FleetDrain, ...]]:
         drained = {d.node for d in census.drains}
+        self.tripped = False
 
         def listed(places: dict[str, dict[str, Any]]) -> tuple[FleetDrain, ...]:
             return tuple(FleetDrain(n, p["at"], p["reason"]) for n, p in sorted(places.items()))
@@ -400,8 +430,16 @@ class KubeFleetView:
                     kept[d.node] = {"at": since, "reason": d.reason}
             if node in kept:
                 return True, listed(kept)
+            if self.stop is not None:  # the fleet is stopped: no new place
+                return False, listed(kept)
             if len(kept) >= limit:
-                if kept != places:
+                if self.fleet.breaker:  # more want to drain than the budget: trip it
+                    self.stop = Mark(node, "tripped", now, xid_of_reason(reason))
+                    if not self._write(rv, kept):
+                        self.stop = None
+                        continue  # someone else wrote first: read again (they may have)
+                    self.tripped = True
+                elif kept != places:
                     self._write(rv, kept)  # tidy up; a lost race here changes nothing
                 return False, listed(kept)
             kept[node] = {"at": now, "reason": reason}
@@ -424,7 +462,21 @@ class KubeFleetView:
         raise NotImplementedError("the Lease is the claim: reserve and release")
 
     def write_mark(self, node: str, mark: Mark | None) -> None:
-        raise NotImplementedError("the fleet breaker is for Slurm")
+        """Stop the fleet (a pause, a tripped breaker) or, with None, take the stop off:
+        in the Lease, next to the places."""
+        for _ in range(LEASE_RETRIES):
+            rv, places = self._read()
+            if mark is None and self.stop is None:
+                return
+            self.stop = mark
+            if self._write(rv, places):
+                return
+        raise DrainError(f"lease {LEASE} kept changing; gave up after {LEASE_RETRIES} tries")
+
+    def marks(self) -> tuple[Mark, ...]:
+        """The stop as the Lease has it now."""
+        self._read()
+        return (self.stop,) if self.stop is not None else ()
 
 
 class KubernetesDriver:

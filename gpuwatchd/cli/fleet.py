@@ -1,13 +1,16 @@
 """``gpuwatchd fleet status|pause|reset``: the fleet drain budget seen from the scheduler.
 
-For operators (Slurm; the commands run ``sinfo`` and, for pause and reset, ``scontrol`` as
-the configured ``drain.slurm`` programs, so they need a Slurm admin, like any drain):
+For operators. Slurm: the commands run ``sinfo`` and, for pause and reset, ``scontrol`` as
+the configured ``drain.slurm`` programs, so they need a Slurm admin, like any drain.
+Kubernetes (``drain.mode: kubernetes``): the stop lives in the budget's Lease, written with
+the configured kubeconfig.
 
     gpuwatchd fleet status [--json]   budget, gpuwatchd's drains, claims, stops
     gpuwatchd fleet pause             no gpuwatchd drains anywhere until a reset
     gpuwatchd fleet reset             take every stop off (a paused fleet, a tripped breaker)
 
-A stop is a ``gpuwatchd-fleet:`` mark in a node's ``Comment`` (docs/fleet.md, "The breaker").
+A stop is a ``gpuwatchd-fleet:`` mark in a node's ``Comment`` (Kubernetes: the Lease's
+``gpuwatchd.io/fleet-stop`` annotation); docs/fleet.md, "The breaker".
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import argparse
 import json
 import sys
 import time
+from dataclasses import replace
 from typing import Any
 
 from gpuwatchd.config.loader import Config, load_config
@@ -29,19 +33,31 @@ def _config(args: argparse.Namespace) -> Config:
 
 
 def _view(config: Config) -> Any:
-    from gpuwatchd.actions.drivers import SlurmDriver
-
     drain = config.drain
     node = drain.node or config.node_name
+    if drain.mode == "kubernetes":
+        from gpuwatchd.actions.kube import KubeClient, KubernetesDriver
+
+        client = KubeClient.from_config(drain.kubernetes, drain.timeout)
+        return KubernetesDriver(client, node, drain.kubernetes, time.time).fleet_view(drain.fleet)
+    from gpuwatchd.actions.drivers import SlurmDriver
+
     driver = SlurmDriver(node, drain.timeout, drain.slurm.scontrol, drain.slurm.sinfo)
     return driver.fleet_view(drain.fleet)
+
+
+def _census(view: Any) -> Any:
+    """A full census, with the fleet's stops (Kubernetes keeps them in the Lease)."""
+    census = view.census(full=True)
+    marks = getattr(view, "marks", None)
+    return replace(census, marks=marks()) if marks is not None else census
 
 
 def cmd_status(args: argparse.Namespace) -> int:
     from gpuwatchd.actions.fleet import limit_for, live_claims
 
     config = _config(args)
-    census = _view(config).census(full=True)
+    census = _census(_view(config))
     now = time.time()
     claims = live_claims(census, now)
     fleet = config.drain.fleet
@@ -81,7 +97,7 @@ def cmd_pause(args: argparse.Namespace) -> int:
 def cmd_reset(args: argparse.Namespace) -> int:
     config = _config(args)
     view = _view(config)
-    census = view.census(full=True)
+    census = _census(view)
     for m in census.marks:
         view.write_mark(m.node, None)
         print(f"took the {m.what} mark off {m.node}")
@@ -109,10 +125,11 @@ def add_parser(
 ) -> argparse.ArgumentParser:
     top = subparsers.add_parser(
         "fleet",
-        help="the fleet drain budget: status, pause, reset the breaker (Slurm)",
-        description="Read the fleet drain budget from Slurm, pause gpuwatchd's drains on "
-        "every node, or reset a paused fleet or a tripped breaker. Pause and reset write "
-        "node Comments with scontrol: run them as a Slurm admin.",
+        help="the fleet drain budget: status, pause, reset the breaker",
+        description="Read the fleet drain budget from the scheduler, pause gpuwatchd's "
+        "drains on every node, or reset a paused fleet or a tripped breaker. Slurm: pause "
+        "and reset write node Comments with scontrol (run them as a Slurm admin); "
+        "Kubernetes: the budget's Lease.",
     )
     sub = top.add_subparsers(dest="fleet_command", metavar="FLEET_COMMAND", required=True)
 

@@ -184,7 +184,7 @@ class FleetDrainConfig:
     window: float | None = None  # count only drains younger than this (None: every drain)
     recheck: float = 60.0  # how often an incident held back by the budget asks again
     jitter: float = 1.0  # a drain's first check waits up to this (random): storms spread
-    # Slurm: when more nodes want to drain at once than the budget allows, stop draining
+    # when more nodes want to drain at once than the budget allows, stop draining
     # fleet-wide until an operator runs ``gpuwatchd fleet reset``
     breaker: bool = False
     correlate: float = 600.0  # the same XID on several nodes within this is named as such
