@@ -449,6 +449,7 @@ class DrainController:
         pages = self._failing_resolved(inc, now)
         if result.result == OVER_BUDGET:
             return pages + self._over_budget(inc, now, result)
+        self._held_times.pop(inc["key"], None)
         self._hold_next = now + self.cfg.hold_interval
         with self.store.tx() as conn:
             conn.execute(
