@@ -13,7 +13,9 @@ claim writes that fail. For every timing the model allows:
   are tried again.
 
 The old protocol (drain, re-count, release; docs/fleet.md before issue 28) held only the
-end state: 121 of 500 drained at once in this model's 1-second storm."""
+end state: issue 28 measured 121 of 500 drained at once in the old model's 1-second storm.
+This model fails on a protocol that counts only drains (not claims) and on a bakery that
+does not wait for choosing nodes (both checked by hand when it was written)."""
 
 from __future__ import annotations
 
