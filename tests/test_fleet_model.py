@@ -232,7 +232,7 @@ def test_the_breaker_stops_everyone_behind_the_budget(
 ) -> None:
     """With the breaker on, a storm larger than the budget trips it: the nodes whose claims
     were within the budget still drain, nobody else does, ever (no reset in the model).
-    (A node refused by the first cheap census, the budget already full, does not trip it.)"""
+    (A node that finds the budget already full of drains trips it too.)"""
     ctl, _ = storm(n, budget, seed, spread=spread, breaker=True)
     assert len(ctl.drained) <= budget
     if n <= budget:

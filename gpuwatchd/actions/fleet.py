@@ -295,11 +295,16 @@ def claim_protocol(
     operations; a ``Read`` is answered with a census, the others with None. A refusal
     leaves no claim behind; an admission leaves the claim, which the drain keeps until
     the resume takes it off (``FleetView.release``)."""
-    census = yield Read(full=False)
+    # with the breaker on, the first census is a full one: it must see a stop on any node
+    census = yield Read(full=cfg.breaker)
     assert census is not None
     limit = limit_for(cfg, census.nodes)
     drains = [d for d in counted(census.drains, cfg, now()) if d.node != node]
+    if census.marks:  # the fleet is stopped: nothing written
+        return Verdict(False, len(drains), limit, census.nodes, census)
     if len(drains) >= limit:  # full already: no claim written, no further read
+        if cfg.breaker:  # and one more wants to drain: trip it
+            return (yield from _trip(node, xid, now, len(drains), limit))
         return Verdict(False, len(drains), limit, census.nodes, census)
     yield Write(Claim(node, None, now(), xid))
     census = yield Read(full=True)
@@ -335,14 +340,20 @@ def claim_protocol(
     yield Write(None)
     if census.marks or not cfg.breaker or len(ahead) < limit:
         return Verdict(False, len(ahead), limit, census.nodes, census)
-    # more nodes want to drain at once than the budget allows: trip the breaker; of the
-    # nodes that tripped it together, the first by name pages
+    return (yield from _trip(node, xid, now, len(ahead), limit))
+
+
+def _trip(
+    node: str, xid: str | None, now: Callable[[], float], ahead: int, limit: int
+) -> Generator[Op, Census | None, Verdict]:
+    """More nodes want to drain than the budget allows: trip the breaker. Of the nodes
+    that trip it together, the first by name pages."""
     yield WriteMark(Mark(node, "tripped", now(), xid))
     yield Wait(TRIP_SETTLE)  # others that read no mark a moment ago write theirs now
     census = yield Read(full=True)
     assert census is not None
     first = min((m.node for m in census.marks if m.what == "tripped"), default=node)
-    return Verdict(False, len(ahead), limit, census.nodes, census, tripped=first == node)
+    return Verdict(False, ahead, limit, census.nodes, census, tripped=first == node)
 
 
 def xid_of_reason(reason: str) -> str | None:
