@@ -47,7 +47,15 @@ class UsageParser(argparse.ArgumentParser):
 
 
 # Modules that add subcommands: each has ``add_parser(subparsers)`` and sets ``func``.
-COMMAND_MODULES: tuple[str, ...] = ("xid", "drainhelper", "silence", "rules", "backtest", "check")
+COMMAND_MODULES: tuple[str, ...] = (
+    "xid",
+    "drainhelper",
+    "silence",
+    "fleet",
+    "rules",
+    "backtest",
+    "check",
+)
 # Commands built here, in main.py: ``run`` then needs none of the modules above (the
 # daemon's memory is measured against a bare pynvml process; see docs/PERFORMANCE.md).
 OWN_COMMANDS = frozenset({"run", "demo", "simulate", "check-config", "status"})
