@@ -183,3 +183,11 @@ def test_xid_scan_rates_sxid_lines_from_journal_files(tmp_path: Path) -> None:
         ("sxid", 20034, "critical"),
         ("sxid", 20034, "unknown"),
     ]
+
+
+def test_an_sxid_page_carries_no_terminal_escape() -> None:
+    n = Node(shipped("NvswitchSxidUnrated"))
+    n.poll()
+    sxid(n, "SOE \x1b[2J\x07HALTED", code=26006)
+    out = n.step()
+    assert out[0].annotations["summary"].endswith(": SOE \\x1b[2J\\x07HALTED")

@@ -67,6 +67,8 @@ def gpus_behind(snap: Snapshot, switch: str) -> list[int]:
 
 def _values(snap: Snapshot, ev: XidEvent, count: int) -> dict[str, Any]:
     text = " ".join(ev.message.split())
+    if not text.isprintable():  # a page never carries a terminal escape from the log
+        text = "".join(c if c.isprintable() else c.encode("unicode_escape").decode() for c in text)
     if len(text) > MAX_TEXT:
         text = text[: MAX_TEXT - 3] + "..."
     behind = gpus_behind(snap, ev.pci_bus_id or "")
