@@ -91,11 +91,18 @@ def test_a_node_reboot_is_what_clears_an_xid_79(tmp_path: Path) -> None:
     notes = fatal(n)
     assert notes is not None and notes["recovery"].startswith("waiting for a node reboot")
     n.engine.close()
-    # the same node after a reboot: the alert and the fault come back from the state file
-    again = Node(SHIPPED, store=StateStore(db, boot_id="boot-2"), start=n.clock.now() + 600)
+    # the same node after a reboot that took two hours: the alert and the fault come back
+    # from the state file, and the hour without the XID counts from the evidence
+    again = Node(SHIPPED, store=StateStore(db, boot_id="boot-2"), start=n.clock.now() + 7200)
     again.poll()
-    assert fatal(again) is not None  # held until the XID has stayed away an hour
-    again.run(3700, step=60)
+    notes = fatal(again)
+    assert notes is not None
+    assert notes["recovery"] == (
+        "recovered (the node rebooted (a new boot id)); resolves after 1h without XID 79"
+    )
+    again.run(3500, step=60)
+    assert again.events() == []
+    again.run(200, step=60)
     assert [e[2] for e in again.events()] == ["resolved"]
 
 

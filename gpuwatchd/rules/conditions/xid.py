@@ -187,8 +187,9 @@ class _Evaluator(Evaluator):
             if fault.uuid.startswith("GPU-") and index < 0:
                 continue  # the GPU is not (yet) there: its alert holds where it is
             view = snap.by_index.get(index)
-            if rec.check(fault, view, now):
-                continue
+            # The evaluation that finds the evidence still holds (once): the alert's quiet
+            # time counts from the evidence, also after a reboot that took longer than it.
+            rec.check(fault, view, now)
             key = (index, -1, fault.xid)
             found = hits.get(key)
             values = dict(found[1] or {}) if found is not None else dict(fault.values)

@@ -12,8 +12,10 @@ time alone:
 - hardware inspection: nothing the node can show; the fault holds until the GPU is replaced.
 
 While there is no evidence, the condition keeps holding (so the alert, and the drain that
-follows it, stay) and the alert says what it waits for (``{recovery}``). After the
-evidence, the alert resolves once the rule's ``quiet`` has passed without the XID.
+follows it, stay) and the alert says what it waits for (``{recovery}``). The evaluation
+that finds the evidence holds once more (``{recovery}`` then says what was seen), so the
+alert resolves once the rule's ``quiet`` has passed after the evidence without the XID,
+also when a reboot took longer than that.
 
 The same XID coming back within ``escalate_within`` of a recovery climbs the ladder
 GPU reset -> node reboot -> hardware inspection after ``escalate_after`` returns, and the
@@ -277,10 +279,12 @@ class Recoveries:
 def recovery_values(fault: Fault, quiet: float) -> dict[str, Any]:
     """``{recovery}``, ``{escalation}`` and, on a climbed ladder, ``{action}``."""
     codes = "/".join(str(c) for c in sorted(fault.codes))
+    then = f"resolves after {format_duration(quiet)} without XID {codes}"
     out: dict[str, Any] = {
         "recovery": (
-            f"waiting for {WAITS[fault.step]}; then it resolves after {format_duration(quiet)} "
-            f"without XID {codes}"
+            f"recovered ({fault.proof}); {then}"
+            if fault.recovered is not None
+            else f"waiting for {WAITS[fault.step]}; then it {then}"
         ),
         "escalation": "",
         "recovery_step": STEP_NAMES[fault.step],
