@@ -11,7 +11,7 @@ import pytest
 from rulekit import Node, rules
 
 from gpuwatchd.core.errors import ConfigError
-from gpuwatchd.core.records import GpuStatus
+from gpuwatchd.core.records import GpuInfo, GpuStatus
 from gpuwatchd.rules.loader import parse_rules
 from gpuwatchd.rules.model import RuleSet
 from gpuwatchd.rules.store import RecoveryRecord, StateStore
@@ -225,3 +225,26 @@ def test_status_says_what_a_held_fault_waits_for(capsys: pytest.CaptureFixture[s
     out = capsys.readouterr().out
     assert "GpuXidFatal [page] gpu=3: XID 79 on GPU 3" in out
     assert "      recovery: waiting for a node reboot (a new boot id); then it resolves" in out
+
+
+def test_a_replaced_gpu_ends_the_alerts_of_the_one_that_left(tmp_path: Path) -> None:
+    """Hardware inspection holds through resets and reboots; a new board (another UUID at
+    the same PCI address) ends it, and every other alert of the board that left."""
+    db = str(tmp_path / "rules.sqlite3")
+    n = Node(SHIPPED, store=StateStore(db, boot_id="boot-1"))
+    n.poll()
+    n.xid(2, 79)
+    n.step()
+    n.engine.close()
+    again = Node(SHIPPED, store=StateStore(db, boot_id="boot-1"), start=n.clock.now() + 60)
+    old = again.infos[2]
+    again.infos[2] = GpuInfo(
+        2, "GPU-11111111-2222-3333-4444-555555555555", old.name, old.pci_bus_id
+    )
+    again.state.set_gpus(again.infos, again.clock.now())
+    out = again.poll()
+    assert [(t.rule, t.state.value, t.labels["uuid"]) for t in out] == [
+        ("GpuXidFatal", "resolved", old.uuid)
+    ]
+    assert out[0].annotations["resolved_reason"].startswith("the GPU was replaced")
+    assert again.firing() == set()

@@ -9,7 +9,8 @@ time alone:
   answering (lost, reset required) and answers again with a new handle, the driver's recovery
   action (field 230) went back to none, a pending row remap was applied, or the volatile ECC
   counters restarted;
-- hardware inspection: nothing the node can show; the fault holds until the GPU is replaced.
+- hardware inspection: nothing the node can show; the fault holds until the GPU is replaced
+  (the alert book then resolves every alert of the board that left: ``AlertBook._replaced``).
 
 While there is no evidence, the condition keeps holding (so the alert, and the drain that
 follows it, stay) and the alert says what it waits for (``{recovery}``). The evaluation
