@@ -248,3 +248,13 @@ def test_a_replaced_gpu_ends_the_alerts_of_the_one_that_left(tmp_path: Path) -> 
     ]
     assert out[0].annotations["resolved_reason"].startswith("the GPU was replaced")
     assert again.firing() == set()
+    again.engine.close()
+    # a week and more later the fault of the board that left is forgotten too
+    later = Node(
+        SHIPPED, store=StateStore(db, boot_id="boot-2"), start=again.clock.now() + 8 * 86400
+    )
+    later.infos[2] = again.infos[2]
+    later.state.set_gpus(later.infos, later.clock.now())
+    later.poll()
+    later.engine.close()
+    assert StateStore(db, boot_id="boot-2").load_recoveries("GpuXidFatal") == ([], 0)

@@ -185,7 +185,11 @@ class _Evaluator(Evaluator):
                 continue
             index = snap.by_uuid.get(fault.uuid, -1) if fault.uuid.startswith("GPU-") else -1
             if fault.uuid.startswith("GPU-") and index < 0:
-                continue  # the GPU is not (yet) there: its alert holds where it is
+                # the GPU is not (yet) there: its alert holds where it is; a fault of a GPU
+                # gone for longer than a return would count is forgotten (it was replaced)
+                if now - fault.last > rec.policy.escalate_within:
+                    rec.forget(fault)
+                continue
             view = snap.by_index.get(index)
             # The evaluation that finds the evidence still holds (once): the alert's quiet
             # time counts from the evidence, also after a reboot that took longer than it.

@@ -263,6 +263,10 @@ class Recoveries:
             self.dirty = True
         return False
 
+    def forget(self, fault: Fault) -> None:
+        if self.faults.pop((fault.uuid, fault.xid), None) is not None:
+            self.dirty = True
+
     def expire(self, now: float) -> None:
         """Forget recovered faults whose return would no longer escalate."""
         limit = self.policy.escalate_within
