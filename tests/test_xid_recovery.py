@@ -258,3 +258,16 @@ def test_a_replaced_gpu_ends_the_alerts_of_the_one_that_left(tmp_path: Path) -> 
     later.poll()
     later.engine.close()
     assert StateStore(db, boot_id="boot-2").load_recoveries("GpuXidFatal") == ([], 0)
+
+
+def test_the_drivers_xid_154_back_to_none_is_evidence_of_a_reset() -> None:
+    n = Node(SHIPPED)
+    n.poll()
+    n.xid(1, 119, message="Timeout after 6s of waiting for RPC response from GPU1 GSP!")
+    n.step()
+    n.run(7200, step=60)
+    assert fatal(n) is not None  # nothing NVML could show
+    n.xid(1, 154, message="GPU recovery action changed from 0x1 (GPU Reset Required) to 0x0 (None)")
+    n.step()
+    n.run(3700, step=60)
+    assert n.firing() == set()

@@ -45,8 +45,10 @@ from gpuwatchd.rules.snapshot import Snapshot
 from gpuwatchd.rules.store import StateStore
 from gpuwatchd.xid import catalog as xid_catalog
 from gpuwatchd.xid import catalog_data
+from gpuwatchd.xid.catalog import parse_recovery_change
 
 RECOVERY_MODES = ("quiet", "evidence")
+XID_RECOVERY_ACTION = 154
 CATALOG_SEVERITIES = tuple(s.value for s in xid_catalog.XidSeverity)
 
 
@@ -139,6 +141,21 @@ def code_values(catalog: xid_catalog.Catalog, xid: int) -> dict[str, Any]:
     return {"xid_text": text, "action": catalog.action_text(xid, catalog.classify(xid))}
 
 
+def action_cleared(snap: Snapshot) -> dict[int, float]:
+    """GPU index -> time of its newest XID 154 whose recovery action went back to none
+    (``... from 0x1 (GPU Reset Required) to 0x0 (None)``): the driver saying it recovered."""
+    out: dict[int, float] = {}
+    for x in snap.xids.events:
+        ev = x.event
+        if ev.xid != XID_RECOVERY_ACTION or ev.kind == "sxid":
+            continue
+        change = parse_recovery_change(ev.message)
+        if change is not None and change.after == 0 and change.before != 0:
+            index = snap.gpu_of(ev)
+            out[index] = max(out.get(index, ev.timestamp), ev.timestamp)
+    return out
+
+
 class _Evaluator(Evaluator):
     __slots__ = ("adopted", "c", "cursor", "recoveries")
 
@@ -180,9 +197,12 @@ class _Evaluator(Evaluator):
                 continue
             view = snap.by_index.get(key[0])
             rec.on_xid(self._ident(snap, key[0], ev), key[2], ev, view, snap.catalog, values)
+        cleared: dict[int, float] | None = None
         for fault in list(rec.faults.values()):
             if fault.recovered is not None:
                 continue
+            if cleared is None:
+                cleared = action_cleared(snap)
             index = snap.by_uuid.get(fault.uuid, -1) if fault.uuid.startswith("GPU-") else -1
             if fault.uuid.startswith("GPU-") and index < 0:
                 # the GPU is not (yet) there: its alert holds where it is; a fault of a GPU
@@ -193,7 +213,7 @@ class _Evaluator(Evaluator):
             view = snap.by_index.get(index)
             # The evaluation that finds the evidence still holds (once): the alert's quiet
             # time counts from the evidence, also after a reboot that took longer than it.
-            rec.check(fault, view, now)
+            rec.check(fault, view, now, cleared.get(index))
             key = (index, -1, fault.xid)
             found = hits.get(key)
             values = dict(found[1] or {}) if found is not None else dict(fault.values)

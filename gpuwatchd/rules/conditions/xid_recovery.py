@@ -8,7 +8,7 @@ time alone:
 - a GPU reset (or the reboot): seen through NVML after the last XID: the GPU stopped
   answering (lost, reset required) and answers again with a new handle, the driver's recovery
   action (field 230) went back to none, a pending row remap was applied, or the volatile ECC
-  counters restarted;
+  counters restarted; or the driver's XID 154 saying the recovery action went back to none;
 - hardware inspection: nothing the node can show; the fault holds until the GPU is replaced
   (the alert book then resolves every alert of the board that left: ``AlertBook._replaced``).
 
@@ -118,12 +118,19 @@ def ecc_volatile(view: GpuView) -> float | None:
     return sum(found) if found else None
 
 
-def look(fault: Fault, view: GpuView | None, boot_id: str) -> str | None:
+def look(
+    fault: Fault, view: GpuView | None, boot_id: str, cleared: float | None = None
+) -> str | None:
     """Evidence that the fault's action was taken (its words), or None; notes in
-    ``fault.flags`` what NVML shows on the way."""
+    ``fault.flags`` what NVML shows on the way. ``cleared``: when the driver last reported
+    the GPU's recovery action back to none in the kernel log (XID 154)."""
     if fault.step <= REBOOT and boot_id not in ("", "unknown") and boot_id != fault.boot_id:
         return "the node rebooted (a new boot id)"
-    if fault.step != RESET or view is None:
+    if fault.step != RESET:
+        return None
+    if cleared is not None and cleared > fault.last:
+        return "the driver reported its recovery action back to none (XID 154)"
+    if view is None:
         return None
     if view.status in (GpuStatus.LOST, GpuStatus.ERROR):
         fault.flags |= SAW_DOWN
@@ -241,12 +248,14 @@ class Recoveries:
         for k, _ in order[:excess]:
             del self.faults[k]
 
-    def check(self, fault: Fault, view: GpuView | None, now: float) -> bool:
+    def check(
+        self, fault: Fault, view: GpuView | None, now: float, cleared: float | None = None
+    ) -> bool:
         """True when the fault is (now) recovered."""
         if fault.recovered is not None:
             return True
         before = (fault.flags, fault.ecc)
-        proof = look(fault, view, self.boot_id)
+        proof = look(fault, view, self.boot_id, cleared)
         if proof is not None:
             fault.recovered = now
             fault.proof = proof
