@@ -141,23 +141,22 @@ def code_values(catalog: xid_catalog.Catalog, xid: int) -> dict[str, Any]:
     return {"xid_text": text, "action": catalog.action_text(xid, catalog.classify(xid))}
 
 
-def action_cleared(snap: Snapshot) -> dict[int, float]:
-    """GPU index -> time of its newest XID 154 whose recovery action went back to none
-    (``... from 0x1 (GPU Reset Required) to 0x0 (None)``): the driver saying it recovered."""
-    out: dict[int, float] = {}
-    for x in snap.xids.events:
-        ev = x.event
+def action_cleared(snap: Snapshot, after: int, into: dict[int, float]) -> None:
+    """Note in ``into`` (GPU index -> time) the XID 154s numbered above ``after`` whose
+    recovery action went back to none (``... from 0x1 (GPU Reset Required) to 0x0
+    (None)``): the driver saying the GPU recovered. Only new XIDs are read, so a long
+    wait costs nothing per evaluation however many XIDs the log holds."""
+    for ev in snap.xids.newest_first(after):
         if ev.xid != XID_RECOVERY_ACTION or ev.kind == "sxid":
             continue
         change = parse_recovery_change(ev.message)
         if change is not None and change.after == 0 and change.before != 0:
             index = snap.gpu_of(ev)
-            out[index] = max(out.get(index, ev.timestamp), ev.timestamp)
-    return out
+            into[index] = max(into.get(index, ev.timestamp), ev.timestamp)
 
 
 class _Evaluator(Evaluator):
-    __slots__ = ("adopted", "c", "cursor", "recoveries")
+    __slots__ = ("adopted", "c", "cleared", "cleared_seq", "cursor", "recoveries")
 
     def __init__(self, rule: Rule, snap: Snapshot) -> None:
         super().__init__(rule)
@@ -166,10 +165,14 @@ class _Evaluator(Evaluator):
         policy = self.c.recovery
         self.recoveries = Recoveries(rule.name, policy) if policy is not None else None
         self.adopted = False
+        # GPU index -> time of its newest XID 154 back to none; the log number read up to
+        self.cleared: dict[int, float] = {}
+        self.cleared_seq = 0
 
     def adopt(self, old: Evaluator) -> None:
         if isinstance(old, _Evaluator):
             self.cursor = old.cursor
+            self.cleared, self.cleared_seq = old.cleared, old.cleared_seq
             if self.recoveries is not None and old.recoveries is not None:
                 self.recoveries.adopt(old.recoveries)
                 self.adopted = True
@@ -197,12 +200,12 @@ class _Evaluator(Evaluator):
                 continue
             view = snap.by_index.get(key[0])
             rec.on_xid(self._ident(snap, key[0], ev), key[2], ev, view, snap.catalog, values)
-        cleared: dict[int, float] | None = None
+        cleared = self.cleared
+        action_cleared(snap, self.cleared_seq, cleared)
+        self.cleared_seq = snap.xids.seq
         for fault in list(rec.faults.values()):
             if fault.recovered is not None:
                 continue
-            if cleared is None:
-                cleared = action_cleared(snap)
             index = snap.by_uuid.get(fault.uuid, -1) if fault.uuid.startswith("GPU-") else -1
             if fault.uuid.startswith("GPU-") and index < 0:
                 # the GPU is not (yet) there: its alert holds where it is; a fault of a GPU
