@@ -359,6 +359,9 @@ def _print_status(status: Any, notes: list[str], as_json: bool) -> int:
     for a in alerts:
         gpu = a["labels"].get("gpu", "-")
         print(f"    {a['rule']} [{a['severity']}] gpu={gpu}: {a.get('summary') or ''}")
+        waits = (a.get("annotations") or {}).get("recovery")
+        if waits:  # recovery on evidence: what the alert (and its drain) waits for
+            print(f"      recovery: {statusclient.printable(str(waits))}")
     from gpuwatchd.actions.textstatus import status_lines
 
     for line in status_lines(status):  # deliveries, silences, drain (when configured)

@@ -327,7 +327,8 @@ def _xid_families(view: NodeView, fams: Families) -> None:
         "gpuwatchd_sxid_errors_total",
         "counter",
         "NVSwitch SXid lines from trusted sources, by switch and what the line says: fatal, "
-        "nonfatal, or detail (the Data and Severity lines that follow a report).",
+        "nonfatal, unrated (no severity word), or detail (the Data and Severity lines that "
+        "follow a report).",
         ["pci_bus_id", "verdict"],
     )
     for (pci, verdict), count in sorted(view.sxid_counts.items()):

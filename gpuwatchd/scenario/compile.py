@@ -54,6 +54,10 @@ SCENARIO_DERIVED: Mapping[str, str] = MappingProxyType(
         "temperature_gpu_margin": "the model's slowdown temperature minus temperature_gpu",
     }
 )
+# Fields a GPU of an unknown model does not report unless its timeline sets them: the fabric
+# registration is NOT_SUPPORTED on a GPU without an NVSwitch fabric (0 would read "not
+# started").
+NO_BASELINE = frozenset({"fabric_state", "fabric_status"})
 
 
 def _digest(*parts: object) -> bytes:
@@ -189,7 +193,9 @@ def _compile_gpu(
     """Turn one GPU's events (in time order) into closed-form series and spans."""
     model = KNOWN_MODELS.get(spec.model)
     start = (
-        dict(model.baseline) if model else {f: 0.0 for f in GPU_FIELDS if f not in SCENARIO_DERIVED}
+        dict(model.baseline)
+        if model
+        else {f: 0.0 for f in GPU_FIELDS if f not in SCENARIO_DERIVED and f not in NO_BASELINE}
     )
     start.update(baseline)
     if "memory_free" not in baseline and "memory_total" in start:

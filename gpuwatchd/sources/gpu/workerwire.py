@@ -61,6 +61,9 @@ def read_frame(inp: IO[bytes]) -> dict[str, Any]:
     return message
 
 
+MAX_LINK_PEERS = 64  # NVLinks per GPU: 18 on Hopper and Blackwell
+
+
 def info_to_wire(info: GpuInfo) -> dict[str, Any]:
     return dataclasses.asdict(info)
 
@@ -69,8 +72,18 @@ def info_from_wire(data: Any) -> GpuInfo:
     if not isinstance(data, dict):
         raise WireError("GPU info is not an object")
     names = {f.name for f in dataclasses.fields(GpuInfo)}
+    fields = {k: v for k, v in data.items() if k in names}
+    if "nvlink_peers" in fields:  # a list on the wire; a tuple of bus ids in GpuInfo
+        peers = fields["nvlink_peers"]
+        if (
+            not isinstance(peers, list)
+            or len(peers) > MAX_LINK_PEERS
+            or not all(isinstance(p, str) and len(p) <= 32 for p in peers)
+        ):
+            raise WireError("GPU info: nvlink_peers is not a list of PCI bus ids")
+        fields["nvlink_peers"] = tuple(peers)
     try:
-        return GpuInfo(**{k: v for k, v in data.items() if k in names})
+        return GpuInfo(**fields)
     except TypeError as exc:
         raise WireError(f"GPU info: {exc}") from exc
 
