@@ -297,6 +297,10 @@ class WorkerBackend:
             text = err.get("message") if isinstance(err, dict) else None
             self._events.put(BackendError(str(text or "NVML event wait failed")))
             return
+        if "sample" in msg:
+            # decoded here, in frame order, even when nobody waits for it any more: each
+            # sample is a change to the one before (WireError: a bad frame, the worker dies)
+            msg["sample"] = self._decoder.decode(msg["sample"])
         rid = msg.get("id")
         with self._lock:
             pending = self._pending.pop(rid, None) if isinstance(rid, int) else None
@@ -430,8 +434,14 @@ class WorkerBackend:
 
     # -- Backend ------------------------------------------------------------------------
     def sample(self, index: int) -> GpuSample:
-        reply = self._request({"op": "sample", "gpu": index})
-        return self._decoder.decode(reply.get("sample"))
+        return self._sample(self._request({"op": "sample", "gpu": index}))
+
+    @staticmethod
+    def _sample(reply: dict[str, Any]) -> GpuSample:
+        sample = reply.get("sample")
+        if not isinstance(sample, GpuSample):
+            raise BackendError("NVML worker answered a poll without a sample")
+        return sample
 
     def sample_async(self, index: int, done: Callable[[SampleResult], None]) -> None:
         """One pipe write; ``done`` runs on the reader thread when the answer comes (no
@@ -439,7 +449,7 @@ class WorkerBackend:
 
         def answered(reply: dict[str, Any] | None) -> None:
             def result() -> GpuSample:
-                return self._decoder.decode(self._reply(reply).get("sample"))
+                return self._sample(self._reply(reply))
 
             done(result)
 

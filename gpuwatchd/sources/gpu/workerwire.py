@@ -116,25 +116,67 @@ def _floats(data: Any, what: str) -> dict[str, float]:
     return data
 
 
-class SampleDecoder:
-    """``sample_from_wire`` that reuses the previous sample's links for a GPU whose links
-    came unchanged (their state is read every ``poll.state_interval`` and their counters
-    rarely move): comparing the decoded JSON is far cheaper than building 18 records."""
-
-    MAX_GPUS = 256  # the cache is keyed by a number from the wire: bounded
+class SampleEncoder:
+    """The worker's side of the sample wire: a GPU's first sample whole (``"full"``), then
+    only what changed since the one before: the fields whose values moved (``"f"``), the
+    names of fields that went away (``"fx"``), and the links only when they moved (else
+    ``"lk"``: keep). Most of a sample (18 links, the ECC and remap counters) is the same
+    every second; encoding and decoding it again cost more CPU than the NVML calls that
+    read the rest (145 us of JSON per sample on a busy H200, where NVML took 283 us)."""
 
     def __init__(self) -> None:
-        self._links: dict[int, tuple[Any, tuple[LinkSample, ...]]] = {}
+        self._last: dict[int, tuple[dict[str, float], list[Any]]] = {}
+
+    def encode(self, sample: GpuSample) -> dict[str, Any]:
+        out = sample_to_wire(sample)
+        fields, links = out["f"], out["l"]
+        last = self._last.get(sample.gpu)
+        self._last[sample.gpu] = (fields, links)
+        if last is None:
+            out["full"] = True
+            return out
+        old_fields, old_links = last
+        out["f"] = {k: v for k, v in fields.items() if old_fields.get(k) != v}
+        gone = [k for k in old_fields if k not in fields]
+        if gone:
+            out["fx"] = gone
+        if links == old_links:
+            del out["l"]
+            out["lk"] = True
+        return out
+
+
+class SampleDecoder:
+    """The daemon's side: applies each GPU's changes to the sample before (a delta with no
+    sample before it is a ``WireError``: the worker is then restarted, and a new worker
+    starts every GPU with a whole sample)."""
+
+    MAX_GPUS = 256  # keyed by a number from the wire: bounded
+
+    def __init__(self) -> None:
+        self._last: dict[int, GpuSample] = {}
 
     def decode(self, data: Any) -> GpuSample:
-        gpu = data.get("gpu") if isinstance(data, dict) else None
-        raw = data.get("l") if isinstance(data, dict) else None
-        known = self._links.get(gpu) if isinstance(gpu, int) else None
-        if known is not None and known[0] == raw:
-            return sample_from_wire(data, known[1])
-        sample = sample_from_wire(data)
-        if isinstance(gpu, int) and (gpu in self._links or len(self._links) < self.MAX_GPUS):
-            self._links[gpu] = (raw, sample.links)
+        if not isinstance(data, dict):
+            raise WireError("sample is not an object")
+        gpu = data.get("gpu")
+        if data.get("full"):
+            sample = sample_from_wire(data)
+        else:
+            base = self._last.get(gpu) if isinstance(gpu, int) else None
+            if base is None:
+                raise WireError(f"a change to GPU {gpu!r}'s sample with no whole sample before")
+            fields = dict(base.fields)
+            fields.update(_floats(data.get("f", {}), "fields"))
+            gone = data.get("fx", [])
+            if not isinstance(gone, list):
+                raise WireError("sample fx is not a list")
+            for name in gone:
+                fields.pop(str(name), None)
+            merged = {**data, "f": fields}
+            sample = sample_from_wire(merged, base.links if data.get("lk") else None)
+        if sample.gpu in self._last or len(self._last) < self.MAX_GPUS:
+            self._last[sample.gpu] = sample
         return sample
 
 
