@@ -513,3 +513,40 @@ def _node_with(text: str, gpus: int) -> Node:
     for f in n.fields:
         f["ecc_corrected_volatile_dev"] = 0.0
     return n
+
+
+def _tickets(n: Node) -> list[tuple[str, str | None]]:
+    return [
+        (tr.rule, tr.labels.get("gpu"))
+        for _, tr in n.transitions
+        if tr.state.value == "firing" and tr.severity.value == "ticket"
+    ]
+
+
+def test_one_ticket_per_error_regime_with_the_shipped_rules() -> None:
+    # Failed before: a new regime on a loaded GPU with loaded peers opened three tickets
+    # (the rising count, the new activity, the peer share); now the regime has one, the
+    # others are info (shown in status, nobody notified).
+    n = _shipped()
+    n.run(DAY, step=600)
+    for _ in range(12):  # GPU 0: an error every two hours for a day, HBM (and so the total)
+        n.add(0, ecc_corrected_volatile=1, ecc_corrected_volatile_dev=1)
+        n.run(2 * HOUR, step=600)
+    n.run(7 * DAY, step=600)
+    firing = {(tr.rule, tr.severity.value) for _, tr in n.transitions if tr.state.value == "firing"}
+    assert {("GpuMemoryErrorsNew", "info"), ("GpuMemoryErrorsPeerShare", "info")} <= firing
+    assert _tickets(n) == [("GpuEccCorrectedRising", "0")]
+
+
+def test_peer_share_compares_only_loaded_gpus() -> None:
+    # Idle peers log nothing because nothing reads their memory: no evidence against them.
+    n = _shipped()
+    n.set([1, 2], utilization_gpu=0.0)
+    n.run(DAY, step=600)
+    for _ in range(12):
+        n.add(0, ecc_corrected_volatile_dev=1)
+        n.run(2 * HOUR, step=600)
+    assert not n.firing("GpuMemoryErrorsPeerShare")
+    n.set([1, 2], utilization_gpu=0.9)  # the same evidence against loaded peers
+    n.run(HOUR, step=600)
+    assert n.firing("GpuMemoryErrorsPeerShare") == {("GpuMemoryErrorsPeerShare", "0")}
