@@ -515,6 +515,36 @@ def _node_with(text: str, gpus: int) -> Node:
     return n
 
 
+def _shipped_on(store: StateStore, start: float | None = None) -> Node:
+    n = Node(load_rule_set([]), gpus=3, store=store, **({"start": start} if start else {}))
+    for f in n.fields:
+        for name in ("ecc_corrected_volatile_dev", "remapped_rows_correctable"):
+            f[name] = 0.0
+    n.poll()
+    return n
+
+
+@pytest.mark.parametrize("code", [92, 94])
+def test_the_certified_xids_survive_a_restart(tmp_path: Path, code: int) -> None:
+    # Failed before: the XIDs the certified rule had counted lived in memory only, so an
+    # XID 92 before a restart and one after it (two days within a week) paged nothing, nor
+    # did errors after a restart that followed a contained uncorrectable error (XID 94).
+    path = str(tmp_path / "rules.sqlite3")
+    n = _shipped_on(StateStore(path, boot_id="b1"))
+    n.run(HOUR, step=600)
+    n.xid(0, code)
+    n.run(HOUR, step=600)
+    n.engine.close()
+    again = _shipped_on(StateStore(path, boot_id="b2"), start=n.clock.now())
+    again.run(DAY, step=600)
+    if code == 92:
+        again.xid(0, 92)
+    else:
+        again.add(0, ecc_corrected_volatile_dev=1)
+    again.run(HOUR, step=600)
+    assert list(_certified(again)) == ["0"]
+
+
 def _tickets(n: Node) -> list[tuple[str, str | None]]:
     return [
         (tr.rule, tr.labels.get("gpu"))

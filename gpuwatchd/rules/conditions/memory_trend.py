@@ -33,6 +33,7 @@ at least ``quiet`` of silence). One condition, three signals (``signal``):
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -62,10 +63,13 @@ from gpuwatchd.rules.evidence import (
 )
 from gpuwatchd.rules.model import Condition, Rule
 from gpuwatchd.rules.snapshot import GpuView, Snapshot
+from gpuwatchd.rules.store import StateStore
 
 Signal = Literal["acceleration", "activity", "corroborated", "certified"]
 SIGNALS: tuple[Signal, ...] = ("acceleration", "activity", "corroborated", "certified")
 RECHECK = 300.0  # seconds between looks at a GPU whose counter did not move
+CERTIFIED_SIGNATURE = "memory-certified-xids-1"  # the saved XIDs' format (rules store)
+log = logging.getLogger(__name__)
 REMAP_FIELD = "remapped_rows_correctable"
 CORROBORATING_XIDS = frozenset({63, 92})
 # Row-remapper histogram levels that mean a bank has been remapping rows again and again.
@@ -226,7 +230,7 @@ def _accelerated(
 
 
 class _Evaluator(Evaluator):
-    __slots__ = ("c", "certified_hits", "certs", "look")
+    __slots__ = ("c", "certified_hits", "certs", "look", "restored")
 
     def __init__(self, rule: Rule) -> None:
         super().__init__(rule)
@@ -234,10 +238,31 @@ class _Evaluator(Evaluator):
         self.look = Recheck(RECHECK)
         self.certs = mc.Certificates()
         self.certified_hits: Hits = {}  # the last look's (certified), while nothing moved
+        self.restored = False  # saved XIDs taken back (or adopted from a reload)
 
     def adopt(self, old: Evaluator) -> None:
         if isinstance(old, _Evaluator):
             self.certs.adopt(old.certs)
+            self.restored = True
+
+    def restore(self, store: StateStore, snap: Snapshot, now: float) -> None:
+        if self.c.signal != "certified" or self.restored:
+            return
+        self.restored = True
+        records, bad = store.load_episodes(self.rule.name, CERTIFIED_SIGNATURE)
+        bad += self.certs.load(records, snap, now)
+        if bad:
+            log.warning(
+                "rule %s: %d saved XID(s) made no sense and were dropped", self.rule.name, bad
+            )
+            self.certs.dirty = True  # rewrite the saved state without them
+
+    def save(self, store: StateStore, now: float) -> None:
+        certs = self.certs
+        if certs.dirty and store.save_episodes(
+            self.rule.name, CERTIFIED_SIGNATURE, certs.records()
+        ):
+            certs.dirty = False
 
     def _certified(self, snap: Snapshot, now: float, fresh: bool) -> Result:
         c = self.c
