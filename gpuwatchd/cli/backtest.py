@@ -13,7 +13,7 @@ import os
 import sys
 import time
 
-from gpuwatchd.config.loader import default_config, load_config
+from gpuwatchd.config.loader import Config, default_config, load_config
 from gpuwatchd.core.errors import ConfigError
 from gpuwatchd.core.health import EXIT_USAGE
 from gpuwatchd.harness import backtest as bt
@@ -42,6 +42,15 @@ def add_parser(
     p.add_argument("--seed", type=int, default=1, help="seed of the traces (default 1)")
     p.add_argument("--json", action="store_true", help="one JSON object per family")
     p.add_argument(
+        "--from-state",
+        metavar="DIR",
+        action="append",
+        help="instead: report on nodes' own history, read from their state directories (or "
+        "rules.sqlite3 files; repeatable): uncorrectable memory errors preceded by a memory "
+        "page >= 1 h or a drain >= 24 h before, and memory pages no such error followed "
+        "within 90 days (docs/DETECTION.md)",
+    )
+    p.add_argument(
         "--write-scenarios",
         metavar="DIR",
         help="also write the generated scenario files (the scenario format) into DIR",
@@ -57,6 +66,8 @@ def cmd_backtest(args: argparse.Namespace) -> int:
         for line in exc.lines():
             print(line, file=sys.stderr)
         return 1
+    if args.from_state:
+        return _from_state(args.from_state, config, args.json)
     if args.files < 1:
         print("gpuwatchd backtest: --files must be at least 1", file=sys.stderr)
         return EXIT_USAGE
@@ -128,6 +139,22 @@ def cmd_backtest(args: argparse.Namespace) -> int:
             f"(benign families at their fleet shares; the rest of the GPU-days without corrected "
             f"errors); {time.perf_counter() - started:.0f} s"
         )
+    return 0
+
+
+def _from_state(paths: list[str], config: Config, as_json: bool) -> int:
+    from gpuwatchd.harness.field_report import field_report, render
+
+    try:
+        report = field_report(paths, config)
+    except OSError as exc:
+        print(f"gpuwatchd backtest: {exc}", file=sys.stderr)
+        return 1
+    if as_json:
+        print(json.dumps(report.row()))
+    else:
+        for line in render(report):
+            print(line)
     return 0
 
 
