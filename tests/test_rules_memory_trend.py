@@ -26,6 +26,7 @@ from gpuwatchd.rules.store import StateStore
 
 HOUR = 3600.0
 DAY = 86400.0
+ACCELERATING = "GpuMemoryErrorsAccelerating"
 T0 = 1_767_225_600.0
 
 
@@ -580,3 +581,20 @@ def test_peer_share_compares_only_loaded_gpus() -> None:
     n.set([1, 2], utilization_gpu=0.9)  # the same evidence against loaded peers
     n.run(HOUR, step=600)
     assert n.firing("GpuMemoryErrorsPeerShare") == {("GpuMemoryErrorsPeerShare", "0")}
+
+
+def test_the_acceleration_stays_firing_while_its_errors_keep_coming() -> None:
+    # Failed before: a leak that went on at its new rate was no longer a rise to the test
+    # (and an earlier window was as busy: the peak veto), so the alert resolved while the
+    # errors kept coming (the shipped rule a day before the double-bit error in
+    # scenarios/ecc-leak.yaml, after its 3-day hold; this rule has no hold).
+    n = _node()
+    n.poll()
+    _errors(n, 1, 8 * HOUR, 7 * DAY)
+    _errors(n, 1, 600, 8 * DAY)
+    assert n.firing("Accelerating") == {("Accelerating", "1")}
+    _errors(n, 1, 600, 14 * DAY)  # six days more at the new rate
+    assert n.firing("Accelerating") == {("Accelerating", "1")}
+    assert [e[2] for e in n.events() if e[1] == "Accelerating"] == ["firing"]
+    n.run(2 * DAY, step=1800)  # the errors stop: it resolves
+    assert not n.firing("Accelerating")

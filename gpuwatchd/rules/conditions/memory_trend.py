@@ -24,6 +24,9 @@ at least ``quiet`` of silence). One condition, three signals (``signal``):
   days. The scan runs in active buckets (where new activity just came). Each scanned
   window keeps every gate; what the scan costs in false drains is
   measured by ``gpuwatchd backtest`` (docs/DETECTION.md), not promised by ``scan_alpha``.
+  Once it holds on a GPU, it stays true while the shortest window still holds
+  ``min_active`` active buckets: the evidence keeps arriving (a leak that went on at its
+  new rate), so the alert does not resolve under it.
 - ``activity``: a new regime (or one younger than ``min_baseline``) with at least
   ``min_active`` buckets and ``min_episodes`` episodes in the longest window.
 - ``corroborated``: activity in the longest window together with the GPU certifying the
@@ -230,7 +233,7 @@ def _accelerated(
 
 
 class _Evaluator(Evaluator):
-    __slots__ = ("c", "certified_hits", "certs", "look", "restored")
+    __slots__ = ("c", "certified_hits", "certs", "look", "restored", "sustained")
 
     def __init__(self, rule: Rule) -> None:
         super().__init__(rule)
@@ -239,11 +242,14 @@ class _Evaluator(Evaluator):
         self.certs = mc.Certificates()
         self.certified_hits: Hits = {}  # the last look's (certified), while nothing moved
         self.restored = False  # saved XIDs taken back (or adopted from a reload)
+        self.sustained: dict[int, dict[str, Any]] = {}  # GPU -> its hit's values, while held
 
     def adopt(self, old: Evaluator) -> None:
         if isinstance(old, _Evaluator):
             self.certs.adopt(old.certs)
             self.restored = True
+            if old.c.windows == self.c.windows and old.c.min_active == self.c.min_active:
+                self.sustained = old.sustained
 
     def restore(self, store: StateStore, snap: Snapshot, now: float) -> None:
         if self.c.signal != "certified" or self.restored:
@@ -303,6 +309,8 @@ class _Evaluator(Evaluator):
             if not corroborated and look.unchanged(h, act.version, now):
                 continue
             hit = judge(c, act, now)
+            if c.signal == "acceleration":
+                hit = self._sustain(g.index, act, now, hit)
             if hit is not None and corroborated:
                 why = _corroboration(c, g, snap, now)
                 if why is None:
@@ -314,6 +322,34 @@ class _Evaluator(Evaluator):
             if hit is not None:
                 hits[(g.index, -1, -1)] = hit
         return hits, unknown
+
+    def _sustain(self, gpu: int, act: Activity, now: float, hit: Hit | None) -> Hit | None:
+        """An acceleration holds on while its evidence keeps arriving: after a hit, the
+        condition stays true as long as the shortest window still holds ``min_active``
+        active buckets (a leak that went on at its new rate is no longer a *rise* to the
+        test, and its peak veto sees an earlier window as busy; yet nothing subsided)."""
+        if hit is not None:
+            assert hit[1] is not None
+            self.sustained[gpu] = hit[1]
+            return hit
+        last = self.sustained.get(gpu)
+        if last is None:
+            return None
+        c = self.c
+        width = int(min(c.windows) // BUCKET)
+        b1 = bucket_of(now) + 1
+        x = act.count(b1 - width, b1)
+        if x < c.min_active:
+            del self.sustained[gpu]
+            return None
+        values = dict(last)
+        values.update(
+            active=x,
+            episodes=act.episodes(b1 - width, b1),
+            window=format_duration(width * BUCKET),
+            recent_rate=round(x / (width * BUCKET / 86400.0), 2),
+        )
+        return float(x), values
 
 
 class MemoryTrendKind(ConditionKind):
