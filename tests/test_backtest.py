@@ -4,6 +4,8 @@ scores come from the real pipeline."""
 from __future__ import annotations
 
 import json
+import os
+import pty
 import subprocess
 import sys
 from pathlib import Path
@@ -148,3 +150,40 @@ def test_from_state_reports_recall_and_precision_on_a_nodes_own_history(
     assert (row["pages_confirmed_within_90d"], row["pages_unconfirmed_after_90d"]) == (1, 1)
     assert row["precision"] == 0.5 and row["pages_open"] == 0
     assert main(["backtest", "--from-state", str(tmp_path / "nothing")]) == 1
+
+
+def _backtest(stderr: int) -> subprocess.Popen[bytes]:
+    args = ["backtest", "--family", "single-burst", "--family", "sram-only", "--files", "1"]
+    return subprocess.Popen(
+        [sys.executable, "-m", "gpuwatchd", *args],
+        stdout=subprocess.PIPE,
+        stderr=stderr,
+        cwd=ROOT,
+    )
+
+
+def test_the_cli_shows_per_family_progress_on_a_terminal_only() -> None:
+    # Failed before: 8 minutes without a word until the table.
+    master, slave = pty.openpty()
+    proc = _backtest(slave)
+    os.close(slave)
+    chunks: list[bytes] = []
+    while True:
+        try:
+            data = os.read(master, 4096)
+        except OSError:  # EIO: the command closed its end
+            break
+        if not data:
+            break
+        chunks.append(data)
+    out, _ = proc.communicate(timeout=300)
+    os.close(master)
+    shown = b"".join(chunks).decode()
+    assert proc.returncode == 0
+    assert "family 1/2 single-burst: file 1/1" in shown
+    assert "family 2/2 sram-only: file 1/1" in shown
+    assert "\x1b" not in shown  # carriage returns only: fine on TERM=dumb
+    assert b"single-burst" in out and b"backtest:" not in out  # the table stays clean
+    quiet = _backtest(subprocess.PIPE)
+    out, err = quiet.communicate(timeout=300)
+    assert quiet.returncode == 0 and err == b"" and b"sram-only" in out

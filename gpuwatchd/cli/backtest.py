@@ -12,6 +12,7 @@ import logging
 import os
 import sys
 import time
+from collections.abc import Callable
 
 from gpuwatchd.config.loader import Config, default_config, load_config
 from gpuwatchd.core.errors import ConfigError
@@ -88,8 +89,12 @@ def cmd_backtest(args: argparse.Namespace) -> int:
             f"{'>=1h':>6} {'drain>=24h':>10} {'any>=6h':>8} {'pages/1k':>8} {'drains/1k':>9} "
             f"{'tickets/mo':>10}"
         )
-    for fam in families:
-        score = bt.run_family(fam, args.seed, args.files, config)
+    show = _Progress(len(families)) if sys.stderr.isatty() else None
+    for k, fam in enumerate(families, 1):
+        step = show.step(k, fam.name) if show is not None else None
+        score = bt.run_family(fam, args.seed, args.files, config, step)
+        if show is not None:
+            show.clear()
         scores.append(score)
         row = score.row()
         if args.json:
@@ -140,6 +145,40 @@ def cmd_backtest(args: argparse.Namespace) -> int:
             f"errors); {time.perf_counter() - started:.0f} s"
         )
     return 0
+
+
+class _Progress:
+    """Per-family progress on a terminal (stderr), one line rewritten in place with a
+    carriage return (no escape sequences, so ``TERM=dumb`` is fine); cleared before the
+    family's row is printed, so the table on stdout stays as it is."""
+
+    def __init__(self, families: int) -> None:
+        self.families = families
+        self.width = 0
+        self.started = time.monotonic()
+
+    def step(self, k: int, name: str) -> Callable[[int, int], None]:
+        self._write(f"backtest: family {k}/{self.families} {name}: starting")
+
+        def done(files_done: int, files: int) -> None:
+            elapsed = time.monotonic() - self.started
+            self._write(
+                f"backtest: family {k}/{self.families} {name}: file {files_done}/{files} "
+                f"({elapsed:.0f} s)"
+            )
+
+        return done
+
+    def _write(self, text: str) -> None:
+        pad = max(self.width - len(text), 0)
+        sys.stderr.write("\r" + text + " " * pad)
+        sys.stderr.flush()
+        self.width = len(text)
+
+    def clear(self) -> None:
+        sys.stderr.write("\r" + " " * self.width + "\r")
+        sys.stderr.flush()
+        self.width = 0
 
 
 def _from_state(paths: list[str], config: Config, as_json: bool) -> int:
