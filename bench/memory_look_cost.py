@@ -2,11 +2,12 @@
 """The cost of one look of the memory rules at one GPU, by how much history it has.
 
 A look is ``memory_trend.judge`` for the shipped ``GpuMemoryErrorsAccelerating`` (the
-rate test on its 1-day and 3-day windows) and for the activity part of the corroborated
-rule (which the engine runs on every poll): what the engine spends per GPU per look once
-the counter history is in memory. Each GPU history has N active 10-minute buckets in one
-regime over the last 29 days (N = 0, 1000, 2000; a steady trickle and a rising one), and
-the looks walk through its last day every 5 minutes, as the periodic evaluation does.
+rate test on its 1-day and 3-day windows and its change-point scan in whole days) and for
+the activity part of the corroborated rule (which the engine runs on every poll): what the
+engine spends per GPU per look once the counter history is in memory. Each GPU history has
+N active 10-minute buckets in one regime over the last 29 days (N = 0, 1000, 2000; a steady
+trickle and a rising one), and the looks walk through its last day every 5 minutes, as the
+periodic evaluation does.
 
 "before" is the regime bookkeeping as it was up to commit 601502f (``NaiveActivity``
 below: the regime start found by walking back through the whole history, the episodes
@@ -124,7 +125,9 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=1)
     args = ap.parse_args()
     rules = [
-        MemoryTrend(signal="acceleration", windows=(DAY, 3 * DAY)),
+        MemoryTrend(
+            signal="acceleration", windows=(DAY, 3 * DAY), alpha=0.02, scan=DAY, scan_alpha=0.1
+        ),
         MemoryTrend(signal="corroborated", windows=(DAY,), min_active=1, min_episodes=1),
     ]
     print(f"# {platform.python_implementation()} {platform.python_version()}, {platform.node()}")

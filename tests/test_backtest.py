@@ -4,14 +4,24 @@ scores come from the real pipeline."""
 from __future__ import annotations
 
 import json
+import os
+import pty
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+from rulekit import Node
+
+from gpuwatchd.cli.main import main
 from gpuwatchd.harness import backtest as bt
+from gpuwatchd.rules.loader import load_rule_set
+from gpuwatchd.rules.store import StateStore
 from gpuwatchd.scenario.model import parse_scenario
 
 ROOT = Path(__file__).resolve().parent.parent
+HOUR = 3600.0
+DAY = 86400.0
 
 
 def test_every_family_generates_valid_reproducible_scenarios() -> None:
@@ -106,3 +116,74 @@ def test_the_long_stepped_leak_has_a_weekly_phase_of_weeks_and_records_its_rise(
                 assert 5 * bt.DAY <= tr.dbe_at - tr.rise_at <= 9 * bt.DAY
                 assert weekly[0] * bt.DAY <= tr.rise_at <= (weekly[1] + 3) * bt.DAY
                 assert tr.dbe_at < tr.days * bt.DAY
+
+
+def test_from_state_reports_recall_and_precision_on_a_nodes_own_history(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A real engine with the shipped rules writes its state; the report reads it back.
+    # GPU 0: a contained uncorrectable error, errors a day later (page), the DBE 3 days on.
+    # GPU 1: the same page, never followed by a DBE (91 days). GPU 2: a DBE out of nowhere.
+    n = Node(load_rule_set([]), gpus=3, store=StateStore(str(tmp_path / "rules.sqlite3")))
+    for f in n.fields:
+        f["ecc_corrected_volatile_dev"] = 0.0
+    n.poll()
+    n.run(DAY, step=600)
+    for gpu in (0, 1):
+        n.xid(gpu, 94)
+    n.run(DAY, step=600)
+    for gpu in (0, 1):
+        n.add(gpu, ecc_corrected_volatile_dev=1)
+    n.run(3 * DAY, step=600)
+    n.xid(0, 48)
+    n.run(88 * DAY, step=3600)
+    n.xid(2, 48)
+    n.run(HOUR, step=600)
+    paged = {(tr.rule, tr.labels.get("gpu")) for _, tr in n.transitions}
+    assert ("GpuMemoryErrorsCorroborated", "0") in paged and ("GpuXidFatal", "2") in paged
+    n.engine.close()
+    assert main(["backtest", "--from-state", str(tmp_path), "--json"]) == 0
+    row = json.loads(capsys.readouterr().out)
+    assert row["uncorrectable_errors"] == 2
+    assert (row["ue_paged_1h_ahead"], row["ue_drained_24h_ahead"], row["recall"]) == (1, 1, 0.5)
+    assert row["memory_pages"] == 2
+    assert (row["pages_confirmed_within_90d"], row["pages_unconfirmed_after_90d"]) == (1, 1)
+    assert row["precision"] == 0.5 and row["pages_open"] == 0
+    assert main(["backtest", "--from-state", str(tmp_path / "nothing")]) == 1
+
+
+def _backtest(stderr: int) -> subprocess.Popen[bytes]:
+    args = ["backtest", "--family", "single-burst", "--family", "sram-only", "--files", "1"]
+    return subprocess.Popen(
+        [sys.executable, "-m", "gpuwatchd", *args],
+        stdout=subprocess.PIPE,
+        stderr=stderr,
+        cwd=ROOT,
+    )
+
+
+def test_the_cli_shows_per_family_progress_on_a_terminal_only() -> None:
+    # Failed before: 8 minutes without a word until the table.
+    master, slave = pty.openpty()
+    proc = _backtest(slave)
+    os.close(slave)
+    chunks: list[bytes] = []
+    while True:
+        try:
+            data = os.read(master, 4096)
+        except OSError:  # EIO: the command closed its end
+            break
+        if not data:
+            break
+        chunks.append(data)
+    out, _ = proc.communicate(timeout=300)
+    os.close(master)
+    shown = b"".join(chunks).decode()
+    assert proc.returncode == 0
+    assert "family 1/2 single-burst: file 1/1" in shown
+    assert "family 2/2 sram-only: file 1/1" in shown
+    assert "\x1b" not in shown  # carriage returns only: fine on TERM=dumb
+    assert b"single-burst" in out and b"backtest:" not in out  # the table stays clean
+    quiet = _backtest(subprocess.PIPE)
+    out, err = quiet.communicate(timeout=300)
+    assert quiet.returncode == 0 and err == b"" and b"sram-only" in out

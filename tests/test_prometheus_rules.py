@@ -19,6 +19,7 @@ from promseries import INSTANCE, input_series, node_firing, simulate_snapshots
 
 from gpuwatchd.config.actions import DEFAULT_SEVERITY_LABELS
 from gpuwatchd.config.loader import default_config
+from gpuwatchd.config.yamlsrc import parse_duration
 from gpuwatchd.rules import rules_from_config
 
 RULES = ROOT / "packaging" / "prometheus" / "gpuwatchd-rules.yaml"
@@ -49,6 +50,25 @@ def test_every_node_rule_has_its_prometheus_twin_with_the_mapped_severity() -> N
         severity = alerts[rule.name]["labels"]["severity"]
         assert severity == DEFAULT_SEVERITY_LABELS[rule.severity.value], rule.name
     assert set(alerts) - {r.name for r in node_rules} == PROMETHEUS_ONLY
+
+
+def test_memory_twins_hold_as_long_as_the_node_rules() -> None:
+    # A twin that judges for itself (not forwarding the node's verdict, which already holds)
+    # keeps firing as long as its node rule: GpuEccCorrectedRising is one ticket per regime
+    # on both paths (it resolved after a day in Prometheus before).
+    alerts = prometheus_alerts()
+    checked = 0
+    for rule in rules_from_config(default_config(), []).rules:
+        if not rule.name.startswith(("GpuEcc", "GpuMemory", "GpuRowRemap")):
+            continue
+        twin = alerts[rule.name]
+        if "gpuwatchd_alerts" in twin["expr"]:
+            continue
+        hold = twin.get("keep_firing_for")
+        seconds = parse_duration(str(hold)) if hold is not None else 0.0
+        assert seconds == rule.keep_firing_for, rule.name
+        checked += 1
+    assert checked >= 3
 
 
 def test_xid_code_lists_match_the_catalog_buckets_of_the_node_rules() -> None:

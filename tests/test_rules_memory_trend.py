@@ -13,13 +13,20 @@ from rulekit import Node
 
 from gpuwatchd.core.errors import ConfigError
 from gpuwatchd.rules.conditions.memory_trend import MemoryTrend, judge
-from gpuwatchd.rules.evidence import BUCKET, Activity, binomial_tail, rate_ratio_p_value
+from gpuwatchd.rules.evidence import (
+    BUCKET,
+    Activity,
+    binomial_tail,
+    binomial_tail_floor,
+    rate_ratio_p_value,
+)
 from gpuwatchd.rules.history import CounterHistory
 from gpuwatchd.rules.loader import load_rule_set, parse_rules
 from gpuwatchd.rules.store import StateStore
 
 HOUR = 3600.0
 DAY = 86400.0
+ACCELERATING = "GpuMemoryErrorsAccelerating"
 T0 = 1_767_225_600.0
 
 
@@ -29,6 +36,18 @@ def test_binomial_tail_matches_the_sum_of_terms() -> None:
         for x in range(n + 2):
             exact = sum(math.comb(n, k) * p**k * (1 - p) ** (n - k) for k in range(x, n + 1))
             assert binomial_tail(x, n, p) == pytest.approx(exact, rel=1e-9, abs=1e-15)
+
+
+def test_the_cheap_floor_never_exceeds_the_exact_tail() -> None:
+    # The scan skips the exact sum where Slud's bound already says p >= alpha; a floor
+    # above the exact tail would hide a significant rise.
+    for n in (1, 3, 10, 40, 300, 2000):
+        for p in (0.001, 0.01, 0.05, 0.1, 0.2, 0.25):
+            for x in range(n + 1):
+                floor = binomial_tail_floor(x, n, p)
+                assert floor <= binomial_tail(x, n, p) + 1e-12, (x, n, p)
+    assert binomial_tail_floor(3, 10, 0.3) == 0.0  # outside the bound's range: no claim
+    assert binomial_tail_floor(12, 100, 0.1) > 0.2
 
 
 @pytest.mark.parametrize("rate_per_day", [0.5, 4.0, 40.0])
@@ -120,6 +139,54 @@ def test_the_dispersion_option_discounts_a_baseline_of_sessions() -> None:
     plain = MemoryTrend(windows=(DAY,), peak_ratio=1e9)
     assert judge(plain, a, now) is not None
     assert judge(MemoryTrend(windows=(DAY,), peak_ratio=1e9, dispersion=True), a, now) is None
+
+
+def _weekly_then_daily() -> Activity:
+    # Three errors in two weeks (the first marks the regime), then one a day for six days:
+    # a rise that began six days ago, too slow for the last day or three days alone.
+    a = Activity()
+    for t in (0.0, 6 * DAY, 13 * DAY):
+        a.mark(T0 + t)
+    for k in range(6):
+        a.mark(T0 + 15 * DAY + k * DAY + (k * 5 % 24) * HOUR)
+    return a
+
+
+def test_the_scan_judges_a_rise_from_where_it_began() -> None:
+    a = _weekly_then_daily()
+    now = T0 + 20 * DAY + HOUR + 60  # a minute after the latest error
+    fixed = MemoryTrend(windows=(DAY, 3 * DAY), alpha=0.02)
+    assert judge(fixed, a, now) is None
+    scanned = MemoryTrend(windows=(DAY, 3 * DAY), alpha=0.02, scan=DAY, scan_alpha=0.01)
+    hit = judge(scanned, a, now)
+    assert hit is not None and hit[1] is not None
+    assert hit[1]["window"] == "1w1d" and hit[1]["p_value"] == "8.4e-03"
+    # the scan runs where new activity just came, not on the looks between errors
+    assert judge(scanned, a, now + 6 * HOUR) is None
+    # each scanned window keeps a baseline of at least scan_baseline before it
+    short = MemoryTrend(
+        windows=(DAY,), alpha=0.02, scan=DAY, scan_alpha=0.01, scan_baseline=16 * DAY
+    )
+    assert judge(short, a, now) is None
+    # ... and at least scan_ratio times the window
+    wide = MemoryTrend(windows=(DAY,), alpha=0.02, scan=DAY, scan_alpha=0.01, scan_ratio=3.0)
+    assert judge(wide, a, now) is None
+
+
+def test_the_shipped_rule_drains_a_weekly_then_daily_rise_during_its_daily_phase() -> None:
+    # Failed before (no scan): the fixed 1-day and 3-day windows saw at most three daily
+    # errors against a baseline that held the earlier daily ones, and stayed quiet.
+    n = _shipped()
+    start = n.t
+    for t in [0.0, 6 * DAY, 13 * DAY] + [
+        15 * DAY + k * DAY + (k * 5 % 24) * HOUR for k in range(6)
+    ]:
+        n.run(start + t - n.t, step=600)
+        n.add(0, ecc_corrected_volatile_dev=1)
+    n.run(start + 21 * DAY - n.t, step=600)
+    fired = [tr for _, tr in n.transitions if tr.rule == "GpuMemoryErrorsAccelerating"]
+    assert fired and fired[0].state.value == "firing" and fired[0].drain
+    assert fired[0].labels.get("gpu") == "0"
 
 
 # -- activity ------------------------------------------------------------------------------
@@ -398,13 +465,14 @@ def test_bad_parameters_are_located() -> None:
     with pytest.raises(ConfigError) as err:
         parse_rules(
             "rules:\n- name: R\n  severity: page\n  condition:\n"
-            "    memory_trend: {signal: faster, window: [5m], alpha: 0.7}\n",
+            "    memory_trend: {signal: faster, window: [5m], alpha: 0.7, scan_alpha: 0.5}\n",
             "r.yaml",
         )
     text = "\n".join(err.value.lines())
     assert "r.yaml:5:28: rule 'R'.condition.memory_trend.signal" in text
     assert "memory_trend.window: at least 10m" in text
     assert "memory_trend.alpha: a small chance" in text
+    assert "memory_trend.scan_alpha: a small chance" in text
 
 
 # -- peers ----------------------------------------------------------------------------------
@@ -446,3 +514,87 @@ def _node_with(text: str, gpus: int) -> Node:
     for f in n.fields:
         f["ecc_corrected_volatile_dev"] = 0.0
     return n
+
+
+def _shipped_on(store: StateStore, start: float | None = None) -> Node:
+    n = Node(load_rule_set([]), gpus=3, store=store, **({"start": start} if start else {}))
+    for f in n.fields:
+        for name in ("ecc_corrected_volatile_dev", "remapped_rows_correctable"):
+            f[name] = 0.0
+    n.poll()
+    return n
+
+
+@pytest.mark.parametrize("code", [92, 94])
+def test_the_certified_xids_survive_a_restart(tmp_path: Path, code: int) -> None:
+    # Failed before: the XIDs the certified rule had counted lived in memory only, so an
+    # XID 92 before a restart and one after it (two days within a week) paged nothing, nor
+    # did errors after a restart that followed a contained uncorrectable error (XID 94).
+    path = str(tmp_path / "rules.sqlite3")
+    n = _shipped_on(StateStore(path, boot_id="b1"))
+    n.run(HOUR, step=600)
+    n.xid(0, code)
+    n.run(HOUR, step=600)
+    n.engine.close()
+    again = _shipped_on(StateStore(path, boot_id="b2"), start=n.clock.now())
+    again.run(DAY, step=600)
+    if code == 92:
+        again.xid(0, 92)
+    else:
+        again.add(0, ecc_corrected_volatile_dev=1)
+    again.run(HOUR, step=600)
+    assert list(_certified(again)) == ["0"]
+
+
+def _tickets(n: Node) -> list[tuple[str, str | None]]:
+    return [
+        (tr.rule, tr.labels.get("gpu"))
+        for _, tr in n.transitions
+        if tr.state.value == "firing" and tr.severity.value == "ticket"
+    ]
+
+
+def test_one_ticket_per_error_regime_with_the_shipped_rules() -> None:
+    # Failed before: a new regime on a loaded GPU with loaded peers opened three tickets
+    # (the rising count, the new activity, the peer share); now the regime has one, the
+    # others are info (shown in status, nobody notified).
+    n = _shipped()
+    n.run(DAY, step=600)
+    for _ in range(12):  # GPU 0: an error every two hours for a day, HBM (and so the total)
+        n.add(0, ecc_corrected_volatile=1, ecc_corrected_volatile_dev=1)
+        n.run(2 * HOUR, step=600)
+    n.run(7 * DAY, step=600)
+    firing = {(tr.rule, tr.severity.value) for _, tr in n.transitions if tr.state.value == "firing"}
+    assert {("GpuMemoryErrorsNew", "info"), ("GpuMemoryErrorsPeerShare", "info")} <= firing
+    assert _tickets(n) == [("GpuEccCorrectedRising", "0")]
+
+
+def test_peer_share_compares_only_loaded_gpus() -> None:
+    # Idle peers log nothing because nothing reads their memory: no evidence against them.
+    n = _shipped()
+    n.set([1, 2], utilization_gpu=0.0)
+    n.run(DAY, step=600)
+    for _ in range(12):
+        n.add(0, ecc_corrected_volatile_dev=1)
+        n.run(2 * HOUR, step=600)
+    assert not n.firing("GpuMemoryErrorsPeerShare")
+    n.set([1, 2], utilization_gpu=0.9)  # the same evidence against loaded peers
+    n.run(HOUR, step=600)
+    assert n.firing("GpuMemoryErrorsPeerShare") == {("GpuMemoryErrorsPeerShare", "0")}
+
+
+def test_the_acceleration_stays_firing_while_its_errors_keep_coming() -> None:
+    # Failed before: a leak that went on at its new rate was no longer a rise to the test
+    # (and an earlier window was as busy: the peak veto), so the alert resolved while the
+    # errors kept coming (the shipped rule a day before the double-bit error in
+    # scenarios/ecc-leak.yaml, after its 3-day hold; this rule has no hold).
+    n = _node()
+    n.poll()
+    _errors(n, 1, 8 * HOUR, 7 * DAY)
+    _errors(n, 1, 600, 8 * DAY)
+    assert n.firing("Accelerating") == {("Accelerating", "1")}
+    _errors(n, 1, 600, 14 * DAY)  # six days more at the new rate
+    assert n.firing("Accelerating") == {("Accelerating", "1")}
+    assert [e[2] for e in n.events() if e[1] == "Accelerating"] == ["firing"]
+    n.run(2 * DAY, step=1800)  # the errors stop: it resolves
+    assert not n.firing("Accelerating")

@@ -12,8 +12,9 @@ import logging
 import os
 import sys
 import time
+from collections.abc import Callable
 
-from gpuwatchd.config.loader import default_config, load_config
+from gpuwatchd.config.loader import Config, default_config, load_config
 from gpuwatchd.core.errors import ConfigError
 from gpuwatchd.core.health import EXIT_USAGE
 from gpuwatchd.harness import backtest as bt
@@ -42,6 +43,15 @@ def add_parser(
     p.add_argument("--seed", type=int, default=1, help="seed of the traces (default 1)")
     p.add_argument("--json", action="store_true", help="one JSON object per family")
     p.add_argument(
+        "--from-state",
+        metavar="DIR",
+        action="append",
+        help="instead: report on nodes' own history, read from their state directories (or "
+        "rules.sqlite3 files; repeatable): uncorrectable memory errors preceded by a memory "
+        "page >= 1 h or a drain >= 24 h before, and memory pages no such error followed "
+        "within 90 days (docs/DETECTION.md)",
+    )
+    p.add_argument(
         "--write-scenarios",
         metavar="DIR",
         help="also write the generated scenario files (the scenario format) into DIR",
@@ -57,6 +67,8 @@ def cmd_backtest(args: argparse.Namespace) -> int:
         for line in exc.lines():
             print(line, file=sys.stderr)
         return 1
+    if args.from_state:
+        return _from_state(args.from_state, config, args.json)
     if args.files < 1:
         print("gpuwatchd backtest: --files must be at least 1", file=sys.stderr)
         return EXIT_USAGE
@@ -77,8 +89,12 @@ def cmd_backtest(args: argparse.Namespace) -> int:
             f"{'>=1h':>6} {'drain>=24h':>10} {'any>=6h':>8} {'pages/1k':>8} {'drains/1k':>9} "
             f"{'tickets/mo':>10}"
         )
-    for fam in families:
-        score = bt.run_family(fam, args.seed, args.files, config)
+    show = _Progress(len(families)) if sys.stderr.isatty() else None
+    for k, fam in enumerate(families, 1):
+        step = show.step(k, fam.name) if show is not None else None
+        score = bt.run_family(fam, args.seed, args.files, config, step)
+        if show is not None:
+            show.clear()
         scores.append(score)
         row = score.row()
         if args.json:
@@ -128,6 +144,56 @@ def cmd_backtest(args: argparse.Namespace) -> int:
             f"(benign families at their fleet shares; the rest of the GPU-days without corrected "
             f"errors); {time.perf_counter() - started:.0f} s"
         )
+    return 0
+
+
+class _Progress:
+    """Per-family progress on a terminal (stderr), one line rewritten in place with a
+    carriage return (no escape sequences, so ``TERM=dumb`` is fine); cleared before the
+    family's row is printed, so the table on stdout stays as it is."""
+
+    def __init__(self, families: int) -> None:
+        self.families = families
+        self.width = 0
+        self.started = time.monotonic()
+
+    def step(self, k: int, name: str) -> Callable[[int, int], None]:
+        self._write(f"backtest: family {k}/{self.families} {name}: starting")
+
+        def done(files_done: int, files: int) -> None:
+            elapsed = time.monotonic() - self.started
+            self._write(
+                f"backtest: family {k}/{self.families} {name}: file {files_done}/{files} "
+                f"({elapsed:.0f} s)"
+            )
+
+        return done
+
+    def _write(self, text: str) -> None:
+        pad = max(self.width - len(text), 0)
+        sys.stderr.write("\r" + text + " " * pad)
+        sys.stderr.flush()
+        self.width = len(text)
+
+    def clear(self) -> None:
+        sys.stderr.write("\r" + " " * self.width + "\r")
+        sys.stderr.flush()
+        self.width = 0
+
+
+def _from_state(paths: list[str], config: Config, as_json: bool) -> int:
+    from gpuwatchd.harness.field_report import field_report, render
+
+    try:
+        report = field_report(paths, config)
+    except OSError as exc:
+        print(f"gpuwatchd backtest: {exc}", file=sys.stderr)
+        return 1
+    if as_json:
+        print(json.dumps(report.row()))
+    else:
+        for line in render(report):
+            print(line)
     return 0
 
 

@@ -788,11 +788,19 @@ def drain_rules(config: Config) -> set[str]:
     return {r.name for r in rules_from_config(config).rules if r.drain and r.name != "GpuXidFatal"}
 
 
-def run_family(family: Family, seed: int, files: int, config: Config | None = None) -> Score:
+def run_family(
+    family: Family,
+    seed: int,
+    files: int,
+    config: Config | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> Score:
+    """Play the family's files through the pipeline and score them; ``progress(done,
+    files)`` after each file."""
     config = config or default_config({})
     pages, drains = page_rules(config), drain_rules(config)
     score = Score(family)
-    for text, traces in generate(family, seed, files):
+    for done, (text, traces) in enumerate(generate(family, seed, files), 1):
         seen = _Actions(pages, drains)
         scenario = parse_scenario(text, f"backtest-{family.name}.yaml")
         Simulation(scenario, config, on_record=seen.record).run()
@@ -823,6 +831,8 @@ def run_family(family: Family, seed: int, files: int, config: Config | None = No
             score.drain_leads.append((dbe - drained_before[0]) / HOUR if drained_before else 0.0)
             first = min([*before[:1], *drained_before[:1]], default=None)
             score.action_leads.append((dbe - first) / HOUR if first is not None else 0.0)
+        if progress is not None:
+            progress(done, files)
     return score
 
 

@@ -17,17 +17,22 @@ default: how long a GPU stays *susceptible*), one of these is true:
 Statistical evidence (the acceleration test) is not here: it drains and opens a ticket.
 
 The XIDs are taken from the node's XID log as they arrive and kept per GPU (a few floats
-each), so a look costs a few bisects whatever the history; after a restart the XIDs seen
-before it are not known again (the counters' activity is, from the state store).
+each), so a look costs a few bisects whatever the history. They are saved in the state
+store (``rules.sqlite3``, as the XID recurrence rules' episodes: one row per XID, the GPU by
+its UUID) and taken back after a restart, so an XID 92 before a restart and one after it
+are two days of XID 92; the counters' activity comes back from the store's histories.
 """
 
 from __future__ import annotations
 
 import bisect
+import math
+from collections.abc import Iterable
 
 from gpuwatchd.core.units import format_duration
 from gpuwatchd.rules.evidence import BUCKET, EPISODE_GAP, bucket_of
 from gpuwatchd.rules.snapshot import GpuView, Snapshot
+from gpuwatchd.rules.store import EpisodeRecord
 
 DAY = 86400.0
 AFTER = EPISODE_GAP * BUCKET  # "again": at least an hour after the first sign
@@ -45,6 +50,7 @@ BANK_FIELDS = ("row_remap_banks_low", "row_remap_banks_none")
 # is seen as movement: see ``Certificates.unchanged``)
 FIELDS = frozenset({*UE_FIELDS, REMAP_FIELD, PENDING_FIELD, *BANK_FIELDS})
 RECHECK = 300.0  # seconds a look is trusted while nothing it reads moved
+SAVED_PER_GPU = 64  # XIDs of one kind saved per GPU (the newest): bounded whatever the log
 
 
 def _first_active(hist_activity: list[int], b0: int, b1: int) -> int | None:
@@ -61,7 +67,7 @@ class Certificates:
     """The XIDs the certified signal reads, per GPU, and when each GPU's row remap took
     effect; fed incrementally from the node's XID log."""
 
-    __slots__ = ("applied", "last_look", "node92", "seq", "ue", "x92")
+    __slots__ = ("applied", "dirty", "last_look", "node92", "seq", "ue", "uuids", "x92")
 
     def __init__(self) -> None:
         self.last_look: float | None = None
@@ -70,6 +76,8 @@ class Certificates:
         self.x92: dict[int, list[float]] = {}  # GPU -> times of XID 92
         self.node92: list[tuple[float, int]] = []  # (time, GPU) of every XID 92
         self.applied: dict[int, float] = {}  # GPU -> first look with its remap applied
+        self.uuids: dict[int, str] = {}  # GPU -> its UUID, for saving
+        self.dirty = False  # XIDs taken since the last save
 
     def unchanged(self, snap: Snapshot, fields: frozenset[str], now: float) -> bool:
         """True when nothing the signal reads moved (no counter of ``fields``, no new XID)
@@ -95,8 +103,11 @@ class Certificates:
                 if ev.kind != "xid" or ev.enriches:
                     continue
                 g = snap.gpu_of(ev)
-                if g < 0:
+                if g < 0 or (ev.xid not in UE_XIDS and ev.xid != RATE_XID):
                     continue
+                self.dirty = True
+                if g not in self.uuids:
+                    self.uuids.update((v.index, v.info.uuid) for v in snap.gpus if v.info.uuid)
                 if ev.xid in UE_XIDS:
                     bisect.insort(self.ue.setdefault(g, []), ev.timestamp)
                 elif ev.xid == RATE_XID:
@@ -118,6 +129,39 @@ class Certificates:
     def adopt(self, old: Certificates) -> None:
         self.seq, self.ue, self.x92 = old.seq, old.ue, old.x92  # a reload looks again at once
         self.node92, self.applied = old.node92, old.applied
+        self.uuids, self.dirty = old.uuids, old.dirty
+
+    def records(self) -> list[EpisodeRecord]:
+        """The XIDs to save: one record per XID (start = end = its time), the newest
+        ``SAVED_PER_GPU`` of each kind per GPU."""
+        out: list[EpisodeRecord] = []
+        for table, code in ((self.ue, 94), (self.x92, RATE_XID)):
+            for g, times in table.items():
+                uuid = self.uuids.get(g) or f"index:{g}"
+                out.extend(EpisodeRecord(uuid, code, t, t, (), 0) for t in times[-SAVED_PER_GPU:])
+        return out
+
+    def load(self, records: Iterable[EpisodeRecord], snap: Snapshot, now: float) -> int:
+        """Take back saved XIDs of the GPUs in ``snap`` (by UUID); how many made no sense
+        (an unknown code, a time that is not finite or lies ahead of ``now``)."""
+        bad = 0
+        for r in records:
+            if r.xid not in (94, RATE_XID) or not math.isfinite(r.start) or r.start > now:
+                bad += 1
+                continue
+            if r.uuid.startswith("index:"):
+                g = int(r.uuid.removeprefix("index:")) if r.uuid[6:].isdigit() else -1
+            else:
+                g = snap.by_uuid.get(r.uuid, -1)
+            if g < 0:
+                continue  # a GPU no longer in the node
+            if r.xid == RATE_XID:
+                bisect.insort(self.x92.setdefault(g, []), r.start)
+                bisect.insort(self.node92, (r.start, g))
+            else:
+                bisect.insort(self.ue.setdefault(g, []), r.start)
+        self.uuids.update((v.index, v.info.uuid) for v in snap.gpus if v.info.uuid)
+        return bad
 
 
 def certified(certs: Certificates, g: GpuView, field: str, window: float, now: float) -> str | None:

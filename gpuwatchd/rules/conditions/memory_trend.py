@@ -16,6 +16,17 @@ at least ``quiet`` of silence). One condition, three signals (``signal``):
   episodes in the window (one burst is one episode), at least ``min_baseline`` of regime
   before the window, and no earlier window of the regime as busy as ``peak_ratio`` of
   this one (errors that come and go with one job).
+  With ``scan`` (a step, e.g. ``1d``), a change-point scan over the whole regime follows
+  the fixed windows: every window of ``k * scan`` (``k`` = 1, 2, ...) that leaves a
+  baseline of at least ``scan_baseline`` and ``scan_ratio`` times the window is tested the
+  same way, each at ``scan_alpha``, so a rise that began days ago (a daily phase after a
+  weekly one, a regular cadence) is judged from where it began, not only by its last
+  days. The scan runs in active buckets (where new activity just came). Each scanned
+  window keeps every gate; what the scan costs in false drains is
+  measured by ``gpuwatchd backtest`` (docs/DETECTION.md), not promised by ``scan_alpha``.
+  Once it holds on a GPU, it stays true while the shortest window still holds
+  ``min_active`` active buckets: the evidence keeps arriving (a leak that went on at its
+  new rate), so the alert does not resolve under it.
 - ``activity``: a new regime (or one younger than ``min_baseline``) with at least
   ``min_active`` buckets and ``min_episodes`` episodes in the longest window.
 - ``corroborated``: activity in the longest window together with the GPU certifying the
@@ -25,6 +36,7 @@ at least ``quiet`` of silence). One condition, three signals (``signal``):
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -45,13 +57,22 @@ from gpuwatchd.rules.conditions.base import (
 )
 from gpuwatchd.rules.conditions.reading import MAX_WINDOW, BodyReader
 from gpuwatchd.rules.conditions.recheck import Recheck
-from gpuwatchd.rules.evidence import BUCKET, Activity, bucket_of, rate_ratio_p_value
+from gpuwatchd.rules.evidence import (
+    BUCKET,
+    Activity,
+    binomial_tail_floor,
+    bucket_of,
+    rate_ratio_p_value,
+)
 from gpuwatchd.rules.model import Condition, Rule
 from gpuwatchd.rules.snapshot import GpuView, Snapshot
+from gpuwatchd.rules.store import StateStore
 
 Signal = Literal["acceleration", "activity", "corroborated", "certified"]
 SIGNALS: tuple[Signal, ...] = ("acceleration", "activity", "corroborated", "certified")
 RECHECK = 300.0  # seconds between looks at a GPU whose counter did not move
+CERTIFIED_SIGNATURE = "memory-certified-xids-1"  # the saved XIDs' format (rules store)
+log = logging.getLogger(__name__)
 REMAP_FIELD = "remapped_rows_correctable"
 CORROBORATING_XIDS = frozenset({63, 92})
 # Row-remapper histogram levels that mean a bank has been remapping rows again and again.
@@ -73,6 +94,10 @@ class MemoryTrend(Condition):
     quiet: float = 28 * 86400.0
     peak_ratio: float = 0.3
     dispersion: bool = False
+    scan: float = 0.0  # the scan's step; 0: no scan
+    scan_alpha: float = 0.1
+    scan_baseline: float = 7 * 86400.0
+    scan_ratio: float = 1.5
 
     @property
     def window(self) -> float:
@@ -122,7 +147,35 @@ def judge(c: MemoryTrend, act: Activity, now: float) -> Hit | None:
         hit = _accelerated(c, act, b1, int(window // BUCKET), quiet, alpha)
         if hit is not None:
             return hit
+    if c.scan > 0:
+        return _scanned(c, act, b1, quiet)
     return None
+
+
+def _scanned(c: MemoryTrend, act: Activity, b1: int, quiet: int) -> Hit | None:
+    """The change-point scan: windows of ``k * c.scan`` back from ``b1``, the shortest
+    first, while the regime before them is long enough to be a baseline. It runs in an
+    active bucket only: a rise shows most where new activity just came (later, the same
+    windows hold no more events and a longer baseline), and so it costs nothing on the
+    looks between errors."""
+    if act.count(b1 - 1, b1) == 0:
+        return None
+    start = act.regime_start(b1, quiet)
+    if start is None:
+        return None
+    step = max(int(c.scan // BUCKET), 1)
+    least = c.scan_baseline / BUCKET
+    fixed = {int(w // BUCKET) for w in c.windows}
+    width = step
+    while True:
+        baseline = b1 - width - start
+        if baseline < least or baseline < c.scan_ratio * width:
+            return None
+        if width not in fixed:
+            hit = _accelerated(c, act, b1, width, quiet, c.scan_alpha)
+            if hit is not None:
+                return hit
+        width += step
 
 
 def _accelerated(
@@ -146,13 +199,16 @@ def _accelerated(
     if baseline <= 0:
         return None
     y = act.count(start + 1, w0)
-    if x <= (x + y) * c.factor * width / (c.factor * width + baseline):
+    p0 = c.factor * width / (c.factor * width + baseline)
+    if x <= (x + y) * p0:
         return None  # at most the expected count: p >= 0.5 > alpha (and no sum to take)
+    if binomial_tail_floor(x, x + y, p0) >= alpha:
+        return None  # surely not significant (Slud's bound): no exact sum to take
+    if act.peak(start, w0, width) >= max(c.min_active, c.peak_ratio * x):
+        return None  # an earlier window of this regime was as busy, and it subsided
     p = rate_ratio_p_value(x, float(width), y, float(baseline), c.factor)
     if p >= alpha:
         return None
-    if act.peak(start, w0, width) >= max(c.min_active, c.peak_ratio * x):
-        return None  # an earlier window of this regime was as busy, and it subsided
     if c.dispersion:
         # Overdispersion: the baseline's day counts vary more than a Poisson process's, so
         # the counts carry less evidence than their size says; test them scaled down by the
@@ -177,7 +233,7 @@ def _accelerated(
 
 
 class _Evaluator(Evaluator):
-    __slots__ = ("c", "certified_hits", "certs", "look")
+    __slots__ = ("c", "certified_hits", "certs", "look", "restored", "sustained")
 
     def __init__(self, rule: Rule) -> None:
         super().__init__(rule)
@@ -185,10 +241,34 @@ class _Evaluator(Evaluator):
         self.look = Recheck(RECHECK)
         self.certs = mc.Certificates()
         self.certified_hits: Hits = {}  # the last look's (certified), while nothing moved
+        self.restored = False  # saved XIDs taken back (or adopted from a reload)
+        self.sustained: dict[int, dict[str, Any]] = {}  # GPU -> its hit's values, while held
 
     def adopt(self, old: Evaluator) -> None:
         if isinstance(old, _Evaluator):
             self.certs.adopt(old.certs)
+            self.restored = True
+            if old.c.windows == self.c.windows and old.c.min_active == self.c.min_active:
+                self.sustained = old.sustained
+
+    def restore(self, store: StateStore, snap: Snapshot, now: float) -> None:
+        if self.c.signal != "certified" or self.restored:
+            return
+        self.restored = True
+        records, bad = store.load_episodes(self.rule.name, CERTIFIED_SIGNATURE)
+        bad += self.certs.load(records, snap, now)
+        if bad:
+            log.warning(
+                "rule %s: %d saved XID(s) made no sense and were dropped", self.rule.name, bad
+            )
+            self.certs.dirty = True  # rewrite the saved state without them
+
+    def save(self, store: StateStore, now: float) -> None:
+        certs = self.certs
+        if certs.dirty and store.save_episodes(
+            self.rule.name, CERTIFIED_SIGNATURE, certs.records()
+        ):
+            certs.dirty = False
 
     def _certified(self, snap: Snapshot, now: float, fresh: bool) -> Result:
         c = self.c
@@ -229,6 +309,8 @@ class _Evaluator(Evaluator):
             if not corroborated and look.unchanged(h, act.version, now):
                 continue
             hit = judge(c, act, now)
+            if c.signal == "acceleration":
+                hit = self._sustain(g.index, act, now, hit)
             if hit is not None and corroborated:
                 why = _corroboration(c, g, snap, now)
                 if why is None:
@@ -240,6 +322,34 @@ class _Evaluator(Evaluator):
             if hit is not None:
                 hits[(g.index, -1, -1)] = hit
         return hits, unknown
+
+    def _sustain(self, gpu: int, act: Activity, now: float, hit: Hit | None) -> Hit | None:
+        """An acceleration holds on while its evidence keeps arriving: after a hit, the
+        condition stays true as long as the shortest window still holds ``min_active``
+        active buckets (a leak that went on at its new rate is no longer a *rise* to the
+        test, and its peak veto sees an earlier window as busy; yet nothing subsided)."""
+        if hit is not None:
+            assert hit[1] is not None
+            self.sustained[gpu] = hit[1]
+            return hit
+        last = self.sustained.get(gpu)
+        if last is None:
+            return None
+        c = self.c
+        width = int(min(c.windows) // BUCKET)
+        b1 = bucket_of(now) + 1
+        x = act.count(b1 - width, b1)
+        if x < c.min_active:
+            del self.sustained[gpu]
+            return None
+        values = dict(last)
+        values.update(
+            active=x,
+            episodes=act.episodes(b1 - width, b1),
+            window=format_duration(width * BUCKET),
+            recent_rate=round(x / (width * BUCKET / 86400.0), 2),
+        )
+        return float(x), values
 
 
 class MemoryTrendKind(ConditionKind):
@@ -256,6 +366,10 @@ class MemoryTrendKind(ConditionKind):
         "quiet",
         "peak_ratio",
         "dispersion",
+        "scan",
+        "scan_alpha",
+        "scan_baseline",
+        "scan_ratio",
     )
     placeholders = frozenset(
         {
@@ -283,16 +397,19 @@ class MemoryTrendKind(ConditionKind):
             values["field"] = found[0] if found is not None else None
         if "window" in keys:
             values["windows"] = self._windows(p, keys["window"], f"{what}.window")
-        for name in ("min_baseline", "quiet"):
+        for name in ("min_baseline", "quiet", "scan", "scan_baseline"):
             if name in keys:
                 values[name] = p.window(keys[name], f"{what}.{name}")
         if "factor" in keys:
             values["factor"] = r.number(keys["factor"], f"{what}.factor", minimum=1.0)
-        if "alpha" in keys:
-            values["alpha"] = r.number(keys["alpha"], f"{what}.alpha", minimum=1e-12)
-            if values["alpha"] is not None and values["alpha"] >= 0.5:
-                p.error(keys["alpha"], f"{what}.alpha: a small chance, below 0.5 (e.g. 1e-4)")
-                values["alpha"] = None
+        for name in ("alpha", "scan_alpha"):
+            if name in keys:
+                values[name] = r.number(keys[name], f"{what}.{name}", minimum=1e-12)
+                if values[name] is not None and values[name] >= 0.5:
+                    p.error(keys[name], f"{what}.{name}: a small chance, below 0.5 (e.g. 1e-4)")
+                    values[name] = None
+        if "scan_ratio" in keys:
+            values["scan_ratio"] = r.number(keys["scan_ratio"], f"{what}.scan_ratio", minimum=0.0)
         for name in ("min_active", "min_episodes"):
             if name in keys:
                 values[name] = r.integer(keys[name], f"{what}.{name}", 1, 10000)
@@ -356,6 +473,15 @@ class MemoryTrendKind(ConditionKind):
                 "quiet": sp.duration("28d"),
                 "peak_ratio": {"type": "number", "minimum": 0, "default": 0.3},
                 "dispersion": {"type": "boolean", "default": False},
+                "scan": sp.DURATION,
+                "scan_alpha": {
+                    "type": "number",
+                    "exclusiveMinimum": 0,
+                    "exclusiveMaximum": 0.5,
+                    "default": 0.1,
+                },
+                "scan_baseline": sp.duration("7d"),
+                "scan_ratio": {"type": "number", "minimum": 0, "default": 1.5},
             },
             "Device-memory errors as activity (10-minute buckets, episodes, regimes): a "
             "significant acceleration within a regime (exact conditional binomial test), new "
