@@ -1,24 +1,29 @@
-"""Builds the XID inputs a daemon (or simulation) runs, from config and backend.
+"""Builds the XID inputs a daemon (or simulation) runs, from the ``sources`` section and
+the backend.
 
 ``XidInputs`` owns the kernel-log source (journald, /dev/kmsg or the scenario's lines),
 the line handlers, and the incident merger that NVML events also pass through. It hands
-merged, trusted ``XidEvent``s to one callback and exposes its metrics.
+merged, trusted ``XidEvent``s to one callback and exposes its metrics. It owns the
+``sources`` section at a reload (``prepare``): a new ``merge_window`` is applied at once;
+the readers themselves start once, so any other change is refused until a restart.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import threading
-from collections.abc import Callable
-from typing import Protocol, runtime_checkable
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol, runtime_checkable
 
-from gpuwatchd.config.loader import Config
+from gpuwatchd.config.loader import SourcesConfig
 from gpuwatchd.core.clock import Clock
 from gpuwatchd.core.errors import BackendUnavailable
 from gpuwatchd.core.families import Families
 from gpuwatchd.core.heartbeat import Heartbeat, HeartbeatRegistry
 from gpuwatchd.core.records import GpuInfo, XidEvent
+from gpuwatchd.core.reloading import Prepared
 from gpuwatchd.core.statehealth import StoreHealth
 from gpuwatchd.sources.incidents import IncidentMerger
 from gpuwatchd.sources.kernel.cursor import PositionFile
@@ -87,41 +92,48 @@ class ScenarioKernelSource:
             self._thread.join(2.0)
 
 
-def choose_kernel_log(config: Config, backend: object) -> str:
-    choice = config.sources.kernel_log
+def choose_kernel_log(sources: SourcesConfig, backend: object) -> str:
+    choice = sources.kernel_log
     if choice != "auto":
         return choice
     if isinstance(backend, ScriptedKernelLog):
         return "scenario"
-    if config.sources.journal_dir or journal_available():
+    if sources.journal_dir or journal_available():
         return "journald"
-    if kmsg_available(config.sources.kmsg_path):
+    if kmsg_available(sources.kmsg_path):
         return "kmsg"
     return "none"
 
 
+LIVE_SOURCES_KEYS = frozenset({"merge_window"})
+"""The ``sources`` keys a reload applies; the readers are built once from the others."""
+
+
 class XidInputs:
+    sections = ("sources",)
+
     def __init__(
         self,
-        config: Config,
+        sources: SourcesConfig,
+        state_dir: str | None,
         backend: object,
         clock: Clock,
         emit: Callable[[XidEvent], None],
         status: Status,
-        *,
-        durable: bool = True,
     ) -> None:
-        self.config = config
+        """``state_dir``: where the kernel-log readers keep their resume position (``None``:
+        in memory, as ``simulate`` runs)."""
+        self.config = sources
         self.clock = clock
         self.status = status
         self.resolver = GpuResolver()
-        self.kind = choose_kernel_log(config, backend)
+        self.kind = choose_kernel_log(sources, backend)
         self.handler: KernelLineHandler | None = None
         self.source: _Runnable | None = None
         self._kernel_up = False
         self.nvml_events_up = False
         self.merger = IncidentMerger(
-            config.sources.merge_window,
+            sources.merge_window,
             emit,
             kernel_up=lambda: self._kernel_up,
             nvml_up=lambda: self.nvml_events_up,
@@ -131,7 +143,6 @@ class XidInputs:
         self._stop = threading.Event()
         self._expirer: threading.Thread | None = None
         self._expirer_beat: Heartbeat | None = None
-        state_dir = config.state_dir if durable else None
         if self.kind == "none":
             log.warning("no kernel-log source: XIDs come from NVML events only")
             return
@@ -145,19 +156,39 @@ class XidInputs:
             self.source = JournaldSource(
                 self.handler,
                 clock,
-                directory=config.sources.journal_dir,
+                directory=sources.journal_dir,
                 position=PositionFile(_pos(state_dir, "journald.json")),
                 status=self._source_status,
-                backfill=config.sources.backfill,
+                backfill=sources.backfill,
             )
         else:
             self.source = KmsgSource(
                 self.handler,
                 clock,
-                path=config.sources.kmsg_path,
+                path=sources.kmsg_path,
                 position=PositionFile(_pos(state_dir, "kmsg.json")),
                 status=self._source_status,
             )
+
+    def prepare(self, new: Mapping[str, Any], changed: frozenset[str]) -> Prepared:
+        """The ``sources`` section at a reload: a changed ``merge_window`` alone is applied;
+        a change to any other key refuses the section (the readers start once)."""
+        if "sources" not in changed:
+            return Prepared()
+        section: SourcesConfig = new["sources"]
+        old = dataclasses.asdict(self.config)
+        moved = sorted(k for k, v in dataclasses.asdict(section).items() if old[k] != v)
+        fixed = [f"sources.{k}" for k in moved if k not in LIVE_SOURCES_KEYS]
+        if fixed:
+            why = f"{', '.join(fixed)}: the kernel-log and NVML event readers are built at start"
+            return Prepared(refused={"sources": why})
+
+        def apply() -> None:
+            self.merger.window = section.merge_window
+            self.config = section
+            log.info("sources.merge_window is now %gs", section.merge_window)
+
+        return Prepared(apply)
 
     def _source_status(self, up: bool, detail: str) -> None:
         self._kernel_up = up
