@@ -354,11 +354,26 @@ class Daemon:
             self.pci.stop()
         if self._eval_thread is not None:
             self._eval_thread.join(2.0)
+            if not self._eval_thread.is_alive():
+                self._last_look()
         for hook in self.on_stop:
             hook()
         self.node.close()
         if self.node.events is not None:
             self.node.events.stop()
+
+    def _last_look(self) -> None:
+        """Judge what reached the hand-off after the evaluator's last turn: records that
+        came while it was busy, and the first sightings the XID merger held, which
+        ``xids.stop`` lets go. Without this look they were dropped with the process (the
+        kernel-log position was already past them): an XID at the stop never paged, and
+        the newest XID episodes were missing after a restart."""
+        if not self.pipeline.handoff.pending():
+            return
+        try:
+            self.node.evaluate()
+        except Exception:  # the stop goes on: the state is still closed properly
+            log.exception("the last evaluation before the stop failed")
 
     # -- health and status -----------------------------------------------------------
     def health(self) -> tuple[bool, str]:
