@@ -262,8 +262,7 @@ class ActionsSink:
         state_families(fams, [self.state_health()])
 
     def state_health(self) -> StoreHealth:
-        st = self.store
-        return StoreHealth("outbox", st.durable, st.write_errors, st.degraded or "")
+        return self.store.health()
 
     def _count_drops(self, drops: list[tuple[str, str]]) -> None:
         for receiver, reason in drops:

@@ -359,8 +359,7 @@ class Node:
         if isinstance(self.rules, RulesStage):
             store = self.rules.engine.store
             if store.boot_id != SIMULATE_BOOT_ID:  # in memory on purpose (demo, simulate)
-                durable = not store.memory and store.write_ok
-                out.append(StoreHealth("rules", durable, store.errors, "", store.set_aside))
+                out.append(store.health())
         position = self.xids.state_health()
         if position is not None:
             out.append(position)
