@@ -274,3 +274,51 @@ def test_every_key_is_applied_or_refused_under_sighup(
             assert why and value == dotted(running, key), key
     # the owners really hold the applied values: spot checks of the live stages
     assert daemon.xids.merger.window == running.sources.merge_window  # put back at the end
+
+
+def test_status_says_which_keys_wait_for_a_restart(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from gpuwatchd.cli.main import _print_status
+
+    path = tmp_path / "gpuwatchd.yaml"
+    path.write_text(f"state_dir: {tmp_path}/state\nsources: {{kernel_log: none}}\n")
+    config = load_config(str(path), must_exist=True, environ={})
+    daemon = Daemon(config, FakeBackend(count=1), VirtualClock(), serve_http=False)
+    try:
+        path.write_text(path.read_text() + "poll: {interval: 10s}\nlog_level: debug\n")
+        assert daemon.reload()
+        status = daemon.status()
+        assert status["config"]["last_reload"]["result"] == "partly"
+        assert list(status["config"]["restart_required"]) == ["poll"]
+        _print_status(status, [], False)
+        out = capsys.readouterr().out
+        assert "config: poll changed, NOT applied until a restart: the GPU backend" in out
+        assert restart_gauge(daemon) == {
+            key: 1.0 if key == "poll" else 0.0 for key in restart_gauge(daemon)
+        }
+        path.write_text(path.read_text().replace("poll: {interval: 10s}\n", ""))
+        assert daemon.reload()  # the file puts the running value back: nothing waits
+        assert daemon.status()["config"]["restart_required"] == {}
+        assert set(restart_gauge(daemon).values()) == {0.0}
+    finally:
+        daemon.stop()
+
+
+def test_turning_actions_on_in_a_daemon_without_any_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "gpuwatchd.yaml"
+    head = f"state_dir: {tmp_path}/state\nsources: {{kernel_log: none}}\n"
+    path.write_text(head)
+    config = load_config(str(path), must_exist=True, environ={})
+    daemon = Daemon(config, FakeBackend(count=1), VirtualClock(), serve_http=False)
+    try:
+        assert daemon.node.actions is None
+        path.write_text(head + "receivers:\n  - {name: ops, type: webhook, url: 'http://x/'}\n")
+        assert daemon.reload()
+        why = daemon.status()["config"]["restart_required"]["receivers"]
+        assert "started without receivers or drain" in why
+        assert daemon.config.receivers == ()
+        path.write_text(head + "routing: {group_wait: 1s}\n")  # nothing to route: taken
+        assert daemon.reload() and daemon.status()["config"]["restart_required"] == {}
+    finally:
+        daemon.stop()

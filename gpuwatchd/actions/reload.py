@@ -91,15 +91,16 @@ class ActionsOwner:
     """The owner of ``receivers``, ``routing`` and ``drain`` at a SIGHUP.
 
     Receivers are rebuilt at every reload (a secret file may have changed under an
-    unchanged section). Turning the drain on or off refuses the ``drain`` section only;
-    turning actions on in a daemon started without any refuses all three.
+    unchanged section). Turning the drain on or off refuses the ``drain`` section only.
+    (A daemon started without any actions never loads this package: the composition
+    root's own owner refuses turning them on.)
     """
 
     sections = ("receivers", "routing", "drain")
 
     def __init__(
         self,
-        actions: ActionsSink | None,
+        actions: ActionsSink,
         running: ActionsSettings,
         *,
         environ: Mapping[str, str] | None = None,
@@ -110,11 +111,6 @@ class ActionsOwner:
 
     def prepare(self, new: Mapping[str, Any], changed: frozenset[str]) -> Prepared:
         settings = dataclasses.replace(self.running, **new)
-        if self.actions is None:
-            if not settings.wanted:
-                return Prepared()
-            why = "the daemon started without receivers or drain; a restart turns them on"
-            return Prepared(refused={key: why for key in changed})
         actions = self.actions
         old = actions.config.drain.mode
         if (old == "none") != (settings.drain.mode == "none"):

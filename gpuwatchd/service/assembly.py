@@ -13,6 +13,7 @@ Nothing here starts a thread; the runners do.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -20,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from gpuwatchd import __version__
 from gpuwatchd.config.loader import Config
-from gpuwatchd.config.stages import for_actions, for_rules
+from gpuwatchd.config.stages import ActionsSettings, for_actions, for_rules
 from gpuwatchd.core.alerts import AlertState
 from gpuwatchd.core.clock import Clock
 from gpuwatchd.core.errors import BackendError
@@ -30,7 +31,7 @@ from gpuwatchd.core.fields import decode_clock_event_reasons
 from gpuwatchd.core.health import HEALTH_STATES, firing_by_gpu, gpu_health
 from gpuwatchd.core.nodestate import GpuState, NodeState, NodeView
 from gpuwatchd.core.records import GpuInfo, GpuStatus, XidEvent
-from gpuwatchd.core.reloading import RestartOnly, SectionOwner
+from gpuwatchd.core.reloading import Prepared, RestartOnly, SectionOwner
 from gpuwatchd.core.statehealth import StoreHealth, state_families
 from gpuwatchd.exposition.metrics import GPU_LABELS, MetricsRenderer, gpu_label_text
 from gpuwatchd.rules.stage import SIMULATE_BOOT_ID, RulesStage, rules_stage
@@ -98,6 +99,21 @@ class Wiring:
     rules: Stage | None = None
     extra_stages: tuple[Stage, ...] = ()
     extra_families: tuple[ExtraFamilies, ...] = field(default_factory=tuple)
+
+
+@dataclass
+class WithoutActions:
+    """The owner of ``receivers``, ``routing`` and ``drain`` in a daemon started without
+    any action: turning one on takes a restart (the actions stage was never built)."""
+
+    running: ActionsSettings
+    sections: tuple[str, ...] = ("receivers", "routing", "drain")
+
+    def prepare(self, new: Mapping[str, Any], changed: frozenset[str]) -> Prepared:
+        if not dataclasses.replace(self.running, **new).wanted:
+            return Prepared()
+        why = "the daemon started without receivers or drain; a restart turns them on"
+        return Prepared(refused={key: why for key in changed})
 
 
 def filter_ignored(infos: list[GpuInfo], ignore: tuple[str, ...]) -> list[GpuInfo]:
@@ -225,16 +241,14 @@ class Node:
             owners.append(self.rules)
         else:
             owners.append(RestartOnly(("rules", "xid"), "the rule set was given at start"))
-        if self.wiring.record is None:
+        if self.wiring.record is None and self.actions is not None:
             from gpuwatchd.actions.reload import ActionsOwner
 
             owners.append(
-                ActionsOwner(
-                    self.actions,
-                    for_actions(self.config),
-                    environ=self.wiring.environ,
-                )
+                ActionsOwner(self.actions, for_actions(self.config), environ=self.wiring.environ)
             )
+        elif self.wiring.record is None:  # the actions package (httpx) stays unloaded
+            owners.append(WithoutActions(for_actions(self.config)))
         else:
             owners.append(
                 RestartOnly(("receivers", "routing", "drain"), "this run records pages and drains")
