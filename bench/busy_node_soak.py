@@ -71,8 +71,13 @@ RULES = (
 
 
 # -- the plain loop and the bare process (run as children of this script) ------------------
-def plain_loop(interval: float, seconds: float) -> None:
-    """The same values as the daemon, with the cheapest calls, at the daemon's cadences."""
+def plain_loop(
+    interval: float, seconds: float, threads: bool = False, events: bool = False
+) -> None:
+    """The same values as the daemon, with the cheapest calls, at the daemon's cadences.
+    ``threads``: one thread per GPU, reading at the same moments (as the NVML worker's
+    per-GPU threads do); ``events``: a thread waiting on XID events meanwhile (10 s waits,
+    as the worker)."""
     import pynvml as nv
 
     nv.nvmlInit()
@@ -88,57 +93,85 @@ def plain_loop(interval: float, seconds: float) -> None:
             except nv.NVMLError:
                 break
         links.append(n)
-    end = time.monotonic() + seconds
-    next_slow = next_links = next_state = 0.0
-    while time.monotonic() < end:
-        now = time.monotonic()
-        for h, n in zip(handles, links, strict=True):
+    if events:
+        event_set = nv.nvmlEventSetCreate()
+        for h in handles:
+            nv.nvmlDeviceRegisterEvents(h, nv.nvmlEventTypeXidCriticalError, event_set)
+
+        def wait_events() -> None:
+            while True:
+                with contextlib.suppress(nv.NVMLError):
+                    nv.nvmlEventSetWait(event_set, 10000)
+
+        threading.Thread(target=wait_events, daemon=True).start()
+    started = time.monotonic()
+
+    def read(h: Any, n: int, state: bool, slow: bool, counters: bool) -> None:
+        for fn, args in (
+            (nv.nvmlDeviceGetTemperature, (0,)),
+            (nv.nvmlDeviceGetPowerUsage, ()),
+            (nv.nvmlDeviceGetClockInfo, (1,)),
+            (nv.nvmlDeviceGetClockInfo, (2,)),
+            (nv.nvmlDeviceGetUtilizationRates, ()),
+            (nv.nvmlDeviceGetMemoryInfo, ()),
+            (nv.nvmlDeviceGetCurrentClocksEventReasons, ()),
+            (nv.nvmlDeviceGetRowRemapperHistogram, ()),
+            (nv.nvmlDeviceGetMemoryErrorCounter, (0, 0, 2)),
+            (nv.nvmlDeviceGetMemoryErrorCounter, (1, 0, 2)),
+            (nv.nvmlDeviceGetFieldValues, (ids,)),
+        ):
+            with contextlib.suppress(nv.NVMLError):
+                fn(h, *args)
+        if state:  # the daemon's poll.state_interval
             for fn, args in (
-                (nv.nvmlDeviceGetTemperature, (0,)),
-                (nv.nvmlDeviceGetPowerUsage, ()),
-                (nv.nvmlDeviceGetClockInfo, (1,)),
-                (nv.nvmlDeviceGetClockInfo, (2,)),
-                (nv.nvmlDeviceGetUtilizationRates, ()),
-                (nv.nvmlDeviceGetMemoryInfo, ()),
-                (nv.nvmlDeviceGetCurrentClocksEventReasons, ()),
-                (nv.nvmlDeviceGetRowRemapperHistogram, ()),
-                (nv.nvmlDeviceGetMemoryErrorCounter, (0, 0, 2)),
-                (nv.nvmlDeviceGetMemoryErrorCounter, (1, 0, 2)),
-                (nv.nvmlDeviceGetFieldValues, (ids,)),
+                (nv.nvmlDeviceGetCurrPcieLinkGeneration, ()),
+                (nv.nvmlDeviceGetCurrPcieLinkWidth, ()),
+                (nv.nvmlDeviceGetComputeRunningProcesses, ()),
             ):
                 with contextlib.suppress(nv.NVMLError):
                     fn(h, *args)
-            if now >= next_state:  # the daemon's poll.state_interval
-                for fn, args in (
-                    (nv.nvmlDeviceGetCurrPcieLinkGeneration, ()),
-                    (nv.nvmlDeviceGetCurrPcieLinkWidth, ()),
-                    (nv.nvmlDeviceGetComputeRunningProcesses, ()),
-                ):
-                    with contextlib.suppress(nv.NVMLError):
-                        fn(h, *args)
-                for link in range(n):
-                    nv.nvmlDeviceGetNvLinkState(h, link)
+            for link in range(n):
+                nv.nvmlDeviceGetNvLinkState(h, link)
+        if slow:
+            for fn, args in (
+                (nv.nvmlDeviceGetTotalEnergyConsumption, ()),
+                (nv.nvmlDeviceGetViolationStatus, (0,)),
+                (nv.nvmlDeviceGetViolationStatus, (1,)),
+                (nv.nvmlDeviceGetMarginTemperature, ()),
+                (nv.nvmlDeviceGetPcieReplayCounter, ()),
+            ):
+                with contextlib.suppress(nv.NVMLError):
+                    fn(h, *args)
+        if counters and n:
+            per_link = [(f, link) for link in range(n) for f in (161, 162, 163)]
+            nv.nvmlDeviceGetFieldValues(h, per_link)
+
+    def loop(gpus: list[tuple[Any, int]]) -> None:
+        end = started + seconds
+        next_slow = next_links = next_state = started
+        tick = started
+        while time.monotonic() < end:
+            now = time.monotonic()
+            for h, n in gpus:
+                read(h, n, now >= next_state, now >= next_slow, now >= next_links)
+            if now >= next_state:
+                next_state = now + 15.0
             if now >= next_slow:
-                for fn, args in (
-                    (nv.nvmlDeviceGetTotalEnergyConsumption, ()),
-                    (nv.nvmlDeviceGetViolationStatus, (0,)),
-                    (nv.nvmlDeviceGetViolationStatus, (1,)),
-                    (nv.nvmlDeviceGetMarginTemperature, ()),
-                    (nv.nvmlDeviceGetPcieReplayCounter, ()),
-                ):
-                    with contextlib.suppress(nv.NVMLError):
-                        fn(h, *args)
-            if now >= next_links and n:
-                nv.nvmlDeviceGetFieldValues(
-                    h, [(f, link) for link in range(n) for f in (161, 162, 163)]
-                )
-        if now >= next_state:
-            next_state = now + 15.0
-        if now >= next_slow:
-            next_slow = now + 120.0
-        if now >= next_links:
-            next_links = now + 600.0
-        time.sleep(max(0.0, interval - (time.monotonic() - now)))
+                next_slow = now + 120.0
+            if now >= next_links:
+                next_links = now + 600.0
+            tick += interval  # every thread on the same grid: they read at the same moments
+            time.sleep(max(0.0, tick - time.monotonic()))
+
+    pairs = list(zip(handles, links, strict=True))
+    if not threads:
+        loop(pairs)
+        return
+    workers = [threading.Thread(target=loop, args=([p],)) for p in pairs]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
 
 
 def bare(seconds: float) -> None:
@@ -238,7 +271,13 @@ class KmsgWatch:
 
 
 def start_daemon(
-    name: str, interval: str, env_extra: dict[str, str], port: int, hook_port: int, tmp: Path
+    name: str,
+    interval: str,
+    env_extra: dict[str, str],
+    port: int,
+    hook_port: int,
+    tmp: Path,
+    sources: str = "{kernel_log: kmsg, nvml_events: true}",
 ) -> dict[str, Any]:
     state = tmp / name
     state.mkdir()
@@ -247,7 +286,7 @@ def start_daemon(
     cfg = state / "gpuwatchd.yaml"
     cfg.write_text(
         f"node_name: soak-{name}\nstate_dir: {state}\n{poll}"
-        "sources: {kernel_log: kmsg, nvml_events: true}\n"
+        f"sources: {sources}\n"
         f"rules: {{files: [{tmp / 'bench-rules.yaml'}], disable: [GpuXidApplicationRepeated]}}\n"
         f'receivers:\n  - {{name: hook, type: webhook, url: "http://127.0.0.1:{hook_port}/{name}"}}\n'
         "routing: {group_by: [node], group_wait: 15s, repeat_interval: 4h}\n"
@@ -278,10 +317,12 @@ def main() -> int:
     ap.add_argument("--out", default=".")
     ap.add_argument("--cost-only", action="store_true", help="no checker daemons, no XIDs")
     ap.add_argument("--plain", type=float, help=argparse.SUPPRESS)
+    ap.add_argument("--plain-threads", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--plain-events", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--bare", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.plain:
-        plain_loop(args.plain, args.seconds)
+        plain_loop(args.plain, args.seconds, args.plain_threads, args.plain_events)
         return 0
     if args.bare:
         bare(args.seconds)
@@ -357,6 +398,7 @@ def main() -> int:
                     cpu_s(pid),
                     {k: cpu_s(k) for k in children(pid)},
                     threads(pid),
+                    {k: threads(k) for k in children(pid)},
                 )
             for name in ("plain-1s", "plain-5s", "bare"):
                 cpu0[name] = cpu_s(procs[name].pid)
@@ -375,31 +417,32 @@ def main() -> int:
     for name in ("plain-1s", "plain-5s", "bare"):
         p = procs[name]
         report["others"][name] = {
-            "cpu_pct": round((cpu_s(p.pid) - cpu0[name]) / window * 100, 3),
+            "cpu_pct": round((cpu_s(p.pid) - cpu0[name]) / window * 100, 4),
             "rss_kib": rss_kib(p.pid),
         }
     for d in daemons:
         name, proc = d["name"], d["proc"]
         r: dict[str, Any] = {"alive": proc.poll() is None, "exit": proc.poll()}
         if name in cpu0:
-            c_main, c_kids, c_threads = cpu0[name]
+            c_main, c_kids, c_threads, c_kid_threads = cpu0[name]
             kids = children(proc.pid)
             main_pct = (cpu_s(proc.pid) - c_main) / window * 100
             kid_pct = sum(cpu_s(k) - c_kids.get(k, 0) for k in kids) / window * 100
-            r["cpu_pct_daemon"] = round(main_pct, 3)
-            r["cpu_pct_worker"] = round(kid_pct, 3)
-            r["cpu_pct_total"] = round(main_pct + kid_pct, 3)
+            r["cpu_pct_daemon"] = round(main_pct, 4)
+            r["cpu_pct_worker"] = round(kid_pct, 4)
+            r["cpu_pct_total"] = round(main_pct + kid_pct, 4)
             now_threads = threads(proc.pid)
             r["cpu_pct_threads"] = {
-                k: round((v - c_threads.get(k, 0)) / window * 100, 3)
+                k: round((v - c_threads.get(k, 0)) / window * 100, 4)
                 for k, v in sorted(now_threads.items())
                 if v - c_threads.get(k, 0) > 0
             }
             if kids:
+                before = c_kid_threads.get(kids[0], {})  # empty: a worker restarted since
                 r["worker_threads"] = {
-                    k: round(v / (time.monotonic() - start) * 100, 3)
+                    k: round((v - before.get(k, 0.0)) / window * 100, 4)
                     for k, v in sorted(threads(kids[0]).items())
-                    if v
+                    if v - before.get(k, 0.0) > 0
                 }
         r["rss_kib"] = rss[name]
         mine = [g for g in hooks.got if g[1] == name]
@@ -457,8 +500,32 @@ def main() -> int:
         p.kill()
     text = json.dumps(report, indent=1, default=str)
     (out / "soak.json").write_text(text)
-    print(text)
+    summary = cost_summary(report)
+    (out / "soak.txt").write_text(summary)
+    print(summary)
     return 0
+
+
+def cost_summary(report: dict[str, Any]) -> str:
+    """CPU side by side: each daemon (process + NVML worker) against the plain loop at its
+    interval, as a ratio, with the per-thread split."""
+    lines = [f"{report['gpus']} GPUs, NCCL on {report['nccl_gpus']}, {report['window_s']} s window"]
+    others = report["others"]
+    for name, d in report["daemons"].items():
+        if "cpu_pct_total" not in d:
+            lines.append(f"{name:16s} no CPU reading (alive={d['alive']})")
+            continue
+        plain = others["plain-1s" if name.startswith("1s") else "plain-5s"]["cpu_pct"]
+        ratio = d["cpu_pct_total"] / plain if plain else float("nan")
+        lines.append(
+            f"{name:16s} {d['cpu_pct_total']:.4f} % of a core (daemon {d['cpu_pct_daemon']:.4f}"
+            f" + worker {d['cpu_pct_worker']:.4f}) vs plain {plain:.4f} %: {ratio:.2f}x;"
+            f" alive={d['alive']} pages={d['pages']} p99={d['line_to_page_ms']['p99']} ms"
+        )
+        for part in ("cpu_pct_threads", "worker_threads"):
+            split = ", ".join(f"{k} {v:.4f}" for k, v in d.get(part, {}).items())
+            lines.append(f"    {part}: {split}")
+    return "\n".join(lines) + "\n"
 
 
 if __name__ == "__main__":

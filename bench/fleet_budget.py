@@ -7,8 +7,12 @@ with 500, a tenth of them drained by gpuwatchd. Then, interleaved so that both s
 same machine load, it times:
 
 - ``read``:   the node read every Slurm drain already does (``sinfo -n NODE``), the baseline;
-- ``check``:  ``FleetBudget.check()`` - the one census (``sinfo`` of every node) the budget
-              adds per drain decision - at 50 and at 500 nodes.
+- ``cheap``:  the first census of a decision (``sinfo --list-reasons`` plus a node count),
+              which is all a node does while the budget is full;
+- ``full``:   a census with every node's claim (``sinfo`` of every node);
+- ``check``:  ``FleetBudget.check()`` with room in the budget: the whole claim protocol (a
+              cheap census, the choosing claim, a full census, the ticket, a full census),
+              then the claim taken off again - at 50 and at 500 nodes.
 
     python3 bench/fleet_budget.py              # 200 rounds
     python3 bench/fleet_budget.py -n 500 --json out.json
@@ -94,11 +98,19 @@ def main() -> int:
         probes: dict[str, tuple[Callable[[], object], dict[str, str]]] = {}
         for size, cluster in clusters.items():
             node = cluster.others[-1]
-            budget = FleetBudget(cfg, SlurmFleetView("sinfo", 30.0, None), node)
-            probes[f"check_{size}"] = (budget.check, cluster.env)
+            view = SlurmDriver(node, 30.0).fleet_view(cfg)
+            budget = FleetBudget(cfg, view, node)
+
+            def check(budget: FleetBudget = budget, view: SlurmFleetView = view) -> None:
+                assert budget.check().allowed
+                view.write_claim(budget.node, None)
+
+            probes[f"check_{size}"] = (check, cluster.env)
+            probes[f"cheap_{size}"] = (lambda view=view: view.census(full=False), cluster.env)
+            probes[f"full_{size}"] = (lambda view=view: view.census(full=True), cluster.env)
             if size == 50:
                 probes["read"] = (SlurmDriver(node, 30.0).read, cluster.env)
-            timed(budget.check, cluster.env)  # the census sees what was set up
+            timed(check, cluster.env)  # the census sees what was set up
             assert budget.last is not None and budget.last.nodes == size, budget.last
             assert budget.last.count == size // 10, budget.last
         times: dict[str, list[float]] = {k: [] for k in probes}

@@ -1,7 +1,7 @@
 """Loading many rule files: libyaml's event parser against PyYAML's, side by side.
 
 Issue 15 measured 11.5 s to check or reload 10,000 rule files; most of it was the alias
-check (``gpuwatchd.rules.safeyaml.check_expansion``) parsing every file a second time in
+check (``gpuwatchd.config.yamlsrc.check_expansion``) parsing every file a second time in
 pure Python. This writes N small rule files to a temporary directory and loads them with
 ``load_rule_set`` twice, once with each event parser, alternating, and prints the times
 and their ratio.
@@ -19,7 +19,8 @@ import time
 
 import yaml
 
-from gpuwatchd.rules import loader, safeyaml
+from gpuwatchd.config import yamlsrc
+from gpuwatchd.rules import loader
 
 RULE = """rules:
 - name: R{i}
@@ -47,7 +48,7 @@ def main() -> None:
                 ("libyaml", yaml.CSafeLoader),
                 ("pure Python", yaml.SafeLoader),
             ):
-                safeyaml._EVENT_LOADER = event_loader
+                yamlsrc._EVENT_LOADER = event_loader
                 start = time.perf_counter()
                 rules = loader.load_rule_set([os.path.join(d, "*.yaml")], defaults=False)
                 times[name].append(time.perf_counter() - start)

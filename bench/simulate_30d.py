@@ -31,8 +31,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from gpuwatchd.config.loader import default_config
 from gpuwatchd.config.stages import for_rules
-from gpuwatchd.config.yamlsrc import parse_duration
 from gpuwatchd.core.clock import VirtualClock
+from gpuwatchd.core.units import parse_duration
 from gpuwatchd.harness.simulate import SIM_EPOCH, Simulation
 from gpuwatchd.rules import RulesStage, rules_stage
 from gpuwatchd.scenario.model import format_duration, parse_scenario

@@ -1,7 +1,7 @@
 #!/bin/sh
 # Build dist/gpuwatchd_<version>_all.deb (Debian 12). One command, from any directory:
 #     packaging/build-deb.sh
-# Needs: debhelper dh-python build-essential fakeroot (scripts/bootstrap.sh installs them)
+# Needs: debhelper dh-python build-essential fakeroot (scripts/test.sh --setup installs them)
 # and, on the first run, pip to fetch the pinned wheels of packaging/vendor.txt into
 # build/wheels/ (reused afterwards; put them there by hand for an offline build).
 set -eu

@@ -5,5 +5,5 @@
 # GPUWATCHD_VM_ACCEL=kvm tries KVM instead of TCG; GPUWATCHD_VM_MIRROR picks the mirror.
 set -eu
 cd "$(dirname "$0")/.."
-scripts/bootstrap.sh
+scripts/test.sh --setup
 exec .venv/bin/pytest -p no:cacheprovider -m vm -s tests/test_vm_systemd.py "$@"

@@ -63,7 +63,7 @@ def need_binary(name: str) -> str:
     """A real tool the test needs; a missing one fails the test and says why."""
     path = shutil.which(name)
     if path is None:
-        pytest.fail(f"{name} is not installed: run scripts/bootstrap.sh (apt package needed)")
+        pytest.fail(f"{name} is not installed: run scripts/test.sh --setup (apt package needed)")
     return path
 
 

@@ -18,6 +18,8 @@ from typing import Any
 import yaml
 from conftest import GPUWATCHD, ROOT
 
+from gpuwatchd.core.units import parse_duration
+
 INSTANCE = {"instance": "sim-node:9835", "job": "gpuwatchd"}
 
 
@@ -124,13 +126,6 @@ def node_firing(records: Sequence[Mapping[str, Any]], at_seconds: float) -> set[
 
 
 def _seconds(text: str) -> float:
-    total = 0.0
-    number = ""
-    units = {"d": 86400, "h": 3600, "m": 60, "s": 1}
-    for ch in text:
-        if ch.isdigit() or ch == ".":
-            number += ch
-        else:
-            total += float(number) * units[ch]
-            number = ""
-    return total
+    seconds = parse_duration(text)
+    assert seconds is not None, text
+    return seconds

@@ -16,24 +16,14 @@ from gpuwatchd.rules.engine import Engine
 from gpuwatchd.rules.loader import parse_rules
 from gpuwatchd.rules.model import RuleSet
 from gpuwatchd.rules.store import StateStore
+from gpuwatchd.scenario.gpumodels import H100, at_work
 
 T0 = 1_767_225_600.0
-MODEL = "NVIDIA H100 80GB HBM3"
-BASE: dict[str, float] = {
-    "temperature_gpu": 60.0,
-    "utilization_gpu": 0.9,
-    "compute_processes": 1.0,
-    "sm_clock": 1.98e9,
-    "pcie_link_generation": 5.0,
-    "pcie_link_generation_max": 5.0,
-    "pcie_link_width": 16.0,
-    "pcie_link_width_max": 16.0,
-    "ecc_corrected_volatile": 0.0,
-    "ecc_uncorrected_volatile": 0.0,
-    "remapped_rows_pending": 0.0,
-    "clock_event_reasons": 0.0,
-    "recovery_action": 0.0,
-}
+MODEL = H100.name
+# An H100 running a job (busy, warm, clocks up): the one baseline table, with the changes.
+BASE: dict[str, float] = at_work(
+    H100, temperature_gpu=60.0, utilization_gpu=0.9, compute_processes=1.0, sm_clock=1.98e9
+)
 
 
 def uuid_of(i: int) -> str:

@@ -74,6 +74,11 @@ class Slurm:
         out = self.run("sinfo", "--noheader", "--Node", "--format", "%N|%E")
         return dict(line.split("|", 1) for line in out.splitlines() if "|" in line)
 
+    def comment(self, node: str) -> str:
+        """The node's Comment ("" when it has none)."""
+        out = self.run("sinfo", "--noheader", "--Node", "--nodes", node, "--Format", "Comment:0")
+        return "" if out.strip() == "(null)" else out.strip()
+
     def admin(self, *fields: str, node: str | None = None) -> None:
         self.run("scontrol", "update", f"NodeName={node or self.node}", *fields)
 

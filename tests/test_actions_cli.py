@@ -50,6 +50,11 @@ def test_silence_add_refuses_bad_input(tmp_path: Path) -> None:
     c = ("-c", str(cfg))
     res = gw("silence", "add", *c, "--for", "2 hours", "--reason", "x")
     assert res.returncode == 64 and "is not a positive duration" in res.stderr
+    # numbers float() takes but no silence can last: a traceback (nan), or an endless
+    # silence whose date crashed `add` and every later `silence list` (inf, 1e400)
+    for endless in ("nan", "inf", "1e400", "-5", "0", "99999w"):
+        res = gw("silence", "add", *c, "--for", endless, "--reason", "x")
+        assert res.returncode == 64 and "is not a positive duration" in res.stderr, endless
     res = gw("silence", "add", *c, "--gpu", "GPU-nope", "--for", "1h", "--reason", "x")
     assert res.returncode == 64 and "is not a GPU index, UUID or PCI bus id" in res.stderr
     res = gw("silence", "add", *c, "--for", "1h", "--reason", "  ")

@@ -131,7 +131,8 @@ def test_failing_hook_is_retried_then_pages(tmp_path: Path) -> None:
     )
     sink = sink_for(cfg, clock)
     try:
-        sink.deliver([transition(at=clock.now(), drain=True)], clock.now())
+        # a drain rule that is not about an XID (an XID's drain never gives up: below)
+        sink.deliver([transition("gpu_lost", at=clock.now(), drain=True, xid=None)], clock.now())
         for _ in range(3):
             sink.run_pending()
             clock.advance(600)
@@ -148,12 +149,55 @@ def test_failing_hook_is_retried_then_pages(tmp_path: Path) -> None:
         rx.stop()
 
 
+def test_an_xid_drain_is_never_given_up(tmp_path: Path) -> None:
+    """Issue 28: five scheduler errors marked a fatal XID's drain failed for good (a 90 s
+    slurmctld outage gave up 17 nodes with XID 79). Now it pages once after ``attempts``
+    and keeps trying with backoff; when the scheduler answers again the node drains and the
+    page resolves. Failed on main: the incident was 'failed' and the hook never ran again."""
+    flag = tmp_path / "down"
+    flag.touch()
+    script, log = hook(
+        tmp_path, tail=f"[ -e {flag} ] && {{ echo 'unreachable' >&2; exit 3; }}; true"
+    )
+    rx = HttpReceiver(free_port()).start()
+    clock = VirtualClock(1_767_225_600.0)
+    sink = sink_for(exec_config(tmp_path, script, "  attempts: 3\n", ops_receiver(rx)), clock)
+    try:
+        sink.deliver([transition(at=clock.now(), drain=True)], clock.now())
+        for _ in range(6):
+            sink.run_pending()
+            clock.advance(600)
+        assert len(calls(log)) == 6  # main: 3, then given up
+        inc = sink.status()["drain"]["incidents"][0]
+        assert inc["state"] == "pending" and inc["attempts"] == 6
+        failed = [
+            a["status"]
+            for r in rx.requests
+            for a in r.json()["alerts"]
+            if a["labels"]["alertname"] == "GpuwatchdDrainFailed"
+        ]
+        assert failed == ["firing"]  # one page, not one per attempt
+        flag.unlink()  # the scheduler answers again
+        sink.run_pending()
+        assert sink.status()["drain"]["state"] == "drained"
+        failed = [
+            a["status"]
+            for r in rx.requests
+            for a in r.json()["alerts"]
+            if a["labels"]["alertname"] == "GpuwatchdDrainFailed"
+        ]
+        assert failed == ["firing", "resolved"]
+    finally:
+        sink.close()
+        rx.stop()
+
+
 def test_hook_timeout_kills_it(tmp_path: Path) -> None:
     script, _ = hook(tmp_path, tail="sleep 30")
     clock = VirtualClock(1_767_225_600.0)
     sink = sink_for(exec_config(tmp_path, script, "  timeout: 500ms\n  attempts: 1\n"), clock)
     try:
-        sink.deliver([transition(at=clock.now(), drain=True)], clock.now())
+        sink.deliver([transition("gpu_lost", at=clock.now(), drain=True, xid=None)], clock.now())
         sink.run_pending()
         assert "did not finish within 0.5s (killed)" in sink.status()["drain"]["last_error"]
         assert sink.status()["drain"]["incidents"][0]["state"] == "failed"
@@ -331,6 +375,38 @@ def test_silenced_gpu_is_not_drained(tmp_path: Path) -> None:
         sink.close()
 
 
+def test_a_drain_held_by_a_silence_happens_when_it_ends(tmp_path: Path) -> None:
+    """Issue 24: after a silence ended, a drain rule still firing paged (the notifier
+    re-sends it) but never drained: its incident stayed 'silenced' for good. Now, once no
+    silence covers it and it still fires, it drains (after its grace, counted from then)."""
+    script, log = hook(tmp_path)
+    clock = VirtualClock(1_767_225_600.0)
+    cfg = exec_config(tmp_path, script)
+    os.makedirs(cfg.state_dir, exist_ok=True)
+    add_silence(
+        path_in(cfg.state_dir),
+        node="node17",
+        gpu=None,
+        rule=None,
+        duration=600,
+        reason="maintenance",
+        author="t",
+        now=clock.now(),
+    )
+    sink = sink_for(cfg, clock)
+    try:
+        sink.deliver([transition(at=clock.now(), drain=True, gpu=3)], clock.now())
+        sink.run_pending()
+        assert calls(log) == []
+        assert sink.status()["drain"]["incidents"][0]["state"] == "silenced"
+        clock.advance(601)  # the silence is over; GPU 3 still has its XID 79
+        sink.run_pending()
+        assert [c["GPUWATCHD_GPU"] for c in calls(log)] == ["3"]  # main: no drain
+        assert sink.status()["drain"]["state"] == "drained"
+    finally:
+        sink.close()
+
+
 def test_drain_survives_a_restart_mid_grace(tmp_path: Path) -> None:
     script, log = hook(tmp_path)
     clock = VirtualClock(1_767_225_600.0)
@@ -444,3 +520,32 @@ def test_notify_command_runs_once_per_drain(tmp_path: Path) -> None:
         assert len(calls(notify_log)) == 1
     finally:
         sink.close()
+
+
+def test_simulate_records_one_drain_for_a_fallen_off_bus_cascade(tmp_path: Path) -> None:
+    """Issue 24: ``simulate`` recorded two drains for one fallen-off-bus cascade (XID 79,
+    then GPU lost) and, with ``max_drains: 1``, rate-limited the second, where the daemon
+    says "already" (the node is drained by gpuwatchd). Now simulate says what the daemon
+    does: one drain, then "already"."""
+    import subprocess
+
+    from conftest import GPUWATCHD, ROOT
+
+    cfg = tmp_path / "sim.yaml"
+    cfg.write_text(
+        f"node_name: sim\nstate_dir: {tmp_path / 'state'}\ndrain: {{mode: slurm, max_drains: 1}}\n"
+    )
+    out = subprocess.run(
+        [*GPUWATCHD, "simulate", str(ROOT / "scenarios" / "fallen-off-bus.yaml"), "-c", str(cfg)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+        check=True,
+    ).stdout
+    drains = [
+        r
+        for r in map(json.loads, out.splitlines())
+        if r.get("record") == "drain" and r["action"] == "drain"
+    ]
+    assert [d["result"] for d in drains] == ["dry_run", "already"], drains  # main: rate_limited

@@ -478,7 +478,8 @@ def test_unauthorized_is_retried_then_fails_with_a_page(tmp_path: Path, api: Fak
     cfg = kube_config(tmp_path, api, extra="  attempts: 2\n")
     sink = sink_for(cfg, clock)  # type: ignore[arg-type]
     try:
-        sink.deliver([transition(at=clock.now(), drain=True)], clock.now())
+        # not an XID: an XID's drain is never given up (test_actions_drain.py)
+        sink.deliver([transition("gpu_lost", at=clock.now(), drain=True, xid=None)], clock.now())
         sink.run_pending()
         inc = sink.status()["drain"]["incidents"][0]
         assert inc["state"] == "pending" and inc["attempts"] == 1
@@ -488,7 +489,7 @@ def test_unauthorized_is_retried_then_fails_with_a_page(tmp_path: Path, api: Fak
         assert drain["incidents"][0]["state"] == "failed"
         assert "HTTP 401" in (drain["last_error"] or "")
         firing = sink.status()["deliveries"]["firing"]
-        assert [a["rule"] for a in firing] == ["gpu_xid_fatal", "GpuwatchdDrainFailed"]
+        assert [a["rule"] for a in firing] == ["gpu_lost", "GpuwatchdDrainFailed"]
         assert time.time() > 0
     finally:
         sink.close()
@@ -570,5 +571,32 @@ def test_an_uncordon_while_the_fault_is_active_is_undone(
         clock.advance(31)
         sink.run_pending()  # cordoned: nothing more to do
         assert len(api.events) == 2
+    finally:
+        sink.close()
+
+
+def test_a_resume_after_a_reasserted_cordon_takes_our_taint_off(
+    tmp_path: Path, api: FakeApiServer
+) -> None:
+    """Issue 24: an operator uncordons during the incident, gpuwatchd cordons again (its
+    taint still there), and later resumes: on main the re-cordon recorded the taint as not
+    its own ("taint": false, it was present already), so the resume left gpuwatchd's
+    NoSchedule taint on the node (status said resumed, pods could not schedule)."""
+    clock = VirtualClock(1_767_225_600.0)
+    sink = sink_for(kube_config(tmp_path, api), clock)  # type: ignore[arg-type]
+    try:
+        sink.deliver([transition(at=clock.now(), drain=True)], clock.now())
+        sink.run_pending()
+        with api.lock:  # kubectl uncordon while GPU 3 is still lost
+            api.node["spec"]["unschedulable"] = False
+            api.bump()
+        clock.advance(31)  # drain.hold_interval: cordoned again
+        sink.run_pending()
+        assert api.node["spec"]["unschedulable"] is True
+        sink.deliver([transition(state=AlertState.RESOLVED, seq=2, at=clock.now())], clock.now())
+        sink.run_pending()
+        assert sink.status()["drain"]["state"] == "ok"
+        assert not api.node["spec"].get("unschedulable")
+        assert [t["key"] for t in api.node["spec"]["taints"]] == ["nvidia.com/gpu"]
     finally:
         sink.close()

@@ -463,9 +463,10 @@ def test_pagerduty_trigger_and_resolve(tmp_path: Path) -> None:
         ev = req.json()
         dedup = ev["dedup_key"]
         assert dedup == pagerduty_dedup_key(
-            {"rule": "gpu_xid_fatal", "fingerprint": fire.fingerprint}, "node17"
+            {"rule": "gpu_xid_fatal", "severity": "page", "labels": fire.labels}, "node17"
         )
-        assert dedup.startswith("gpuwatchd/node17/gpu_xid_fatal/") and len(dedup) <= 255
+        # a page on a GPU: one key per node and GPU (a cascade is one incident)
+        assert dedup.startswith("gpuwatchd/node17/gpu3/") and len(dedup) <= 255
         assert ev["routing_key"] == "R0UT1NGKEY0123456789abcdefABCDEF"
         assert ev["event_action"] == "trigger"
         assert ev["client"] == "gpuwatchd"

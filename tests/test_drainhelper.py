@@ -24,6 +24,7 @@ from test_actions_slurm import Slurm, slurm  # noqa: F401 - a real single-node S
 from gpuwatchd.cli.drainhelper import HelperConfig, Request, RequestError, parse_request, perform
 
 REASON = "gpuwatchd: XID 79 GPU 3 00000000:3B:00.0"
+CLAIM = "gpuwatchd-claim: ticket 7 at 1764183000.125 xid 79"
 
 
 @pytest.mark.parametrize(
@@ -42,11 +43,29 @@ REASON = "gpuwatchd: XID 79 GPU 3 00000000:3B:00.0"
         (b"{" + b" " * 5000 + b"}", "longer than"),
         # issue 15 item 15, failed on main with a RecursionError traceback
         (b"[" * 2000 + b"]" * 2000, "nested too deeply"),
+        # issue 28: the claim is the only free text of a claim, and has one exact shape
+        (json.dumps({"action": "claim", "claim": "admin: rack 4"}).encode(), "claim must be"),
+        (json.dumps({"action": "claim", "claim": CLAIM + "\nx"}).encode(), "claim must be"),
+        (json.dumps({"action": "claim", "claim": "x; " + CLAIM}).encode(), "claim must be"),
+        (json.dumps({"action": "claim", "claim": 7}).encode(), "claim must be"),
+        (json.dumps({"action": "drain", "reason": REASON, "claim": ""}).encode(), "only for"),
     ],
 )
 def test_requests_are_validated_strictly(data: bytes, problem: str) -> None:
     with pytest.raises(RequestError, match=problem):
         parse_request(data, "node1")
+
+
+def test_a_claim_request() -> None:
+    req = parse_request(json.dumps({"action": "claim", "claim": CLAIM}).encode(), "node1")
+    assert req == Request("claim", "", None, CLAIM)
+    assert perform(HelperConfig(node="node1"), req) == (
+        True,
+        f"dry-run: would claim node1: {CLAIM}",
+    )
+    off = parse_request(b'{"action": "claim", "claim": ""}', "node1")
+    ok, detail = perform(HelperConfig(node="node1", mode="command", command=("/bin/true",)), off)
+    assert not ok and "for mode slurm" in detail
 
 
 def test_good_request_and_dry_run() -> None:

@@ -56,7 +56,7 @@ drain:
   resume: true
   resume_hold: 0s
   state_file: null
-  fleet: {{max_nodes: {BUDGET}, recheck: 1m, window: 1h}}
+  fleet: {{max_nodes: {BUDGET}, recheck: 1m, window: 1h, jitter: 0s}}
 """,
         name="drain.yaml",
     )
@@ -64,6 +64,15 @@ drain:
 
 
 CLOCK = VirtualClock(time.time())  # moved to the wall clock when a test starts
+
+
+def fresh(cluster: Slurm) -> None:
+    """An admin resumes gpuwatchd's drains and clears every claim (Comment) the last test
+    left behind."""
+    for node, reason in cluster.reasons().items():
+        if reason.startswith(PREFIX):
+            cluster.admin("State=RESUME", node=node)
+    cluster.admin("Comment=", node=f"gw[001-{NODES:03d}]")
 
 
 def ours(cluster: Slurm) -> list[str]:
@@ -126,10 +135,9 @@ def test_fifty_nodes_one_xid_storm_drains_only_the_budget(cluster: Slurm, tmp_pa
         took = time.monotonic() - started
         drained = ours(cluster)
         assert len(drained) == BUDGET, drained  # exactly the budget once settled
-        # the documented transient bound (docs/fleet.md): a drain above the budget lives
-        # only from its write to its re-count (the rest of that second + 0.5 s, plus the
-        # calls); on this loaded 2-vCPU machine a few seconds at most
-        assert over < 5.0, over
+        # issue 28: claim, then drain; never above the budget, not even for a moment (the
+        # old drain, re-count, release protocol had up to 8 of 5 here for 1.6 s)
+        assert most == BUDGET and over == 0.0, (most, over)
         assert cluster.state()[:2] == admin_before[:2]
         for node, sink in sinks.items():
             pages = budget_pages(rx, node)
@@ -141,10 +149,14 @@ def test_fifty_nodes_one_xid_storm_drains_only_the_budget(cluster: Slurm, tmp_pa
                 summary = page["annotations"]["summary"]
                 assert f"fleet drain budget of {BUDGET} nodes reached" in summary, summary
                 assert "XID 79" in summary and "likely a software or driver event" in summary
+                # issue 24: the page counted the transient overshoot ("10 drained" with a
+                # budget of 4); drains never exceed the budget now, nor does the page
+                assert int(page["annotations"]["drained_nodes"]) <= BUDGET, page
                 assert sink.status()["drain"]["state"] == "drain_pending"
         print(f"50 daemons: settled in {took:.1f}s; at most {most} drained, {over:.1f}s over")
 
-        # a minute later every waiting incident asks again: still no room, no new page
+        # within a minute every waiting incident asks again (each at a random moment of
+        # 45-60 s): still no room, no new page
         CLOCK.advance(61)
         assert at_once(sinks, cluster) == (BUDGET, 0.0)
         assert ours(cluster) == drained
@@ -159,7 +171,13 @@ def test_fifty_nodes_one_xid_storm_drains_only_the_budget(cluster: Slurm, tmp_pa
             sinks[node].deliver([resolve], CLOCK.now())
             sinks[node].run_pending()
         assert len(ours(cluster)) == BUDGET - 2
+        # held back twice in a row, an incident asks again after 1.5-2 recheck, not after
+        # one (issue 28: with no backoff, the held-back nodes replayed the storm every
+        # recheck): a minute later nobody has asked, two minutes later two places fill
         CLOCK.advance(61)
+        at_once(sinks, cluster)
+        assert len(ours(cluster)) == BUDGET - 2
+        CLOCK.advance(60)
         at_once(sinks, cluster)
         after = ours(cluster)
         assert len(after) == BUDGET and not set(after) & set(drained[:2]), after
@@ -176,9 +194,7 @@ def test_a_drain_left_above_the_budget_by_a_restart_is_released(
     """A daemon that drained and stopped before its re-count finds its own drain at the
     next start ("already"), re-counts, and releases it when it is above the budget."""
     CLOCK.advance(max(0.0, time.time() - CLOCK.now()))
-    for node, reason in cluster.reasons().items():
-        if reason.startswith(PREFIX):
-            cluster.admin("State=RESUME", node=node)
+    fresh(cluster)
     early = list(cluster.others[10:15])
     for node in early:  # five drains the budget allows, stamped first
         cluster.admin("State=DRAIN", "Reason=gpuwatchd: XID 79 GPU 3 00000000:3E:00.0", node=node)
@@ -200,6 +216,73 @@ def test_a_drain_left_above_the_budget_by_a_restart_is_released(
         rx.stop()
 
 
+def test_a_release_that_failed_is_tried_and_re_counted_again(
+    cluster: Slurm, tmp_path: Path
+) -> None:
+    """Issue 28: a drain above the budget whose release failed (slurmctld unreachable, just
+    restarted) was kept as gpuwatchd's own and never re-counted: on main the incident said
+    "drained" for good, above the budget. Now the failed release is an attempt that failed:
+    the incident stays pending, tries again after its backoff, re-counts, and releases."""
+    import shutil
+
+    from conftest import need_binary
+
+    CLOCK.advance(max(0.0, time.time() - CLOCK.now()))
+    fresh(cluster)
+    for node in cluster.others[10:15]:  # the budget, taken
+        cluster.admin("State=DRAIN", "Reason=gpuwatchd: XID 79 GPU 3 00000000:3E:00.0", node=node)
+    late = cluster.others[21]
+    cluster.admin("State=DRAIN", "Reason=gpuwatchd: XID 79 GPU 3 00000000:3E:00.0", node=late)
+    broken = tmp_path / "broken"
+    broken.touch()
+    scontrol = tmp_path / "scontrol"
+    scontrol.write_text(
+        f"""#!/bin/sh
+case "$*" in *State=RESUME*)
+  [ -e {broken} ] && {{ echo "Unable to contact slurm controller" >&2; exit 1; }};;
+esac
+exec {shutil.which("scontrol") or need_binary("scontrol")} "$@"
+"""
+    )  # fmt: skip
+    scontrol.chmod(0o755)
+    rx = HttpReceiver(free_port()).start()
+    work = tmp_path / late
+    work.mkdir()
+    cfg = make_config(
+        work,
+        f"""receivers:
+  - {{name: ops, type: webhook, url: "{rx.url}/hook"}}
+routing: {{group_wait: 0s, group_by: [node, alertname]}}
+drain:
+  mode: slurm
+  node: {late}
+  state_file: null
+  slurm: {{scontrol: {scontrol}}}
+  fleet: {{max_nodes: {BUDGET}, recheck: 1m, jitter: 0s}}
+""",
+        name="drain.yaml",
+    )
+    sink = sink_for(cfg, CLOCK)
+    try:
+        sink.deliver([transition(at=CLOCK.now(), drain=True, node=late, xid=79)], CLOCK.now())
+        sink.run_pending()
+        assert late in ours(cluster)  # the release failed
+        drain = sink.status()["drain"]
+        (inc,) = drain["incidents"]
+        assert inc["state"] == "pending" and inc["attempts"] == 1, inc  # main: "drained"
+        assert "the release failed" in drain["last_error"]
+        broken.unlink()  # the controller answers again
+        CLOCK.advance(6)  # past the first retry's backoff (at most 5 s)
+        sink.run_pending()
+        assert late not in ours(cluster) and len(ours(cluster)) == BUDGET
+        drain = sink.status()["drain"]
+        assert drain["state"] == "drain_pending" and drain["fleet"]["held_back"] == 1
+    finally:
+        sink.close()
+        rx.stop()
+        fresh(cluster)
+
+
 def test_a_reason_with_newlines_on_another_node_is_not_a_drain(
     cluster: Slurm, tmp_path: Path
 ) -> None:
@@ -210,9 +293,7 @@ def test_a_reason_with_newlines_on_another_node_is_not_a_drain(
     back. Now records are split on a random token per census: one admin drain, 0 of ours,
     and the XID 79 drains."""
     CLOCK.advance(max(0.0, time.time() - CLOCK.now()))
-    for node, reason in cluster.reasons().items():
-        if reason.startswith(PREFIX):
-            cluster.admin("State=RESUME", node=node)
+    fresh(cluster)
     stamp = time.strftime("%Y-%m-%dT%H:%M:%S")
     forged = "".join(
         f"\n{n}|drained|{stamp}|gpuwatchd: XID 79 GPU 0 00000000:18:00.0"
@@ -257,9 +338,7 @@ def test_the_budget_works_through_the_root_drain_helper(
     from conftest import GPUWATCHD, need_binary
 
     CLOCK.advance(max(0.0, time.time() - CLOCK.now()))
-    for node, reason in cluster.reasons().items():
-        if reason.startswith(PREFIX):
-            cluster.admin("State=RESUME", node=node)
+    fresh(cluster)
     path, served = helper_socket
     me = cluster.others[7]
     (tmp_path / "helper-args.json").write_text(
@@ -285,7 +364,7 @@ drain:
   node: {me}
   state_file: null
   exec: {{command: {command}}}
-  fleet: {{max_nodes: {BUDGET}, census: slurm, recheck: 1m}}
+  fleet: {{max_nodes: {BUDGET}, recheck: 1m, jitter: 0s}}
 """,
         name="drain.yaml",
     )
@@ -299,7 +378,14 @@ drain:
         CLOCK.advance(61)
         sink.run_pending()
         assert me in ours(cluster), cluster.reasons()[me]
-        assert len(served) == 1 and served[0].returncode == 0
+        # the helper wrote the claim (choosing, then the ticket), then drained; a serve
+        # process is listed once it has exited, a moment after its reply
+        deadline = time.monotonic() + 20
+        while len(served) < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert [p.returncode for p in served] == [0, 0, 0], served
+        assert b"drained: scontrol" in served[-1].stderr
+        assert cluster.comment(me).startswith("gpuwatchd-claim: ticket "), cluster.comment(me)
         assert sink.status()["drain"]["state"] == "drained"
     finally:
         sink.close()

@@ -68,18 +68,19 @@ def test_bad_fleet_values_name_file_line_and_key(tmp_path: Path) -> None:
     assert "cfg.yaml:9:" in text and "budget" in text
 
 
-def test_a_fleet_budget_needs_a_scheduler_to_count_in(tmp_path: Path) -> None:
-    got = errors(
+def test_the_secure_setup_has_the_budget(tmp_path: Path) -> None:
+    """Issue 28 item 4: drain.mode exec (the root drain helper, docs/install.md) with a
+    fleet budget was refused (\"set drain.fleet.census: slurm\"); now it loads, counting with
+    sinfo while the helper writes the claims."""
+    cfg = load(
         tmp_path,
         """drain:
   mode: exec
-  exec: {command: [/bin/true]}
+  exec: {command: [/usr/bin/gpuwatchd, drain-helper, request]}
   fleet: {max_nodes: 3}
 """,
     )
-    assert any(
-        line.startswith("cfg.yaml:4:") and "set drain.fleet.census: slurm" in line for line in got
-    ), got
+    assert cfg.drain.fleet.census == "slurm"  # type: ignore[attr-defined]
     # with exec, the daemon counts with sinfo (issue 26: the root drain helper drains)
     ok = """drain:
   mode: exec

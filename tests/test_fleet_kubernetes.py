@@ -44,6 +44,7 @@ class Cluster:
         self.events: list[dict[str, Any]] = []
         self.cordoned_most = 0
         self.lease_conflicts = 0
+        self.node_lists: list[dict[str, list[str]]] = []  # the queries of node lists
 
     def _next(self) -> str:
         self.rv += 1
@@ -73,8 +74,13 @@ class Cluster:
         with self.lock:
             if method == "GET" and url.path == "/api/v1/nodes":
                 query = urllib.parse.parse_qs(url.query)
-                assert query == {"labelSelector": ["nvidia.com/gpu.present=true"]}, query
-                return 200, {"kind": "NodeList", "items": list(self.nodes.values())}
+                self.node_lists.append(dict(query))
+                assert query.pop("labelSelector") == ["nvidia.com/gpu.present=true"], query
+                items = list(self.nodes.values())
+                if query.pop("fieldSelector", None) == ["spec.unschedulable=true"]:
+                    items = [i for i in items if i["spec"].get("unschedulable")]
+                assert query == {}, query
+                return 200, {"kind": "NodeList", "items": items}
             if url.path.startswith("/api/v1/nodes/"):
                 node = self.nodes.get(parts[4])
                 if node is None:
@@ -175,7 +181,7 @@ def api() -> Iterator[tuple[Cluster, int]]:
 CLOCK = VirtualClock(time.time())  # moved to the wall clock when a test starts
 
 
-def daemon(tmp_path: Path, node: str, port: int, url: str) -> ActionsSink:
+def daemon(tmp_path: Path, node: str, port: int, url: str, fleet: str = "") -> ActionsSink:
     work = tmp_path / node
     work.mkdir()
     kc = work / "kubeconfig"
@@ -204,7 +210,8 @@ drain:
     max_percent: 10
     selector: nvidia.com/gpu.present=true
     recheck: 1m
-""",
+    jitter: 0s
+{fleet}""",
         name="drain.yaml",
     )
     return sink_for(cfg, CLOCK)
@@ -254,6 +261,10 @@ def test_fifty_daemons_take_exactly_the_budget_through_the_lease(
         assert cluster.nodes["gpu-50"]["metadata"]["annotations"] == {}
         places = json.loads(cluster.leases[LEASE]["metadata"]["annotations"][PLACES])
         assert sorted(places) == ours
+        # issue 28: the annotations are read only from the cordoned nodes (a field selector),
+        # never from a list of every Node object (tens of MB at 10,000 nodes)
+        with_fields = [q for q in cluster.node_lists if "fieldSelector" in q]
+        assert with_fields and len(with_fields) * 2 == len(cluster.node_lists)
         print(f"lease writes refused as stale: {cluster.lease_conflicts}")
         budget = [
             a
@@ -365,4 +376,71 @@ def test_budget_places_stamped_in_the_future_are_dropped(
         assert sorted(places) == ["gpu-00"]
     finally:
         sink.close()
+        rx.stop()
+
+
+def test_the_breaker_and_the_reset_through_the_lease(
+    api: tuple[Cluster, int], tmp_path: Path
+) -> None:
+    """Issue 28 item 2 on Kubernetes: twelve nodes want to drain at once, the budget is 5:
+    five take places, the first refused trips the breaker (the stop is written into the
+    Lease with its resourceVersion, so exactly one node trips it and pages), and no node
+    drains when places free up, until ``gpuwatchd fleet reset``."""
+    import subprocess
+
+    from conftest import GPUWATCHD, ROOT
+
+    from gpuwatchd.actions.fleet import BREAKER_RULE
+    from gpuwatchd.actions.kube import STOP
+
+    cluster, port = api
+    CLOCK.advance(max(0.0, time.time() - CLOCK.now()))
+    rx = HttpReceiver(free_port()).start()
+    names = [f"gpu-{i:02d}" for i in range(12)]
+    sinks = {n: daemon(tmp_path, n, port, rx.url, "    breaker: true\n") for n in names}
+    try:
+        for n, sink in sinks.items():
+            sink.deliver([transition(at=CLOCK.now(), drain=True, node=n, xid=79)], CLOCK.now())
+        at_once(list(sinks.values()))
+        ours = cluster.cordoned()
+        assert len(ours) == BUDGET, ours
+        assert json.loads(cluster.leases[LEASE]["metadata"]["annotations"][STOP])["what"] == (
+            "tripped"
+        )
+        breaker = [
+            a for r in rx.requests for a in r.json()["alerts"]
+            if a["labels"]["alertname"] == BREAKER_RULE
+        ]  # fmt: skip
+        assert [a["status"] for a in breaker] == ["firing"], breaker
+        assert "XID 79 on" in breaker[0]["annotations"]["summary"]
+
+        for n in ours[:2]:  # two recover: their places go back, nobody takes them
+            sinks[n].deliver(
+                [transition(state=AlertState.RESOLVED, seq=2, at=CLOCK.now(), node=n, xid=79)],
+                CLOCK.now(),
+            )
+            sinks[n].run_pending()
+        CLOCK.advance(61)
+        at_once(list(sinks.values()))
+        assert len(cluster.cordoned()) == BUDGET - 2
+
+        operator = tmp_path / "operator.yaml"
+        operator.write_text(
+            f"node_name: gpu-50\nstate_dir: {tmp_path / 'op'}\n"
+            "drain:\n  mode: kubernetes\n"
+            f"  kubernetes: {{kubeconfig: {tmp_path / 'gpu-00' / 'kubeconfig'}}}\n"
+            "  fleet: {max_percent: 10, selector: nvidia.com/gpu.present=true}\n"
+        )
+        res = subprocess.run(
+            [*GPUWATCHD, "fleet", "reset", "-c", str(operator)],
+            capture_output=True, text=True, timeout=60, cwd=ROOT,
+        )  # fmt: skip
+        assert res.returncode == 0 and "took the tripped mark off" in res.stdout, res
+        assert STOP not in cluster.leases[LEASE]["metadata"]["annotations"]
+        CLOCK.advance(121)  # held back twice: the next check within 2 x recheck
+        at_once(list(sinks.values()))
+        assert len(cluster.cordoned()) == BUDGET
+    finally:
+        for sink in sinks.values():
+            sink.close()
         rx.stop()

@@ -183,6 +183,8 @@ def test_sample_fills_every_field_in_base_units() -> None:
         "retired_pages_sbe",
         "retired_pages_dbe",
         "retired_pages_pending",
+        "fabric_state",  # no NVSwitch fabric: NOT_SUPPORTED, absent
+        "fabric_status",
     }
     assert s.links == ()
 
@@ -475,6 +477,7 @@ def test_temperature_v_not_supported_falls_back_to_legacy_getter() -> None:
         "field 29 (retired_pages_sbe)",
         "field 30 (retired_pages_dbe)",
         "field 31 (retired_pages_pending)",
+        "call nvmlDeviceGetGpuFabricInfo",
     ]
 
 

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import threading
 import time
 import urllib.request
+from collections.abc import Callable
 
 from gpuwatchd.config.loader import default_config
 from gpuwatchd.core.clock import SystemClock
 from gpuwatchd.core.nodestate import NodeState
 from gpuwatchd.core.records import DeviceEvent, DeviceEventKind, GpuInfo, GpuStatus
 from gpuwatchd.service.daemon import Daemon
+from gpuwatchd.sources.gpu.backend import SampleResult
 from gpuwatchd.sources.gpu.poller import Poller, Record
 from gpuwatchd.testing.fake_backend import FakeBackend
 
@@ -148,3 +151,53 @@ def test_backend_that_fails_to_open_is_retried_and_polling_starts() -> None:
         assert daemon.state.view().sources["nvml"].up is True
     finally:
         daemon.stop()
+
+
+class _AsyncBackend(FakeBackend):
+    """An ``AsyncSampler``: polls are queued and answered when the test says so, as the
+    NVML worker's reader thread answers them."""
+
+    def __init__(self, count: int) -> None:
+        super().__init__(count=count)
+        self.asked: list[tuple[int, Callable[[SampleResult], None]]] = []
+        self.asked_lock = threading.Lock()
+
+    def sample_async(self, index: int, done: Callable[[SampleResult], None]) -> None:
+        with self.asked_lock:
+            self.asked.append((index, done))
+
+    def answer(self, skip: int | None = None) -> int:
+        with self.asked_lock:
+            asked, self.asked = self.asked, []
+        for index, done in asked:
+            if index == skip:
+                continue
+            done(lambda index=index: self.sample(index))  # type: ignore[misc]
+        return len(asked)
+
+
+def test_an_async_backend_is_polled_without_gpu_threads_and_a_silent_gpu_goes_stale() -> None:
+    backend = _AsyncBackend(count=3)
+    records: list[Record] = []
+    poller, state = _poller(backend, 0.2, 0.3, records)
+    poller.start()
+    try:
+        assert not [t for t in threading.enumerate() if t.name.startswith("poll-gpu")]
+        deadline = time.monotonic() + 20
+        while min(g.polls for g in state.view().gpus) < 3:  # answered on "our" thread
+            assert time.monotonic() < deadline, "async answers never stored"
+            backend.answer()
+            time.sleep(0.05)
+        while state.view().gpus[1].status is not GpuStatus.STALE:  # GPU 1 stops answering
+            assert time.monotonic() < deadline, "a GPU that never answers is not stale"
+            backend.answer(skip=1)
+            time.sleep(0.05)
+        first = state.view().gpus[0].polls
+        while state.view().gpus[0].polls < first + 3:  # the others go on
+            assert time.monotonic() < deadline, "the answering GPUs stopped with GPU 1"
+            backend.answer(skip=1)
+            time.sleep(0.05)
+        assert (DeviceEventKind.STALE, 1) in _events(records)
+        assert state.view().gpus[0].status is GpuStatus.OK
+    finally:
+        poller.stop()

@@ -14,12 +14,12 @@ import yaml
 
 from gpuwatchd.config.loader import load_config
 from gpuwatchd.config.stages import for_rules
+from gpuwatchd.config.yamlsrc import MAX_NODES
 from gpuwatchd.core.errors import ConfigError
 from gpuwatchd.core.fields import CLOCK_EVENT_REASON_BITS
 from gpuwatchd.rules import default_rule_files, load_rule_set, parse_rules, rules_from_settings
 from gpuwatchd.rules.canonical import canonical_text
 from gpuwatchd.rules.loader import CONDITION_KEYS, RULE_KEYS
-from gpuwatchd.rules.safeyaml import MAX_NODES
 
 ROOT = Path(__file__).resolve().parent.parent
 SHIPPED = sorted(glob.glob(str(ROOT / "rules" / "*.yaml")))

@@ -15,13 +15,13 @@ from rulekit import Node, rules
 
 from gpuwatchd.actions.receivers import slack_alert_fields
 from gpuwatchd.config.loader import Config, load_config
+from gpuwatchd.config.yamlsrc import parse
 from gpuwatchd.core.errors import ConfigError
 from gpuwatchd.harness.simulate import Simulation
 from gpuwatchd.rules.conditions.xid import XidMatch
 from gpuwatchd.rules.engine import Engine
 from gpuwatchd.rules.loader import RuleParser
 from gpuwatchd.rules.model import Rule
-from gpuwatchd.rules.safeyaml import parse_limited
 from gpuwatchd.scenario.model import load_scenario
 from gpuwatchd.service.assembly import Wiring
 from gpuwatchd.xid.catalog import Catalog
@@ -55,7 +55,7 @@ def test_an_overridden_action_changes_the_action_text_on_the_page() -> None:
 
 def parse_rules_with(text: str, catalog: Catalog) -> list[Rule]:
     parser = RuleParser(catalog)
-    found = parser.file(parse_limited(textwrap.dedent(text), "r.yaml"), "r.yaml")
+    found = parser.file(parse(textwrap.dedent(text), "r.yaml"), "r.yaml")
     parser.r.raise_if_any()
     return found
 

@@ -71,6 +71,20 @@ def test_shipped_scenario_loads_and_tells_a_story(path: str) -> None:
         assert all(set(ls.fields) <= set(LINK_FIELDS) for ls in links)
 
 
+def test_every_shipped_scenario_is_bundled_and_found_by_name() -> None:
+    # issue 23 item 6: `gpuwatchd simulate fallen-off-bus` (the package carries scenarios/)
+    names = {os.path.basename(p).removesuffix(".yaml") for p in SHIPPED}
+    assert set(bundled_scenarios()) == names
+    path = bundled_scenario_path("fallen-off-bus")
+    with (
+        open(path, "rb") as f,
+        open(os.path.join(ROOT, "scenarios", "fallen-off-bus.yaml"), "rb") as g,
+    ):
+        assert f.read() == g.read()
+    with pytest.raises(FileNotFoundError, match="fallen-off-bus"):
+        bundled_scenario_path("no-such-scenario")
+
+
 def test_bundled_demo_is_an_8_gpu_week_with_an_accelerating_leak() -> None:
     assert "demo" in bundled_scenarios()
     s = load_scenario(bundled_scenario_path("demo"))
@@ -808,3 +822,25 @@ def test_backend_kernel_lines_until() -> None:
         (120, "kernel")
     ]
     assert backend.kernel_log_lines_until(t0 + 7200) == []
+
+
+def test_test_gpus_come_from_the_one_h100_table() -> None:
+    """Issue 24 item 7: the scenario backend, the test backend and the rule kit had three
+    H100 tables with the same keys and different values; now both test GPUs are the
+    scenario's H100 baseline with named changes, and the same identity facts."""
+    from rulekit import BASE
+
+    from gpuwatchd.scenario.gpumodels import DRIVER_VERSION, H100, at_work
+    from gpuwatchd.testing.fake_backend import DEFAULT_FIELDS, make_infos
+
+    assert set(DEFAULT_FIELDS) == set(BASE) == set(H100.baseline)
+    for name in ("pcie_link_generation_max", "memory_total", "ecc_uncorrected_volatile"):
+        assert DEFAULT_FIELDS[name] == BASE[name] == H100.baseline[name]
+    info = make_infos(4)[2]
+    assert (info.name, info.vbios, info.driver) == (H100.name, H100.vbios, DRIVER_VERSION)
+    assert info.slowdown_temperature == H100.slowdown_temperature
+    assert info.shutdown_temperature == H100.shutdown_temperature
+    played = load_scenario(os.path.join(ROOT, "scenarios", "healthy-8xh100.yaml"))
+    assert info.pci_bus_id == played.gpus[2].info().pci_bus_id
+    with pytest.raises(KeyError, match="temperature_gpuu"):
+        at_work(H100, temperature_gpuu=50.0)

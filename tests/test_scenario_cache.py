@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 
 from gpuwatchd.core.fields import add_derived_fields
-from gpuwatchd.scenario.model import Scenario, _clamp, bundled_scenario_path, load_scenario
+from gpuwatchd.scenario.model import Scenario, bundled_scenario_path, load_scenario
+from gpuwatchd.scenario.series import clamp
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FILES = [
@@ -35,7 +36,7 @@ def reference(s: Scenario, gpu: int, t: float) -> tuple[dict[str, float], list[A
         if amplitude:
             value += amplitude * s._noise(gpu, name, t)
             value = round(value) if name.startswith("temperature_") else round(value, 3)
-        fields[name] = _clamp(name, value)
+        fields[name] = clamp(name, value)
     # Derived as the NVML backend derives them; the GPU margin from the slowdown limit.
     spec = s.gpus[gpu]
     add_derived_fields(fields, spec.memory_max_temperature)

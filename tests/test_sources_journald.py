@@ -141,7 +141,10 @@ def test_live_follow_wakes_on_append(tmp_path: Path) -> None:
     finally:
         source.stop()
     assert [e.xid for e in events] == [79]
-    assert latency < 1.5, latency
+    # The reader wakes on the append or at its next 0.5 s turn; the bound only has to tell
+    # that from a reader that never follows live (the 5 s deadline), and it holds on a
+    # loaded 2-core machine, where 1.5 s did not
+    assert latency < 4.0, latency
     assert states and states[0][0] is True
 
 

@@ -41,14 +41,16 @@ from gpuwatchd.actions.drivers import (
     run_argv,
 )
 from gpuwatchd.actions.fleet import (
+    BREAKER_RULE,
     BUDGET_RULE,
     FleetBudget,
     FleetView,
+    claimed_xids,
     correlated,
     xid_counts,
     xid_of_reason,
 )
-from gpuwatchd.actions.model import dumps, short_reason
+from gpuwatchd.actions.model import dumps, short_reason, xid_of
 from gpuwatchd.actions.store import Store, loads
 from gpuwatchd.config.actions import DrainConfig
 from gpuwatchd.core.alerts import AlertSeverity, AlertState, AlertTransition
@@ -81,6 +83,7 @@ LIMIT_RULE = "GpuwatchdDrainLimitReached"
 FAILED_RULE = "GpuwatchdDrainFailed"
 RETRY_BASE = 5.0
 RETRY_MAX = 300.0
+RECHECK_MAX_FACTOR = 8.0  # a held-back incident asks at least every 8 x fleet.recheck
 
 
 class DrainController:
@@ -118,6 +121,7 @@ class DrainController:
         self._fleet: FleetBudget | None = None
         self._fleet_for: tuple[Driver, Any, str] | None = None
         self._hold_next = 0.0
+        self._held_times: dict[str, int] = {}  # incident -> checks in a row over the budget
         self.rate_limited = 0
         self._count_lock = threading.Lock()  # counters move on the drain and the submit thread
         self._health_written: str | None = None
@@ -165,9 +169,12 @@ class DrainController:
         """A firing transition of a drain rule: open its incident (once)."""
         grace = self.grace_for(rec)
         state = "silenced" if silenced else PENDING
+        # with a fleet budget the first check waits a random moment: a fault seen by every
+        # node in the same second reaches the scheduler spread out (docs/fleet.md)
+        jitter = self.rng.uniform(0.0, self.cfg.fleet.jitter) if self.cfg.fleet.enabled else 0.0
         cur = conn.execute(
             "INSERT OR IGNORE INTO incidents(key, fingerprint, record, reason, state, opened, "
-            "drain_at, closed) VALUES(?, ?, ?, ?, ?, ?, ?, ?)",
+            "drain_at, closed, next_attempt) VALUES(?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (
                 rec["idempotency_key"],
                 rec["fingerprint"],
@@ -177,6 +184,7 @@ class DrainController:
                 now,
                 now + grace,
                 now if silenced else None,
+                now + grace + jitter,
             ),
         )
         if cur.rowcount and silenced:
@@ -249,6 +257,7 @@ class DrainController:
     def step(self, now: float) -> float | None:
         """Do what is due; returns when there is more to do (None: nothing scheduled)."""
         pages: list[AlertTransition] = []
+        self._unsilence(now)
         for inc in self._incidents("state=? AND notified=0 AND drain_at > opened", (PENDING,)):
             self._notify(inc)
         for inc in self._incidents(
@@ -258,6 +267,11 @@ class DrainController:
         pages.extend(self._limit_alert(now))
         pages.extend(self._budget_resolved(now))
         self._hold(now)
+        for inc in self._incidents(
+            "state='cancelled' AND attempts >= ? AND closed > ?",
+            (self.cfg.attempts, now - 86400.0),
+        ):
+            pages.extend(self._failing_resolved(inc, now))
         for inc in self._incidents("state='failed' AND resolved IS NOT NULL AND notified < 2"):
             with self.store.tx() as conn:
                 conn.execute("UPDATE incidents SET notified=2 WHERE key=?", (inc["key"],))
@@ -269,6 +283,22 @@ class DrainController:
         if pages:
             self.page(pages)
         return self._next_due(now)
+
+    def _unsilence(self, now: float) -> None:
+        """A drain a silence held back, whose alert still fires once no silence covers it
+        any more: it is due now (after its grace, counted from now)."""
+        if self.silenced_by is None:
+            return
+        for inc in self._incidents("state='silenced' AND resolved IS NULL"):
+            if self.silenced_by(inc["record"], now) is not None:
+                continue
+            with self.store.tx() as conn:
+                conn.execute(
+                    "UPDATE incidents SET state=?, closed=NULL, drain_at=?, next_attempt=0 "
+                    "WHERE key=? AND state='silenced'",
+                    (PENDING, now + self.grace_for(inc["record"]), inc["key"]),
+                )
+            log.warning("drain for %s: the silence is over and it still fires", inc["reason"])
 
     def _notify(self, inc: dict[str, Any]) -> None:
         with self.store.tx() as conn:
@@ -306,9 +336,16 @@ class DrainController:
         row = self.store.query("SELECT value FROM meta WHERE key=?", (name,))
         return str(row[0][0]) if row and row[0][0] is not None else None
 
+    @property
+    def _pretend(self) -> bool:
+        """Drains are not done, only said (dry-run; ``simulate``'s recording driver)."""
+        return self.cfg.dry_run or bool(getattr(self.driver, "recording", False))
+
     def _dry_run_drained(self) -> str | None:
-        """In dry-run: the reason of the drain gpuwatchd would hold now (None: none)."""
-        if not self.cfg.dry_run:
+        """In dry-run (and ``simulate``): the reason of the drain gpuwatchd would hold now
+        (None: none). A cascade's later alerts find it "already" drained, as the daemon
+        does."""
+        if not self._pretend:
             return None
         return self._meta("dry_run_drained") or None
 
@@ -324,16 +361,24 @@ class DrainController:
         return gate
 
     def _confirm(self, inc: dict[str, Any], result: DrainResult) -> DrainResult:
-        """After a drain: re-count; above the budget, release it at once (docs/fleet.md)."""
+        """A drain of ours found without a record of it (a restart between the drain and
+        writing it down): re-count; above the budget, release it at once. A release that
+        fails is an error: the incident tries again, and re-counts again."""
         assert self.fleet is not None
-        verdict = self.fleet.confirm(self.fleet.wall())
+        verdict = self.fleet.confirm()
         if verdict.allowed:
             return result
         try:
             released = self.driver.resume(inc, False)
         except DrainError as exc:
-            log.error("fleet budget: could not release the drain of %s: %s", self.node, exc)
-            return DrainResult(result.result, result.detail + "; over the budget, release failed")
+            raise DrainError(
+                f"over the fleet budget ({verdict.detail}), and the release failed: {exc}"
+            ) from None
+        if released.result == "resumed":
+            try:
+                self.fleet.released()
+            except DrainError as exc:  # the claim expires by itself (CLAIM_TTL)
+                log.warning("fleet budget: could not take %s's claim off: %s", self.node, exc)
         return DrainResult(
             OVER_BUDGET,
             f"fleet drain budget spent: released after the re-count ({released.result}): "
@@ -367,15 +412,16 @@ class DrainController:
                     inc, inc["reason"], self.cfg.dry_run, gate=self._gate(inc["reason"])
                 )
                 # "already" on a node gpuwatchd has no record of draining: it drained, then
-                # stopped before its re-count (a crash, a restart); re-count now
-                recount = result.result == "drained" or (
-                    result.result == "already" and not owned["owned"]
-                )
+                # stopped before writing it down (a crash, a restart); re-count now. A drain
+                # made now was admitted by its claim before it was written.
+                recount = result.result == "already" and not owned["owned"]
                 if recount and self.fleet is not None:
                     result = self._confirm(inc, result)
         except DrainError as exc:
             self.last_error = str(exc)
             attempts = inc["attempts"] + 1
+            if attempts >= self.cfg.attempts and xid_of(inc["record"]) is not None:
+                return self._keep_trying(inc, now, attempts, exc)
             if attempts >= self.cfg.attempts:
                 with self.store.tx() as conn:
                     conn.execute(
@@ -400,8 +446,10 @@ class DrainController:
                 )
             log.warning("drain %s: attempt %d failed: %s", self.node, attempts, exc)
             return []
+        pages = self._failing_resolved(inc, now)
         if result.result == OVER_BUDGET:
-            return self._over_budget(inc, now, result)
+            return pages + self._over_budget(inc, now, result)
+        self._held_times.pop(inc["key"], None)
         self._hold_next = now + self.cfg.hold_interval
         with self.store.tx() as conn:
             conn.execute(
@@ -416,10 +464,42 @@ class DrainController:
                     "resume_attempts=0, next_attempt=0, last_result=? WHERE id=1",
                     (inc["reason"], now, result.result),
                 )
-            if self.cfg.dry_run and result.result == "dry_run":
+            if self._pretend and result.result == "dry_run":
                 Store.set_meta(conn, "dry_run_drained", inc["reason"])
         self._record("drain", inc, result)
-        return []
+        return pages
+
+    def _keep_trying(
+        self, inc: dict[str, Any], now: float, attempts: int, exc: DrainError
+    ) -> list[AlertTransition]:
+        """A drain for an XID is never given up: the scheduler being unreachable for a while
+        (a restart, an outage) must not leave a node with a fatal XID in service. After
+        ``attempts`` failures it pages once and goes on trying, at most every RETRY_MAX."""
+        with self.store.tx() as conn:
+            conn.execute(
+                "UPDATE incidents SET attempts=?, last_error=?, next_attempt=? WHERE key=?",
+                (attempts, str(exc), now + self._backoff(attempts), inc["key"]),
+            )
+        log.warning("drain %s: attempt %d failed (trying again): %s", self.node, attempts, exc)
+        if attempts != self.cfg.attempts:
+            return []
+        self._record("drain", inc, "failed", f"{attempts} attempts failed, trying again: {exc}")
+        with self.store.tx() as conn:
+            Store.set_meta(conn, f"failing:{inc['key']}", "firing")
+        summary = (
+            f"gpuwatchd could not drain {self.node} after {attempts} attempts and keeps "
+            f"trying: {exc}"
+        )
+        return [self._synthetic(FAILED_RULE, AlertState.FIRING, inc, now, summary)]
+
+    def _failing_resolved(self, inc: dict[str, Any], now: float) -> list[AlertTransition]:
+        """The drain that kept failing went through (or its fault ended): resolve its page."""
+        if self._meta(f"failing:{inc['key']}") != "firing":
+            return []
+        with self.store.tx() as conn:
+            Store.set_meta(conn, f"failing:{inc['key']}", "")
+        summary = f"the drain of {self.node} that kept failing is no longer failing"
+        return [self._synthetic(FAILED_RULE, AlertState.RESOLVED, inc, now, summary)]
 
     # -- the fleet budget -------------------------------------------------------------
     def _over_budget(
@@ -427,10 +507,16 @@ class DrainController:
     ) -> list[AlertTransition]:
         """Not drained: the incident stays pending and asks again after ``recheck``."""
         first = not str(inc["result"] or "").startswith(OVER_BUDGET)
+        # while the budget stays full, ask again less often (up to 8 times recheck), each
+        # at a random moment of its interval, so held-back nodes do not ask in step
+        held = 1 if first else self._held_times.get(inc["key"], 1) + 1
+        self._held_times[inc["key"]] = held
+        wait = self.cfg.fleet.recheck * min(2.0 ** (held - 1), RECHECK_MAX_FACTOR)
+        wait *= self.rng.uniform(0.75, 1.0)
         with self.store.tx() as conn:
             conn.execute(
                 "UPDATE incidents SET result=?, attempts=0, next_attempt=? WHERE key=?",
-                (f"{OVER_BUDGET}: {result.detail}", now + self.cfg.fleet.recheck, inc["key"]),
+                (f"{OVER_BUDGET}: {result.detail}", now + wait, inc["key"]),
             )
         if first:
             self._record("drain", inc, result)
@@ -442,6 +528,10 @@ class DrainController:
         fleet = self.fleet
         if fleet is None or fleet.last is None:
             return []
+        if fleet.last.tripped and self._meta("breaker_alert") != "firing":
+            return self._breaker_page(inc, now)
+        if fleet.last.stopped:
+            return []  # the fleet is stopped: one page says so (the breaker's), not each node
         if self._meta("fleet_alert") == "firing":
             return []
         last = self._meta("fleet_page_at")
@@ -450,18 +540,20 @@ class DrainController:
             return []
         verdict = fleet.last
         drains = verdict.census.drains
-        xids = xid_counts(drains)
         mine = xid_of_reason(inc["reason"])
-        if mine:
-            xids[mine] += 1
+        # other nodes waiting for a place say which XID they want to drain for
+        extra = claimed_xids(verdict.census, fleet.wall(), self.node)
+        extra += [f"{self.node}|{mine}"] if mine else []
+        xids = xid_counts(drains)
+        xids.update(item.partition("|")[2] for item in extra)
         seen = ", ".join(f"XID {x} on {n}" for x, n in sorted(xids.items(), key=lambda p: -p[1]))
+        drained = len([d for d in drains if d.node != self.node])
         summary = (
-            f"fleet drain budget of {verdict.limit} nodes reached: {verdict.count} drained by "
+            f"fleet drain budget of {verdict.limit} nodes reached: {drained} drained by "
             f"gpuwatchd at the last count ({verdict.nodes} nodes known); not draining "
             f"{self.node} for {inc['reason']}" + (f" (XIDs: {seen})" if seen else "")
         )
-        notes: dict[str, str] = {"xids": seen, "drained_nodes": str(verdict.count)}
-        extra = [f"{self.node}|{mine}"] if mine else []
+        notes: dict[str, str] = {"xids": seen, "drained_nodes": str(drained)}
         common = correlated(drains, self.cfg.fleet, fleet.wall(), extra)
         if common:
             xid, nodes = common[0]
@@ -484,13 +576,48 @@ class DrainController:
         )
         return int(row[0][0])
 
+    def _breaker_page(self, inc: dict[str, Any], now: float) -> list[AlertTransition]:
+        """This node tripped the breaker (first of those that did): one page for the fleet,
+        naming the XIDs and the share of nodes that wanted to drain."""
+        fleet = self.fleet
+        assert fleet is not None and fleet.last is not None
+        verdict = fleet.last
+        census = verdict.census
+        mine = xid_of_reason(inc["reason"])
+        extra = claimed_xids(census, fleet.wall(), self.node)
+        extra += [f"{self.node}|{mine}"] if mine else []
+        xids = xid_counts(d for d in census.drains if d.node != self.node)
+        xids.update(item.partition("|")[2] for item in extra)
+        wanting = len({d.node for d in census.drains} | {i.partition("|")[0] for i in extra})
+        share = 100.0 * wanting / max(1, verdict.nodes)
+        seen = ", ".join(f"XID {x} on {n}" for x, n in sorted(xids.items(), key=lambda p: -p[1]))
+        summary = (
+            f"fleet drain breaker tripped: {wanting} of {verdict.nodes} nodes ({share:.0f} %) "
+            f"want to drain at once, above the budget of {verdict.limit}"
+            + (f" ({seen})" if seen else "")
+            + "; gpuwatchd drains no more nodes until an operator runs `gpuwatchd fleet reset`"
+        )
+        notes = {"xids": seen, "nodes_wanting": str(wanting), "share_percent": f"{share:.1f}"}
+        with self.store.tx() as conn:
+            Store.set_meta(conn, "breaker_alert", "firing")
+        return [self._synthetic(BREAKER_RULE, AlertState.FIRING, None, now, summary, notes)]
+
     def _budget_resolved(self, now: float) -> list[AlertTransition]:
+        out: list[AlertTransition] = []
+        fleet = self.fleet
+        if self._meta("breaker_alert") == "firing" and (
+            not self._held_back() or (fleet and fleet.last and not fleet.last.stopped)
+        ):
+            with self.store.tx() as conn:
+                Store.set_meta(conn, "breaker_alert", "")
+            summary = "the fleet drain breaker was reset: gpuwatchd drains again"
+            out.append(self._synthetic(BREAKER_RULE, AlertState.RESOLVED, None, now, summary))
         if self._meta("fleet_alert") != "firing" or self._held_back():
-            return []
+            return out
         with self.store.tx() as conn:
             Store.set_meta(conn, "fleet_alert", "")
         summary = f"no drain of {self.node} waits for the fleet drain budget any more"
-        return [self._synthetic(BUDGET_RULE, AlertState.RESOLVED, None, now, summary)]
+        return [*out, self._synthetic(BUDGET_RULE, AlertState.RESOLVED, None, now, summary)]
 
     # -- holding the node out of service ---------------------------------------------
     def _held(self) -> list[dict[str, Any]]:

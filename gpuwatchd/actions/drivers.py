@@ -24,12 +24,13 @@ import math
 import os
 import signal
 import subprocess
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol
 
-from gpuwatchd.actions.fleet import Census, FleetDrain
+from gpuwatchd.actions.fleet import CLAIM_PREFIX, MARK_PREFIX, Census, Claim, FleetDrain, Mark
 from gpuwatchd.actions.model import REASON_PREFIX, xid_of
 from gpuwatchd.config.actions import FleetDrainConfig
 from gpuwatchd.core.errors import GpuwatchdError
@@ -154,9 +155,28 @@ class ExecDriver:
 
     def fleet_view(self, cfg: FleetDrainConfig) -> SlurmFleetView:
         """The fleet as Slurm counts it, read by the daemon itself (``sinfo`` needs no
-        privilege), while the exec command (the root drain helper) drains and releases:
-        the budget's check, drain, re-count and release work as in ``slurm`` mode."""
-        return SlurmFleetView(self.sinfo, self.timeout, cfg.partition)
+        privilege), while the exec command (the root drain helper) writes this node's claim
+        (``GPUWATCHD_ACTION=claim``, the claim in ``GPUWATCHD_CLAIM``, empty to take it
+        off), drains and resumes: the claims work as in ``slurm`` mode."""
+
+        def put(node: str, claim: Claim | Mark | None, known: str | None) -> None:
+            env = {
+                **os.environ,
+                **incident_env("claim", node, None, ""),
+                "GPUWATCHD_CLAIM": claim.text if claim is not None else "",
+            }
+            res = run_argv(self.command, timeout=self.timeout, env=env)
+            if res.returncode != 0:
+                raise DrainError(
+                    f"{self.command[0]} (claim) exited with status {res.returncode}: "
+                    f"{_tail(res.stderr)}"
+                )
+
+        def mark(node: str, what: Mark | None, known: str | None) -> None:
+            if what is not None:  # the helper takes no mark off: that is an operator's reset
+                put(node, what, known)
+
+        return SlurmFleetView(self.sinfo, self.timeout, cfg.partition, put, mark)
 
     def _run(self, action: str, incident: Mapping[str, Any] | None, reason: str) -> None:
         env = {**os.environ, **incident_env(action, self.node, incident, reason)}
@@ -224,7 +244,8 @@ class SlurmNode:
 
 NOTE_SEPARATOR = "; "
 REASON_MAX = 250
-SETTLE_MARGIN = 0.5  # seconds: clock skew between the node and slurmctld Slurm tolerates
+COMMENT_MAX = 250
+COMMENT_FRESH = 5.0  # seconds a census's Comment of a node is used for a write
 
 
 def _slurm_time(text: str) -> float | None:
@@ -234,62 +255,177 @@ def _slurm_time(text: str) -> float | None:
         return None
 
 
+def put_claim(
+    scontrol: str,
+    sinfo: str,
+    timeout: float,
+    node: str,
+    claim: Claim | None,
+    known: str | None = None,
+) -> None:
+    """Write ``node``'s claim into its Comment (None: take ours off), keeping any text
+    another owner put before it. ``known``: the Comment as just read (None: read it)."""
+    if known is None:
+        known = _comment(sinfo, timeout, node)
+    at = known.rfind(CLAIM_PREFIX)
+    if claim is None and at < 0:
+        return  # nothing of ours there
+    theirs = (known[:at] if at >= 0 else known).rstrip().removesuffix(";").rstrip()
+    text = claim.text if claim is not None else ""
+    if theirs:
+        keep = COMMENT_MAX - len(text) - len(NOTE_SEPARATOR)
+        text = theirs[:keep] + (NOTE_SEPARATOR + text if text else "")
+    res = run_argv([scontrol, "update", f"NodeName={node}", f"Comment={text}"], timeout=timeout)
+    if res.returncode != 0:
+        raise DrainError(
+            f"scontrol update Comment failed (status {res.returncode}): {_tail(res.stderr)}"
+        )
+
+
+def _comment(sinfo: str, timeout: float, node: str) -> str:
+    res = run_argv(
+        [sinfo, "--noheader", "--Node", "--nodes", node, "--Format", "Comment:0"],
+        timeout=timeout,
+    )
+    if res.returncode != 0:
+        raise DrainError(f"sinfo failed (status {res.returncode}): {_tail(res.stderr)}")
+    return "" if res.stdout.strip() == "(null)" else res.stdout.strip()
+
+
+def put_mark(
+    scontrol: str,
+    sinfo: str,
+    timeout: float,
+    node: str,
+    mark: Mark | None,
+    known: str | None = None,
+) -> None:
+    """Put a fleet-wide stop into ``node``'s Comment (None: take ours off), before any
+    claim and after any text of another owner."""
+    text = _comment(sinfo, timeout, node) if known is None else known
+    at_claim = text.rfind(CLAIM_PREFIX)
+    claim = text[at_claim:] if at_claim >= 0 else ""
+    rest = text[:at_claim] if at_claim >= 0 else text
+    at_mark = rest.find(MARK_PREFIX)
+    if mark is None and at_mark < 0:
+        return
+    theirs = (rest[:at_mark] if at_mark >= 0 else rest).rstrip().removesuffix(";").rstrip()
+    parts = [p for p in (theirs, mark.text if mark else "", claim) if p]
+    new = NOTE_SEPARATOR.join(parts)[-COMMENT_MAX:]
+    res = run_argv([scontrol, "update", f"NodeName={node}", f"Comment={new}"], timeout=timeout)
+    if res.returncode != 0:
+        raise DrainError(
+            f"scontrol update Comment failed (status {res.returncode}): {_tail(res.stderr)}"
+        )
+
+
 class SlurmFleetView:
-    """The fleet as Slurm's controller sees it: one ``sinfo`` per census."""
+    """The fleet as Slurm's controller sees it. Claims live in each node's ``Comment``
+    (kept by slurmctld, ignored by scheduling), after any text another owner put there.
+
+    A cheap census (``full=False``: drains only) asks ``sinfo --list-reasons``, which lists
+    only the nodes that are down or drained, plus a count of node names; a full census
+    (every node's claim) reads every node once. ``put`` writes a node's claim, given the
+    Comment the last census read if still fresh: scontrol in ``slurm`` mode
+    (``put_claim``), the root drain helper in ``exec`` mode."""
 
     exclusive = False
+
+    def __init__(
+        self,
+        sinfo: str,
+        timeout: float,
+        partition: str | None,
+        put: Callable[[str, Claim | None, str | None], None] | None = None,
+        mark: Callable[[str, Mark | None, str | None], None] | None = None,
+    ) -> None:
+        self.sinfo = sinfo
+        self.timeout = timeout
+        self.partition = partition
+        self.put = put
+        self.mark = mark
+        # the Comment per node as the last census read it, and when (monotonic): a write
+        # keeps another owner's text, read again when older than COMMENT_FRESH
+        self._comments: dict[str, str] = {}
+        self._read_at = -math.inf
 
     def reserve(
         self, node: str, limit: int, census: Census, reason: str
     ) -> tuple[bool, tuple[FleetDrain, ...]]:
-        raise NotImplementedError("Slurm's budget is checked by re-counting")
+        raise NotImplementedError("Slurm's budget is kept by claims")
 
     def release(self, node: str) -> None:
-        pass  # the census sees the resume
+        self.write_claim(node, None)
 
-    def __init__(self, sinfo: str, timeout: float, partition: str | None) -> None:
-        self.sinfo = sinfo
-        self.timeout = timeout
-        self.partition = partition
+    def write_claim(self, node: str, claim: Claim | None) -> None:
+        if self.put is None:
+            raise DrainError("drain.fleet: this drain mode cannot write a claim")
+        fresh = time.monotonic() - self._read_at <= COMMENT_FRESH
+        known = self._comments.get(node) if fresh else None
+        self.put(node, claim, known)
+        self._comments.pop(node, None)
 
-    def census(self) -> Census:
-        """Every node's state, reason time and reason. A reason is free text and may hold
-        newlines (and anything that looks like a line of ``sinfo`` output): each record
-        therefore starts with a token drawn at random for this census, which no reason can
-        carry, and records are split on it, not on lines."""
-        token = f"@gw{os.urandom(12).hex()}@"
-        argv = [self.sinfo, "--noheader", "--Node", "--format", f"{token}%N|%T|%H|%E"]
+    def write_mark(self, node: str, mark: Mark | None) -> None:
+        if self.mark is None:
+            raise DrainError("drain.fleet: this drain mode cannot stop the fleet")
+        fresh = time.monotonic() - self._read_at <= COMMENT_FRESH
+        self.mark(node, mark, self._comments.get(node) if fresh else None)
+        self._comments.pop(node, None)
+
+    def _sinfo(self, *args: str) -> str:
+        argv = [self.sinfo, "--noheader", *args]
         if self.partition:
             argv[1:1] = ["--partition", self.partition]
         res = run_argv(argv, timeout=self.timeout)
         if res.returncode != 0:
             raise DrainError(f"sinfo failed (status {res.returncode}): {_tail(res.stderr)}")
+        return res.stdout
+
+    def census(self, full: bool = True) -> Census:
+        """Every node's (or, not full, every down or drained node's) state, reason time,
+        Comment and reason. A reason or a Comment is free text and may hold newlines (and
+        anything that looks like a line of ``sinfo`` output): records and fields are
+        therefore split on tokens drawn at random for this census, which no text can
+        carry, never on lines."""
+        rec = f"@gw{os.urandom(12).hex()}@"
+        sep = f"@gf{os.urandom(12).hex()}@"
+        fields = ",".join(
+            f"{name}:0{sep}" for name in ("NodeList", "StateLong", "Timestamp", "Comment")
+        )
+        out = self._sinfo(*(() if full else ("--list-reasons",)), "--Node", "--Format",
+                          f"{fields},Reason:0{rec}")  # fmt: skip
         nodes: dict[str, SlurmNode] = {}
         since: dict[str, float | None] = {}
-        for record in res.stdout.split(token)[1:]:
-            name, sep, rest = record.partition("|")
-            state, _, rest = rest.partition("|")
-            stamp, _, reason = rest.partition("|")
-            if not sep or not name.strip():
+        claims: list[Claim] = []
+        marks: list[Mark] = []
+        self._comments = {}
+        self._read_at = time.monotonic()
+        for record in out.split(rec)[:-1]:
+            parts = record.lstrip("\n").split(sep, 4)
+            if len(parts) != 5 or not parts[0].strip():
                 continue
-            reason = reason.rstrip("\n").strip()
-            node = SlurmNode(
-                state.strip().lower().rstrip("*~#!%$@^-+"),
-                "" if reason.lower() == "none" else reason,
+            name, state, stamp, comment, reason = (p.strip() for p in parts)
+            nodes[name] = SlurmNode(
+                state.lower().rstrip("*~#!%$@^-+"), "" if reason.lower() == "none" else reason
             )
-            nodes[name.strip()] = node
-            since[name.strip()] = _slurm_time(stamp)
+            since[name] = _slurm_time(stamp)
+            comment = "" if comment == "(null)" else comment
+            self._comments[name] = comment
+            claim = Claim.parse(name, comment)
+            if claim is not None:
+                claims.append(claim)
+            mark = Mark.parse(name, comment)
+            if mark is not None:
+                marks.append(mark)
         drains = tuple(
             FleetDrain(name, since[name], n.reason)
             for name, n in sorted(nodes.items())
             if n.offline and n.ours
         )
-        return Census(len(nodes), drains)
-
-    def settled_at(self, drained_at: float) -> float:
-        # slurmctld stamps a reason in whole seconds when it applies the update: every drain
-        # stamped in our second or before is applied once that second is over.
-        return math.floor(drained_at) + 1.0 + SETTLE_MARGIN
+        if full:
+            return Census(len(nodes), drains, tuple(claims), marks=tuple(marks))
+        names = {ln.strip() for ln in self._sinfo("--Node", "--Format", "NodeList:0").split()}
+        return Census(len(names), drains, tuple(claims), full=False, marks=tuple(marks))
 
 
 class SlurmDriver:
@@ -329,7 +465,13 @@ class SlurmDriver:
             )
 
     def fleet_view(self, cfg: FleetDrainConfig) -> SlurmFleetView:
-        return SlurmFleetView(self.sinfo, self.timeout, cfg.partition)
+        def put(node: str, claim: Claim | None, known: str | None) -> None:
+            put_claim(self.scontrol, self.sinfo, self.timeout, node, claim, known)
+
+        def mark(node: str, what: Mark | None, known: str | None) -> None:
+            put_mark(self.scontrol, self.sinfo, self.timeout, node, what, known)
+
+        return SlurmFleetView(self.sinfo, self.timeout, cfg.partition, put, mark)
 
     def _note(self, node: SlurmNode, reason: str, dry_run: bool) -> DrainResult:
         """The node is out of service for another owner: keep their reason, add ours (NHC's
@@ -430,6 +572,7 @@ class RecordDriver:
     """``simulate``: never touches the scheduler; says what it would have done."""
 
     reads_state = False
+    recording = True  # the controller treats its drains as a dry run's
 
     def __init__(self, mode: str) -> None:
         self.mode = mode

@@ -5,36 +5,59 @@ would otherwise drain the whole cluster one correct-looking drain at a time. The
 counted in the scheduler itself (Slurm's controller, the Kubernetes API): no coordination
 service of our own.
 
-Protocol (Slurm; docs/fleet.md says why it converges):
+Two kinds of view keep it (docs/fleet.md, "How concurrent daemons keep to it"):
 
-1. *check*: one census of the scheduler. If gpuwatchd already holds ``limit`` nodes
-   drained, do not drain.
-2. drain.
-3. *confirm*: wait until every drain that the scheduler stamped no later than ours is
-   visible (``settled_at``), census again, order gpuwatchd's drains by (time the scheduler
-   recorded, node name) and keep ours only if it is among the first ``limit``; otherwise
-   release it at once and try again later.
+- an *exclusive* view (Kubernetes) keeps the places in one object the scheduler updates
+  atomically: ``reserve`` takes a place before the drain, ``release`` gives it back;
+- a *claiming* view (Slurm) lets each node write a claim on its own node record (a field
+  that does not affect scheduling) and read every node's claim in one census. Claims follow
+  Lamport's bakery: a node says it is *choosing*, reads every claim, takes a ticket one
+  above the highest it saw, waits until each node that was choosing when it wrote its
+  ticket has chosen, and drains only if fewer than the budget of claims and drains order
+  before its own (ticket, node name). A drain therefore happens only after the claim that
+  admits it, so the budget holds at every moment, not only once the storm has settled; no
+  clock is compared across nodes (a claim's time only lets a dead daemon's claim expire).
 
-The order is the same for every daemon, and every drain ordered before ours is visible at
-the re-count, so exactly ``limit`` drains stay; drains above the budget exist only for the
-seconds between step 2 and their release. The rest of this module is pure.
+``claim_protocol`` is that protocol as a generator of scheduler operations, driven by
+``FleetBudget`` against the real view and by tests/test_fleet_model.py against a model
+with random timings, clock skew and failures. The rest of this module is pure.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import re
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Generator, Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
 from gpuwatchd.config.actions import FleetDrainConfig
+from gpuwatchd.core.errors import GpuwatchdError
 
 BUDGET_RULE = "GpuwatchdFleetDrainBudget"
+BREAKER_RULE = "GpuwatchdFleetDrainBreaker"
 CORRELATED_NODES = 3  # the same XID on this many nodes within ``correlate`` is named
 _XID_RE = re.compile(r"\bXID (\d+)\b")
+CLAIM_PREFIX = "gpuwatchd-claim:"
+CLAIM_TTL = 120.0  # seconds: a claim on a node not drained by gpuwatchd expires after this
+CHOOSING_POLL = 0.25  # seconds between the reads that wait for choosing nodes
+CHOOSING_PATIENCE = 40.0  # seconds: choosing nodes that take longer make us back off
+# an admission more than this after our ticket was written is not used: another reader may
+# soon take our claim for a dead daemon's (the drain's own write comes within its timeout)
+ADMIT_WITHIN = CLAIM_TTL / 2
+TRIP_SETTLE = 1.0  # seconds after tripping the breaker before choosing who pages
+MARK_PREFIX = "gpuwatchd-fleet:"
+_MARK_RE = re.compile(
+    r"gpuwatchd-fleet: (?P<what>tripped|paused) at "
+    r"(?P<at>[0-9]{1,11}(?:\.[0-9]{1,3})?)(?: xid (?P<xid>[0-9]{1,4}))?"
+)
+_CLAIM_RE = re.compile(
+    r"gpuwatchd-claim: (?:choosing|ticket (?P<ticket>[1-9][0-9]{0,8})) at "
+    r"(?P<at>[0-9]{1,11}(?:\.[0-9]{1,3})?)(?: xid (?P<xid>[0-9]{1,4}))?"
+)
 
 
 @dataclass(frozen=True)
@@ -45,9 +68,75 @@ class FleetDrain:
 
 
 @dataclass(frozen=True)
+class Claim:
+    """A node's claim on a place in the budget (Slurm: in the node's ``Comment``)."""
+
+    node: str
+    ticket: int | None  # None: choosing (it is reading the others' tickets)
+    at: float  # the writer's wall clock: only for expiry
+    xid: str | None = None  # the XID it wants to drain for (named in budget pages)
+
+    @property
+    def choosing(self) -> bool:
+        return self.ticket is None
+
+    @property
+    def text(self) -> str:
+        what = "choosing" if self.ticket is None else f"ticket {self.ticket}"
+        return f"{CLAIM_PREFIX} {what} at {self.at:.3f}" + (f" xid {self.xid}" if self.xid else "")
+
+    @classmethod
+    def parse(cls, node: str, text: str) -> Claim | None:
+        """The claim at the end of a node's field (after any text of another owner)."""
+        at = text.rfind(CLAIM_PREFIX)
+        if at < 0:
+            return None
+        m = _CLAIM_RE.fullmatch(text[at:].strip())
+        if m is None:
+            return None
+        ticket = m.group("ticket")
+        return cls(node, int(ticket) if ticket else None, float(m.group("at")), m.group("xid"))
+
+
+@dataclass(frozen=True)
+class Mark:
+    """A fleet-wide stop (Slurm: in a node's ``Comment``, before any claim; Kubernetes: in
+    the budget's Lease): ``tripped`` by
+    the breaker when more nodes wanted to drain at once than the budget allows, or
+    ``paused`` by an operator (``gpuwatchd fleet pause``). While any node carries one, no
+    node drains; ``gpuwatchd fleet reset`` takes them all off."""
+
+    node: str
+    what: str  # tripped | paused
+    at: float
+    xid: str | None = None
+
+    @property
+    def text(self) -> str:
+        return f"{MARK_PREFIX} {self.what} at {self.at:.3f}" + (
+            f" xid {self.xid}" if self.xid else ""
+        )
+
+    @classmethod
+    def parse(cls, node: str, text: str) -> Mark | None:
+        at = text.find(MARK_PREFIX)
+        if at < 0:
+            return None
+        end = text.find(CLAIM_PREFIX, at)
+        part = text[at : end if end >= 0 else len(text)].strip().removesuffix(";").strip()
+        m = _MARK_RE.fullmatch(part)
+        if m is None:
+            return None
+        return cls(node, m.group("what"), float(m.group("at")), m.group("xid"))
+
+
+@dataclass(frozen=True)
 class Census:
     nodes: int  # nodes the scheduler knows (in the partition or selector)
     drains: tuple[FleetDrain, ...]  # the nodes drained by gpuwatchd
+    claims: tuple[Claim, ...] = ()  # claims on places (a claiming view's full census)
+    full: bool = True  # False: a cheap census that shows drains only, not claims
+    marks: tuple[Mark, ...] = ()  # fleet-wide stops (breaker tripped, paused)
 
 
 class FleetView(Protocol):
@@ -55,12 +144,13 @@ class FleetView(Protocol):
 
     An *exclusive* view keeps the budget itself in one object the scheduler updates
     atomically (Kubernetes: a Lease written with its resourceVersion): ``reserve`` takes a
-    place before the drain, ``release`` gives it back after the resume, and no re-count is
-    needed. A view that is not exclusive (Slurm) relies on the re-count."""
+    place before the drain, ``release`` gives it back after the resume. A view that is not
+    exclusive (Slurm) keeps claims: ``write_claim`` puts this node's claim (None: takes it
+    off), ``census(full=True)`` reads every node's, ``census(full=False)`` only the drains."""
 
     exclusive: bool
 
-    def census(self) -> Census: ...
+    def census(self, full: bool = True) -> Census: ...
 
     def reserve(
         self, node: str, limit: int, census: Census, reason: str
@@ -71,23 +161,35 @@ class FleetView(Protocol):
 
     def release(self, node: str) -> None: ...
 
-    def settled_at(self, drained_at: float) -> float:
-        """Wall-clock time after which every drain ordered before ours is visible."""
-        ...
+    def write_claim(self, node: str, claim: Claim | None) -> None: ...
+
+    def write_mark(self, node: str, mark: Mark | None) -> None: ...
 
 
 @dataclass(frozen=True)
 class Verdict:
     allowed: bool
-    count: int  # gpuwatchd's drains counted (ours excluded on a check, included on a confirm)
+    count: int  # gpuwatchd's drains (and claims) ahead of ours
     limit: int
     nodes: int
     census: Census
+    tripped: bool = False  # this check tripped the breaker and is the one to page
+
+    @property
+    def stopped(self) -> str | None:
+        """Why draining is stopped fleet-wide (None: it is not)."""
+        if not self.census.marks:
+            return None
+        m = min(self.census.marks, key=lambda m: (m.at, m.node))
+        how = "paused by an operator" if m.what == "paused" else "stopped by the breaker"
+        return f"fleet draining {how} (on {m.node}); `gpuwatchd fleet reset` resumes it"
 
     @property
     def detail(self) -> str:
+        if self.stopped:
+            return self.stopped
         return (
-            f"{self.count} of a budget of {self.limit} nodes drained by gpuwatchd "
+            f"{self.count} of a budget of {self.limit} nodes drained or claimed by gpuwatchd "
             f"({self.nodes} nodes known to the scheduler)"
         )
 
@@ -108,6 +210,150 @@ def counted(drains: Iterable[FleetDrain], cfg: FleetDrainConfig, now: float) -> 
         d for d in drains if cfg.window is None or d.since is None or d.since >= now - cfg.window
     ]
     return sorted(out, key=lambda d: (d.since if d.since is not None else -math.inf, d.node))
+
+
+def live_claims(census: Census, now: float) -> dict[str, Claim]:
+    """The claims that hold: on a node drained by gpuwatchd always, otherwise until they
+    are CLAIM_TTL old (a daemon that died mid-claim; a claim stamped far ahead of our clock
+    counts as made now, so it expires too)."""
+    drained = {d.node for d in census.drains}
+    return {
+        c.node: c
+        for c in census.claims
+        if c.node in drained or now - CLAIM_TTL <= c.at <= now + CLAIM_TTL
+    }
+
+
+def ahead_of(
+    census: Census, node: str, ticket: int | None, cfg: FleetDrainConfig, now: float
+) -> list[str]:
+    """The nodes whose drain or claim orders before ``node``'s claim ``ticket`` (None: a
+    drain of ``node`` without a claim, which orders with the other drains without one):
+    gpuwatchd's drains without a claim first (by time and name), then claims by (ticket,
+    node name); a drained node with a claim counts once, by its claim."""
+    claims = live_claims(census, now)
+    out: list[str] = []
+    for d in counted(census.drains, cfg, now):
+        if d.node == node:
+            if ticket is None:
+                return out
+            continue
+        c = claims.get(d.node)
+        if c is None or c.ticket is None:
+            out.append(d.node)
+    if ticket is None:
+        return out
+    me = (ticket, node)
+    drained = {d.node for d in census.drains}
+    counted_drains = {d.node for d in counted(census.drains, cfg, now)}
+    for c in claims.values():
+        if c.node == node or c.ticket is None or (c.ticket, c.node) >= me:
+            continue
+        if c.node in drained and c.node not in counted_drains:
+            continue  # a drain older than the window
+        out.append(c.node)
+    return out
+
+
+def next_ticket(census: Census, now: float) -> int:
+    return 1 + max((c.ticket or 0 for c in live_claims(census, now).values()), default=0)
+
+
+@dataclass(frozen=True)
+class Read:
+    """Operation: a census (full: with every node's claim)."""
+
+    full: bool
+
+
+@dataclass(frozen=True)
+class Write:
+    """Operation: put this node's claim (None: take it off)."""
+
+    claim: Claim | None
+
+
+@dataclass(frozen=True)
+class Wait:
+    seconds: float
+
+
+@dataclass(frozen=True)
+class WriteMark:
+    """Operation: put a fleet-wide stop on this node."""
+
+    mark: Mark
+
+
+Op = Read | Write | Wait | WriteMark
+
+
+def claim_protocol(
+    cfg: FleetDrainConfig, node: str, now: Callable[[], float], xid: str | None = None
+) -> Generator[Op, Census | None, Verdict]:
+    """Claim a place, then say whether the drain may happen (module docstring). Yields
+    operations; a ``Read`` is answered with a census, the others with None. A refusal
+    leaves no claim behind; an admission leaves the claim, which the drain keeps until
+    the resume takes it off (``FleetView.release``)."""
+    # with the breaker on, the first census is a full one: it must see a stop on any node
+    census = yield Read(full=cfg.breaker)
+    assert census is not None
+    limit = limit_for(cfg, census.nodes)
+    drains = [d for d in counted(census.drains, cfg, now()) if d.node != node]
+    if census.marks:  # the fleet is stopped: nothing written
+        return Verdict(False, len(drains), limit, census.nodes, census)
+    if len(drains) >= limit:  # full already: no claim written, no further read
+        if cfg.breaker:  # and one more wants to drain: trip it
+            return (yield from _trip(node, xid, now, len(drains), limit))
+        return Verdict(False, len(drains), limit, census.nodes, census)
+    yield Write(Claim(node, None, now(), xid))
+    census = yield Read(full=True)
+    assert census is not None
+    if census.marks:  # the fleet is stopped: no drain until an operator resets it
+        yield Write(None)
+        return Verdict(False, 0, limit, census.nodes, census)
+    ticket = next_ticket(census, now())
+    yield Write(Claim(node, ticket, now(), xid))
+    started = now()
+    census = yield Read(full=True)
+    assert census is not None
+    waiting = {c.node for c in live_claims(census, now()).values() if c.choosing}
+    waiting.discard(node)
+    while True:
+        choosing = {c.node for c in live_claims(census, now()).values() if c.choosing}
+        waiting &= choosing
+        if not waiting:
+            break
+        if now() - started > CHOOSING_PATIENCE:
+            yield Write(None)
+            return Verdict(False, limit, limit, census.nodes, census)
+        yield Wait(CHOOSING_POLL)
+        census = yield Read(full=True)
+        assert census is not None
+    limit = limit_for(cfg, census.nodes)
+    ahead = ahead_of(census, node, ticket, cfg, now())
+    # a breaker tripped after our ticket was taken stops the nodes behind us, not us: those
+    # within the budget still drain (an operator's pause stops everyone)
+    paused = any(m.what == "paused" for m in census.marks)
+    if not paused and len(ahead) < limit and now() - started <= ADMIT_WITHIN:
+        return Verdict(True, len(ahead), limit, census.nodes, census)
+    yield Write(None)
+    if census.marks or not cfg.breaker or len(ahead) < limit:
+        return Verdict(False, len(ahead), limit, census.nodes, census)
+    return (yield from _trip(node, xid, now, len(ahead), limit))
+
+
+def _trip(
+    node: str, xid: str | None, now: Callable[[], float], ahead: int, limit: int
+) -> Generator[Op, Census | None, Verdict]:
+    """More nodes want to drain than the budget allows: trip the breaker. Of the nodes
+    that trip it together, the first by name pages."""
+    yield WriteMark(Mark(node, "tripped", now(), xid))
+    yield Wait(TRIP_SETTLE)  # others that read no mark a moment ago write theirs now
+    census = yield Read(full=True)
+    assert census is not None
+    first = min((m.node for m in census.marks if m.what == "tripped"), default=node)
+    return Verdict(False, ahead, limit, census.nodes, census, tripped=first == node)
 
 
 def xid_of_reason(reason: str) -> str | None:
@@ -136,8 +382,19 @@ def xid_counts(drains: Iterable[FleetDrain]) -> Counter[str]:
     return Counter(x for x in (xid_of_reason(d.reason) for d in drains) if x)
 
 
+def claimed_xids(census: Census, now: float, node: str) -> list[str]:
+    """ "node|xid" for the other nodes' live claims that name an XID and are not drains."""
+    drained = {d.node for d in census.drains}
+    return [
+        f"{c.node}|{c.xid}"
+        for c in live_claims(census, now).values()
+        if c.xid and c.node != node and c.node not in drained
+    ]
+
+
 class FleetBudget:
-    """The check before a drain and the confirm after it, for one node."""
+    """The check before a drain (and, after a restart, the re-count of a drain found
+    without a record), for one node."""
 
     def __init__(
         self,
@@ -151,43 +408,67 @@ class FleetBudget:
         self.cfg = cfg
         self.view = view
         self.node = node
-        self.wall = wall  # the scheduler stamps drains with wall-clock time
+        self.wall = wall  # claims carry wall-clock time (for expiry only)
         self.sleep = sleep
         self.last: Verdict | None = None
 
     def check(self, reason: str = "") -> Verdict:
-        """May this node be drained now (for ``reason``)? (One scheduler query.)"""
-        census = self.view.census()
-        drains = [d for d in counted(census.drains, self.cfg, self.wall()) if d.node != self.node]
-        limit = limit_for(self.cfg, census.nodes)
+        """May this node be drained now (for ``reason``)? On yes, the place is taken."""
         if self.view.exclusive:
+            census = self.view.census()
+            limit = limit_for(self.cfg, census.nodes)
             taken, places = self.view.reserve(self.node, limit, census, reason)
             # the places include drains whose cordon does not show yet
             seen = {d.node for d in census.drains}
+            stop = getattr(self.view, "stop", None)
             both = Census(
-                census.nodes, census.drains + tuple(p for p in places if p.node not in seen)
+                census.nodes,
+                census.drains + tuple(p for p in places if p.node not in seen),
+                marks=(stop,) if stop is not None and not taken else (),
             )
-            self.last = Verdict(taken, len(places), limit, census.nodes, both)
+            tripped = bool(getattr(self.view, "tripped", False))
+            self.last = Verdict(taken, len(places), limit, census.nodes, both, tripped=tripped)
             return self.last
-        self.last = Verdict(len(drains) < limit, len(drains), limit, census.nodes, census)
+        steps = claim_protocol(self.cfg, self.node, self.wall, xid_of_reason(reason))
+        answer: Census | None = None
+        try:
+            while True:
+                op = steps.send(answer)
+                answer = None
+                if isinstance(op, Read):
+                    answer = self.view.census(full=op.full)
+                elif isinstance(op, Write):
+                    self.view.write_claim(self.node, op.claim)
+                elif isinstance(op, WriteMark):
+                    self.view.write_mark(self.node, op.mark)
+                else:
+                    self.sleep(op.seconds)
+        except StopIteration as done:
+            self.last = done.value
+        except BaseException:
+            self._drop_claim()
+            raise
+        assert self.last is not None
         return self.last
+
+    def _drop_claim(self) -> None:
+        with contextlib.suppress(GpuwatchdError):  # a claim left behind expires (CLAIM_TTL)
+            self.view.write_claim(self.node, None)
 
     def released(self) -> None:
         """gpuwatchd's drain of this node is undone: give its place back."""
         self.view.release(self.node)
 
-    def confirm(self, drained_at: float) -> Verdict:
-        """After our drain at ``drained_at`` (wall clock): may it stay? (One query; none
-        for an exclusive view, whose place was taken before the drain.)"""
+    def confirm(self) -> Verdict:
+        """A drain of this node by gpuwatchd found without a record of it (the daemon
+        stopped between its drain and writing it down, or an older version drained): may
+        it stay? Ours stays if fewer than the budget order before it."""
         if self.view.exclusive and self.last is not None:
             return self.last
-        wait = self.view.settled_at(drained_at) - self.wall()
-        if wait > 0:
-            self.sleep(wait)
-        census = self.view.census()
-        drains = counted(census.drains, self.cfg, self.wall())
+        census = self.view.census(full=True)
+        now = self.wall()
+        mine = live_claims(census, now).get(self.node)
+        ahead = ahead_of(census, self.node, mine.ticket if mine else None, self.cfg, now)
         limit = limit_for(self.cfg, census.nodes)
-        names = [d.node for d in drains]
-        rank = names.index(self.node) if self.node in names else 0
-        self.last = Verdict(rank < limit, len(drains), limit, census.nodes, census)
+        self.last = Verdict(len(ahead) < limit, len(ahead), limit, census.nodes, census)
         return self.last

@@ -43,7 +43,7 @@ import httpx
 import yaml
 
 from gpuwatchd.actions.drivers import DrainError, DrainResult, Gate
-from gpuwatchd.actions.fleet import Census, FleetDrain
+from gpuwatchd.actions.fleet import Census, Claim, FleetDrain, Mark, xid_of_reason
 from gpuwatchd.config.actions import FleetDrainConfig, KubernetesDrainConfig
 
 log = logging.getLogger(__name__)
@@ -192,8 +192,10 @@ class KubeClient:
             cleanup=tmp,
         )
 
-    def _headers(self, content_type: str | None = None) -> dict[str, str]:
-        headers = {"Accept": "application/json", "User-Agent": "gpuwatchd"}
+    def _headers(
+        self, content_type: str | None = None, accept: str = "application/json"
+    ) -> dict[str, str]:
+        headers = {"Accept": accept, "User-Agent": "gpuwatchd"}
         token = self._token
         if self._token_file:  # service-account tokens rotate: read each time
             try:
@@ -208,14 +210,19 @@ class KubeClient:
         return headers
 
     def _call(
-        self, method: str, path: str, body: Any = None, content_type: str | None = None
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        content_type: str | None = None,
+        accept: str = "application/json",
     ) -> tuple[int, dict[str, Any]]:
         url = self.server + path
         try:
             resp = self._client.request(
                 method,
                 url,
-                headers=self._headers(content_type),
+                headers=self._headers(content_type, accept),
                 content=None if body is None else json.dumps(body).encode(),
             )
         except httpx.HTTPError as exc:
@@ -243,8 +250,8 @@ class KubeClient:
     def post(self, path: str, body: Any) -> tuple[int, dict[str, Any]]:
         return self._call("POST", path, body, "application/json")
 
-    def get(self, path: str) -> tuple[int, dict[str, Any]]:
-        return self._call("GET", path)
+    def get(self, path: str, accept: str = "application/json") -> tuple[int, dict[str, Any]]:
+        return self._call("GET", path, accept=accept)
 
     def put(self, path: str, body: Any) -> tuple[int, dict[str, Any]]:
         return self._call("PUT", path, body, "application/json")
@@ -256,10 +263,29 @@ class KubeClient:
 
 
 LEASE = "gpuwatchd-drain-budget"
+METADATA_LIST = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1"
 PLACES = "gpuwatchd.io/drained-nodes"
 PLACE_TTL = 300.0  # seconds a place taken for a drain that never showed up is kept
 MAX_CLOCK_SKEW = 300.0  # a place stamped further ahead than this is not believed
 LEASE_RETRIES = 32  # each stale write means another daemon's went through
+STOP = "gpuwatchd.io/fleet-stop"  # in the Lease: the fleet's drains are stopped
+
+
+def _stop_of(annotations: Mapping[str, Any]) -> Mark | None:
+    try:
+        raw = json.loads(annotations.get(STOP) or "null")
+    except ValueError:
+        return None
+    if not isinstance(raw, dict) or raw.get("what") not in ("tripped", "paused"):
+        return None
+    at = raw.get("at")
+    xid = raw.get("xid")
+    return Mark(
+        str(raw.get("node", ""))[:253],
+        str(raw["what"]),
+        float(at) if isinstance(at, int | float) else 0.0,
+        str(xid) if isinstance(xid, int | str) and str(xid).isdigit() else None,
+    )
 
 
 class KubeFleetView:
@@ -278,15 +304,27 @@ class KubeFleetView:
         self.wall = wall
         ns = urllib.parse.quote(cfg.budget_namespace, safe="")
         self.leases = f"/apis/coordination.k8s.io/v1/namespaces/{ns}/leases"
+        self.stop: Mark | None = None  # the fleet stop in the Lease at the last read
+        self.tripped = False  # the last reserve tripped the breaker (and wrote the stop)
 
-    def census(self) -> Census:
-        path = "/api/v1/nodes"
-        if self.fleet.selector:
-            path += "?" + urllib.parse.urlencode({"labelSelector": self.fleet.selector})
-        status, data = self.client.get(path)
+    def _list(self, cordoned: bool) -> list[dict[str, Any]]:
+        query = {"labelSelector": self.fleet.selector} if self.fleet.selector else {}
+        accept = "application/json"
+        if cordoned:  # only these need their annotations: the API server filters
+            query["fieldSelector"] = "spec.unschedulable=true"
+        else:  # a count: names only (metadata, not whole Node objects), where served
+            accept = f"{METADATA_LIST}, application/json"
+        path = "/api/v1/nodes" + ("?" + urllib.parse.urlencode(query) if query else "")
+        status, data = self.client.get(path, accept)
         if status != 200:
             raise DrainError(f"GET nodes: HTTP {status} {data.get('message', '')}".strip())
-        items = [i for i in data.get("items") or [] if isinstance(i, dict)]
+        return [i for i in data.get("items") or [] if isinstance(i, dict)]
+
+    def census(self, full: bool = True) -> Census:
+        """The cordoned nodes (a field selector: at 10,000 nodes the list of every Node
+        object is tens of MB) and a count of every node (metadata only)."""
+        items = self._list(cordoned=True)
+        nodes = len(self._list(cordoned=False))
         drains = []
         for item in items:
             meta = item.get("metadata") or {}
@@ -306,7 +344,7 @@ class KubeFleetView:
                     str(reason),
                 )
             )
-        return Census(len(items), tuple(sorted(drains, key=lambda d: d.node)))
+        return Census(nodes, tuple(sorted(drains, key=lambda d: d.node)))
 
     def _read(self) -> tuple[str | None, dict[str, dict[str, Any]]]:
         status, data = self.client.get(f"{self.leases}/{LEASE}")
@@ -315,6 +353,7 @@ class KubeFleetView:
         if status != 200:
             raise DrainError(f"GET lease {LEASE}: HTTP {status} {data.get('message', '')}")
         meta = data.get("metadata") or {}
+        self.stop = _stop_of(meta.get("annotations") or {})
         try:
             raw = json.loads((meta.get("annotations") or {}).get(PLACES, "{}"))
         except ValueError:
@@ -327,14 +366,22 @@ class KubeFleetView:
         return str(meta.get("resourceVersion", "")), places
 
     def _write(self, rv: str | None, places: dict[str, dict[str, Any]]) -> bool:
-        """Write the places; False when someone else wrote first (read again)."""
+        """Write the places (and the stop, if any); False when someone else wrote first
+        (read again)."""
+        annotations = {PLACES: json.dumps(places, sort_keys=True)}
+        if self.stop is not None:
+            annotations[STOP] = json.dumps(
+                {"what": self.stop.what, "node": self.stop.node, "at": self.stop.at,
+                 "xid": self.stop.xid},
+                sort_keys=True,
+            )  # fmt: skip
         body: dict[str, Any] = {
             "apiVersion": "coordination.k8s.io/v1",
             "kind": "Lease",
             "metadata": {
                 "name": LEASE,
                 "namespace": self.cfg.budget_namespace,
-                "annotations": {PLACES: json.dumps(places, sort_keys=True)},
+                "annotations": annotations,
             },
             "spec": {},
         }
@@ -353,6 +400,7 @@ class KubeFleetView:
         self, node: str, limit: int, census: Census, reason: str
     ) -> tuple[bool, tuple[FleetDrain, ...]]:
         drained = {d.node for d in census.drains}
+        self.tripped = False
 
         def listed(places: dict[str, dict[str, Any]]) -> tuple[FleetDrain, ...]:
             return tuple(FleetDrain(n, p["at"], p["reason"]) for n, p in sorted(places.items()))
@@ -382,8 +430,16 @@ class KubeFleetView:
                     kept[d.node] = {"at": since, "reason": d.reason}
             if node in kept:
                 return True, listed(kept)
+            if self.stop is not None:  # the fleet is stopped: no new place
+                return False, listed(kept)
             if len(kept) >= limit:
-                if kept != places:
+                if self.fleet.breaker:  # more want to drain than the budget: trip it
+                    self.stop = Mark(node, "tripped", now, xid_of_reason(reason))
+                    if not self._write(rv, kept):
+                        self.stop = None
+                        continue  # someone else wrote first: read again (they may have)
+                    self.tripped = True
+                elif kept != places:
                     self._write(rv, kept)  # tidy up; a lost race here changes nothing
                 return False, listed(kept)
             kept[node] = {"at": now, "reason": reason}
@@ -402,8 +458,25 @@ class KubeFleetView:
                 return
         raise DrainError(f"lease {LEASE} kept changing; gave up after {LEASE_RETRIES} tries")
 
-    def settled_at(self, drained_at: float) -> float:
-        return drained_at
+    def write_claim(self, node: str, claim: Claim | None) -> None:
+        raise NotImplementedError("the Lease is the claim: reserve and release")
+
+    def write_mark(self, node: str, mark: Mark | None) -> None:
+        """Stop the fleet (a pause, a tripped breaker) or, with None, take the stop off:
+        in the Lease, next to the places."""
+        for _ in range(LEASE_RETRIES):
+            rv, places = self._read()
+            if mark is None and self.stop is None:
+                return
+            self.stop = mark
+            if self._write(rv, places):
+                return
+        raise DrainError(f"lease {LEASE} kept changing; gave up after {LEASE_RETRIES} tries")
+
+    def marks(self) -> tuple[Mark, ...]:
+        """The stop as the Lease has it now."""
+        self._read()
+        return (self.stop,) if self.stop is not None else ()
 
 
 class KubernetesDriver:
@@ -558,8 +631,24 @@ class KubernetesDriver:
             add_taint = self.cfg.taint and not any(
                 t.get("key") == self.cfg.taint_key for t in taints
             )
+            # our record of an earlier cordon (an operator uncordoned, we cordon again): a
+            # taint that record says is ours stays ours, so that the resume takes it off
+            try:
+                before = json.loads(annotations.get(ANNOTATION) or "{}")
+            except ValueError:
+                before = {}
+            kept = (
+                isinstance(before, dict)
+                and before.get("taint") is True
+                and any(t.get("key") == self.cfg.taint_key for t in taints)
+            )
             record = json.dumps(
-                {"reason": reason, "cordoned": True, "taint": add_taint, "at": self._now()},
+                {
+                    "reason": reason,
+                    "cordoned": True,
+                    "taint": add_taint or kept,
+                    "at": self._now(),
+                },
                 sort_keys=True,
             )
             ops: list[dict[str, Any]] = [

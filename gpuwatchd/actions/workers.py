@@ -24,7 +24,10 @@ from gpuwatchd.core.clock import Clock
 log = logging.getLogger(__name__)
 
 MAX_IDLE_WAIT = 5.0
-SCHEDULER_WAIT = 1.0  # how often the scheduler looks at the silences file, at least
+# How often the scheduler looks at the silences file when nothing else wakes it: a
+# silence is read afresh whenever an alert is routed, so this only bounds how late a
+# silence someone expired early lets its held notifications go (timed ends are timers).
+SCHEDULER_WAIT = 5.0
 
 Step = Callable[[], "float | None"]  # does due work; returns the next monotonic deadline
 TargetKey = tuple[str, int]

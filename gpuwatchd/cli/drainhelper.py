@@ -16,6 +16,12 @@ and a reason::
 
     {"action": "drain" | "resume", "reason": "gpuwatchd: XID 79 GPU 3 00000000:3B:00.0",
      "node": "gpu-a17" (optional, must be this node), "incident": "id" (optional)}
+    {"action": "claim", "claim": "gpuwatchd-claim: ticket 7 at 1764183000.125" | ""}
+
+A claim is the fleet drain budget's place (docs/fleet.md): in ``slurm`` mode the helper puts
+it into the node's ``Comment`` (keeping another owner's text there), or takes ours off when
+empty; it must have exactly the claim's shape. Other modes answer a claim as done without
+acting (dry-run) or refuse it.
 
 Everything else is fixed on the root side: which node (``--node``, default this host's
 name), which mechanism (``--mode``: dry-run, slurm, kubernetes or one site ``--command``),
@@ -29,8 +35,8 @@ acts only on the local node, and drains only with reasons that start with ``gpuw
 
 ``request`` is the client for the daemon's exec drain mode. It reads the request from the
 exec mode's environment (``GPUWATCHD_ACTION``, ``GPUWATCHD_REASON``, ``GPUWATCHD_NODE``,
-``GPUWATCHD_INCIDENT``) or from options, and exits 0 (done), 1 (refused or failed), 64 (a
-usage error) or 75 (EX_TEMPFAIL: the helper could not be reached; retry later).
+``GPUWATCHD_INCIDENT``, ``GPUWATCHD_CLAIM``) or from options, and exits 0 (done), 1 (refused
+or failed), 64 (a usage error) or 75 (EX_TEMPFAIL: the helper could not be reached; retry later).
 """
 
 from __future__ import annotations
@@ -69,12 +75,12 @@ REASON_PREFIX = "gpuwatchd:"
 MAX_REQUEST = 4096
 EX_TEMPFAIL = 75
 EX_USAGE = 64  # a bad option (core.health.EXIT_USAGE; this module imports nothing of ours)
-ACTIONS = ("drain", "resume")
+ACTIONS = ("drain", "resume", "claim")
 MODES = ("dry-run", "slurm", "kubernetes", "command")
 _REASON_RE = re.compile(r"gpuwatchd:[A-Za-z0-9 :._,/()#=+@%\[\]-]{1,190}")
 _INCIDENT_RE = re.compile(r"[A-Za-z0-9._-]{1,64}")
 _NODE_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,252}")
-_KEYS = {"action", "reason", "node", "incident"}
+_KEYS = {"action", "reason", "node", "incident", "claim"}
 
 
 class RequestError(ValueError):
@@ -86,6 +92,7 @@ class Request:
     action: str
     reason: str
     incident: str | None = None
+    claim: str = ""  # action claim: the claim's text ("": take ours off)
 
 
 @dataclass(frozen=True)
@@ -118,6 +125,10 @@ def parse_request(data: bytes, node: str) -> Request:
     action = obj.get("action")
     if action not in ACTIONS:
         raise RequestError(f"action must be one of {', '.join(ACTIONS)}")
+    if action == "claim":
+        return Request("claim", "", None, _claim_text(obj.get("claim")))
+    if "claim" in obj:
+        raise RequestError("claim is only for action claim")
     reason = obj.get("reason", "")
     if action == "resume" and reason == "":
         pass  # a resume acts on the scheduler's record of our drain, not on this text
@@ -134,6 +145,23 @@ def parse_request(data: bytes, node: str) -> Request:
     ):
         raise RequestError("incident must be 1-64 characters of letters, digits and ._-")
     return Request(str(action), str(reason), incident)
+
+
+def _claim_text(value: Any) -> str:
+    from gpuwatchd.actions.fleet import Claim, Mark
+
+    if value == "":
+        return ""
+    if isinstance(value, str) and len(value) <= 80:
+        parsed: Claim | Mark | None = Claim.parse("-", value)
+        if parsed is None and value.startswith("gpuwatchd-fleet: tripped "):
+            parsed = Mark.parse("-", value)  # the breaker, tripped (only a reset undoes it)
+        if parsed is not None and parsed.text == value:
+            return value
+    raise RequestError(
+        "claim must be empty, 'gpuwatchd-claim: choosing|ticket N at SECONDS [xid N]' or "
+        "'gpuwatchd-fleet: tripped at SECONDS [xid N]', written exactly so"
+    )
 
 
 # -- the actions ----------------------------------------------------------------------------
@@ -206,7 +234,10 @@ _OK_RESULTS = {
 def perform(cfg: HelperConfig, req: Request, run: Runner = _run) -> tuple[bool, str]:
     """Carry out a validated request on this node; (ok, detail)."""
     if cfg.mode == "dry-run":
-        return True, f"dry-run: would {req.action} {cfg.node}: {req.reason}"
+        what = (req.claim or "take the claim off") if req.action == "claim" else req.reason
+        return True, f"dry-run: would {req.action} {cfg.node}: {what}"
+    if req.action == "claim":
+        return _claim(cfg, req)
     try:
         if cfg.mode == "command":
             return _command(cfg, req, run)
@@ -228,6 +259,25 @@ def perform(cfg: HelperConfig, req: Request, run: Runner = _run) -> tuple[bool, 
     except (OSError, RuntimeError, subprocess.TimeoutExpired) as exc:
         return False, f"{req.action} failed: {exc}"
     return False, f"unknown mode {cfg.mode!r}"
+
+
+def _claim(cfg: HelperConfig, req: Request) -> tuple[bool, str]:
+    if cfg.mode != "slurm":
+        return False, f"claim: the fleet budget's claims are for mode slurm, not {cfg.mode}"
+    from gpuwatchd.actions.drivers import DrainError, put_claim, put_mark
+    from gpuwatchd.actions.fleet import Claim, Mark
+
+    try:
+        mark = Mark.parse(cfg.node, req.claim)
+        if mark is not None:
+            put_mark(cfg.scontrol, cfg.sinfo, cfg.timeout, cfg.node, mark)
+        else:
+            put_claim(
+                cfg.scontrol, cfg.sinfo, cfg.timeout, cfg.node, Claim.parse(cfg.node, req.claim)
+            )
+    except DrainError as exc:
+        return False, f"claim failed: {exc}"
+    return True, f"claim: {req.claim or 'taken off'}"
 
 
 # -- the connection -------------------------------------------------------------------------
@@ -330,9 +380,12 @@ def cmd_request(args: argparse.Namespace) -> int:
     incident = env.get("GPUWATCHD_INCIDENT")
     if incident:
         request["incident"] = incident
+    if request["action"] == "claim":
+        request = {"action": "claim", "claim": env.get("GPUWATCHD_CLAIM", "")}
     if request["action"] not in ACTIONS:
         print(
-            "gpuwatchd drain-helper request: set --action or GPUWATCHD_ACTION to drain or resume",
+            "gpuwatchd drain-helper request: set --action or GPUWATCHD_ACTION to drain, "
+            "resume or claim",
             file=sys.stderr,
         )
         return EX_USAGE

@@ -89,6 +89,15 @@ EXAMPLES: dict[str, tuple[tuple[str, str], ...]] = {
         ("gpuwatchd silence list --all --json", "expired ones too, as JSON"),
     ),
     "silence expire": (("gpuwatchd silence expire 3f2a", "end a silence early (an id prefix)"),),
+    "fleet status": (
+        (
+            "gpuwatchd fleet status",
+            "budget, gpuwatchd's drains, claims, and whether draining is on",
+        ),
+        ("gpuwatchd fleet status --json", "the same as JSON"),
+    ),
+    "fleet pause": (("gpuwatchd fleet pause", "stop gpuwatchd's drains on every node"),),
+    "fleet reset": (("gpuwatchd fleet reset", "drain again after a pause or a tripped breaker"),),
     "rules test": (
         ("gpuwatchd rules test rules/tests/*.yaml", "the shipped rules' unit tests"),
         ("gpuwatchd rules test site-tests.yaml", "your own rules against inline series"),

@@ -47,7 +47,15 @@ class UsageParser(argparse.ArgumentParser):
 
 
 # Modules that add subcommands: each has ``add_parser(subparsers)`` and sets ``func``.
-COMMAND_MODULES: tuple[str, ...] = ("xid", "drainhelper", "silence", "rules", "backtest", "check")
+COMMAND_MODULES: tuple[str, ...] = (
+    "xid",
+    "drainhelper",
+    "silence",
+    "fleet",
+    "rules",
+    "backtest",
+    "check",
+)
 # Commands built here, in main.py: ``run`` then needs none of the modules above (the
 # daemon's memory is measured against a bare pynvml process; see docs/PERFORMANCE.md).
 OWN_COMMANDS = frozenset({"run", "demo", "simulate", "check-config", "status"})
@@ -352,6 +360,9 @@ def _print_status(status: Any, notes: list[str], as_json: bool) -> int:
     for a in alerts:
         gpu = a["labels"].get("gpu", "-")
         print(f"    {a['rule']} [{a['severity']}] gpu={gpu}: {a.get('summary') or ''}")
+        waits = (a.get("annotations") or {}).get("recovery")
+        if waits:  # recovery on evidence: what the alert (and its drain) waits for
+            print(f"      recovery: {statusclient.printable(str(waits))}")
     from gpuwatchd.actions.textstatus import status_lines
 
     for line in status_lines(status):  # deliveries, silences, drain (when configured)

@@ -19,9 +19,9 @@ from datetime import UTC, datetime
 
 from gpuwatchd.config.loader import Config, load_config
 from gpuwatchd.config.paths import default_config_path
-from gpuwatchd.config.yamlsrc import parse_duration
 from gpuwatchd.core.errors import ConfigError
 from gpuwatchd.core.health import EXIT_USAGE
+from gpuwatchd.core.units import duration_or_seconds
 
 
 def _config(args: argparse.Namespace) -> Config:
@@ -42,16 +42,11 @@ def _path(args: argparse.Namespace) -> tuple[str, Config]:
 def cmd_add(args: argparse.Namespace) -> int:
     from gpuwatchd.actions.silences import add_silence, normalize_gpu
 
-    duration = parse_duration(args.duration)
-    if duration is None:
-        try:
-            duration = float(args.duration)
-        except ValueError:
-            duration = None
+    duration = duration_or_seconds(args.duration)
     if duration is None or duration <= 0:
         print(
             f"gpuwatchd silence add: --for: {args.duration!r} is not a positive duration "
-            "(e.g. 30m, 2h, 1d)",
+            "of at most ten years (e.g. 30m, 2h, 1d)",
             file=sys.stderr,
         )
         return EXIT_USAGE

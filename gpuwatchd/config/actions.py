@@ -14,7 +14,7 @@ import dataclasses
 import math
 import re
 import urllib.parse
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from gpuwatchd.config.saferegex import regex_problem
@@ -183,10 +183,14 @@ class FleetDrainConfig:
     selector: str | None = None  # Kubernetes: count only nodes matching this label selector
     window: float | None = None  # count only drains younger than this (None: every drain)
     recheck: float = 60.0  # how often an incident held back by the budget asks again
+    jitter: float = 1.0  # a drain's first check waits up to this (random): storms spread
+    # when more nodes want to drain at once than the budget allows, stop draining
+    # fleet-wide until an operator runs ``gpuwatchd fleet reset``
+    breaker: bool = False
     correlate: float = 600.0  # the same XID on several nodes within this is named as such
-    # drain.mode exec only: who counts the fleet. "slurm": the daemon runs sinfo itself
-    # (no privilege needed) while drains and releases go through the exec command (the
-    # root drain helper: the recommended privilege split)
+    # drain.mode exec only: who counts the fleet. "slurm" (the default with exec): the daemon
+    # runs sinfo itself (no privilege needed) while claims, drains and resumes go through
+    # the exec command (the root drain helper: the recommended privilege split)
     census: str | None = None
 
     @property
@@ -712,19 +716,10 @@ def read_drain(r: Reader, node: Node | None) -> DrainConfig:
         if value is not None:
             values[key] = value
     result = DrainConfig(**{**_plain(d), **values})
-    if (
-        result.fleet.enabled
-        and result.mode == "exec"
-        and result.fleet.census is None
-        and "fleet" in keys
-    ):
-        r.error(
-            keys["fleet"].loc,
-            "drain.fleet: a fleet budget is counted in the scheduler; with drain.mode exec "
-            "set drain.fleet.census: slurm (the daemon counts with sinfo, the exec command "
-            "drains and releases: the root drain helper), or use drain.mode slurm or "
-            "kubernetes",
-        )
+    if result.fleet.enabled and result.mode == "exec" and result.fleet.census is None:
+        # the documented secure setup (exec through the root drain helper) has the budget:
+        # the daemon counts with sinfo, the helper writes the claims (docs/fleet.md)
+        result = replace(result, fleet=replace(result.fleet, census="slurm"))
     if result.fleet.census is not None and result.mode != "exec" and "fleet" in keys:
         r.error(
             keys["fleet"].loc,
@@ -769,6 +764,10 @@ def _read_fleet(r: Reader, node: Node, what: str) -> FleetDrainConfig | None:
                 value = None
         elif key in ("window", "recheck", "correlate"):
             value = _duration(r, value_node, where, positive=True)
+        elif key == "jitter":
+            value = _duration(r, value_node, where)
+        elif key == "breaker":
+            value = r.boolean(value_node, where)
         elif key == "census":
             value = r.string(value_node, where)
             if value is not None and value != "slurm":

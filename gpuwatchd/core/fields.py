@@ -414,6 +414,22 @@ GPU_FIELD_LIST: tuple[FieldSpec, ...] = (
         "3 drain P2P, 4 drain and reset.",
         integer=True,
     ),
+    _f(
+        "fabric_state",
+        "gpuwatchd_gpu_fabric_state",
+        "gauge",
+        "The GPU's registration with the NVLink fabric (NVSwitch systems; absent where "
+        "NVML answers NOT_SUPPORTED): 1 not started, 2 in progress, 3 completed.",
+        integer=True,
+    ),
+    _f(
+        "fabric_status",
+        "gpuwatchd_gpu_fabric_status",
+        "gauge",
+        "NVML's return code of a completed fabric registration: 0 success, anything else an "
+        "error (absent until the registration completes).",
+        integer=True,
+    ),
 )
 
 LINK_FIELD_LIST: tuple[FieldSpec, ...] = (

@@ -34,9 +34,12 @@ class GpuInfo:
     shutdown_temperature: float | None = None
     memory_max_temperature: float | None = None
     nvlink_count: int = 0
+    # The PCI bus ids (NVML form) at the far end of the GPU's NVLinks: the NVSwitches (or
+    # peer GPUs) it is wired to, read once at open; empty where NVML does not say.
+    nvlink_peers: tuple[str, ...] = ()
 
     def as_dict(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "index": self.index,
             "uuid": self.uuid,
             "name": self.name,
@@ -51,6 +54,9 @@ class GpuInfo:
             "memory_max_temperature_celsius": self.memory_max_temperature,
             "nvlink_count": self.nvlink_count,
         }
+        if self.nvlink_peers:
+            out["nvlink_peers"] = list(self.nvlink_peers)
+        return out
 
 
 class GpuStatus(enum.Enum):

@@ -3,6 +3,7 @@ rules (``1h30m``, ``250ms``; ``1980MHz``, ``72GiB``, ``97%``)."""
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping
 from types import MappingProxyType
@@ -28,6 +29,45 @@ def format_duration(seconds: float) -> str:
         if n:
             out.append(f"{n}{unit}")
     return "".join(out)
+
+
+_DURATION_RE = re.compile(r"([0-9]{1,32}(?:\.[0-9]{1,32})?)(ms|s|m|h|d|w)", re.ASCII)
+_DURATION_UNITS = {**dict(_UNITS), "ms": 0.001}
+
+
+def parse_duration(text: str) -> float | None:
+    """Seconds for a Prometheus-style duration (``90s``, ``5m``, ``1h30m``, ``250ms``), or
+    ``None``: the one reader of duration text (config, rules, scenarios, the command line)."""
+    text = text.strip()
+    if not text:
+        return None
+    pos = 0
+    total = 0.0
+    for match in _DURATION_RE.finditer(text):
+        if match.start() != pos:
+            return None
+        total += float(match.group(1)) * _DURATION_UNITS[match.group(2)]
+        pos = match.end()
+    return total if pos == len(text) else None
+
+
+MAX_DURATION = 10 * 366 * 86400.0
+"""Longest duration accepted anywhere (ten years): longer waits overflow timers and dates."""
+
+
+def duration_or_seconds(text: str) -> float | None:
+    """A duration (``30m``) or a plain number of seconds (``1800``), as a command line or an
+    annotation gives it: ``None`` unless it is finite, not negative and at most
+    ``MAX_DURATION`` (``inf``, ``nan`` and ``1e400`` are numbers to ``float``)."""
+    seconds = parse_duration(text)
+    if seconds is None:
+        try:
+            seconds = float(text)
+        except ValueError:
+            return None
+    if not math.isfinite(seconds) or seconds < 0 or seconds > MAX_DURATION:
+        return None
+    return seconds
 
 
 _NUMBER_RE = re.compile(r"\s*([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)\s*([A-Za-z%]*)\s*")

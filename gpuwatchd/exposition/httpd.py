@@ -25,6 +25,11 @@ Guards, in the order a request meets them (``WebGuard`` holds the settings):
 - a request line or header field at most 64 KiB and at most 100 header fields (431), a
   well-formed request line with an HTTP/1.x version and token header names (400).
 
+/metrics answers in OpenMetrics when the Accept header asks for it, else in the text format,
+and gzip-compressed when the Accept-Encoding header takes gzip (``accepts_gzip``; the
+renderer caches both, see metrics.py); ``gpuwatchd_http_metrics_responses_total`` counts
+the answers by format and encoding.
+
 Every refusal is a 4xx and is counted in ``gpuwatchd_http_requests_refused_total``. The
 only 5xx answers: /healthz's 503 when the daemon is not healthy, a 505 for a
 request line in an HTTP version other than 1.x, and a 500 from an endpoint
@@ -36,6 +41,8 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
+import selectors
 import socket
 import socketserver
 import sys
@@ -71,6 +78,32 @@ REFUSALS = (
     "bad_request",
 )
 _WARN_EVERY = 10.0  # seconds between two warnings of one kind
+METRICS_RESPONSES = tuple(
+    (fmt, enc) for fmt in ("text", "openmetrics") for enc in ("identity", "gzip")
+)
+_MAX_CODINGS = 32  # Accept-Encoding entries looked at
+
+
+def accepts_gzip(header: str) -> bool:
+    """Whether an Accept-Encoding value takes gzip (RFC 9110 12.5.3): ``gzip`` or
+    ``x-gzip`` with a q-value above 0, else ``*`` with one; absent or unreadable: no."""
+    star = False
+    for item in header.split(",", _MAX_CODINGS)[:_MAX_CODINGS]:
+        coding, _, params = item.partition(";")
+        q = 1.0
+        for param in params.split(";"):
+            name, _, value = param.partition("=")
+            if name.strip().lower() == "q":
+                try:
+                    q = float(value.strip())
+                except ValueError:
+                    q = 0.0
+        coding = coding.strip().lower()
+        if coding in ("gzip", "x-gzip"):
+            return 0.0 < q <= 1.0
+        if coding == "*":
+            star = 0.0 < q <= 1.0
+    return star
 
 
 class _Server(socketserver.ThreadingMixIn, socketserver.TCPServer):
@@ -92,6 +125,7 @@ class _Server(socketserver.ThreadingMixIn, socketserver.TCPServer):
         self.status = status
         self.guard = guard
         self.refused = dict.fromkeys(REFUSALS, 0)
+        self.metrics_responses = dict.fromkeys(METRICS_RESPONSES, 0)
         self.requests = 0
         self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
         self._count_lock = threading.Lock()
@@ -99,11 +133,57 @@ class _Server(socketserver.ThreadingMixIn, socketserver.TCPServer):
         # are evicted to make room, so slow clients can never lock a scraper out
         self._waiting: dict[int, tuple[float, socket.socket]] = {}
         self._warned: dict[str, float] = {}
+        # stop_serving() writes here: the accept loop sleeps until a client or this comes
+        self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         super().__init__(address, _Handler)
 
-    def openmetrics(self) -> tuple[bytes, str]:
-        """The OpenMetrics body and its content type (the renderer's own, cached)."""
-        return self.renderer.render_openmetrics(), OPENMETRICS_CONTENT_TYPE
+    def serve_until_stopped(self) -> None:
+        """Accept connections until ``stop_serving``. Unlike ``serve_forever``, whose poll
+        interval wakes the thread twice a second for nothing, an idle server sleeps."""
+        with selectors.DefaultSelector() as selector:
+            selector.register(self.socket, selectors.EVENT_READ)
+            selector.register(self._wake_r, selectors.EVENT_READ)
+            while True:
+                for key, _ in selector.select():
+                    if key.fileobj == self._wake_r:
+                        return
+                self._accept_one()
+
+    def _accept_one(self) -> None:
+        try:
+            request, client_address = self.get_request()
+        except OSError:
+            return
+        try:
+            self.process_request(request, client_address)
+        except Exception:
+            self.handle_error(request, client_address)
+            self.shutdown_request(request)
+
+    def stop_serving(self) -> None:
+        with contextlib.suppress(OSError):
+            os.write(self._wake_w, b"x")
+
+    def server_close(self) -> None:
+        super().server_close()
+        for fd in (self._wake_r, self._wake_w):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+    def metrics(self, accept: str, accept_encoding: str) -> tuple[bytes, str, bool]:
+        """The /metrics body for these request headers: OpenMetrics when asked for, else
+        the text format; gzip-compressed when the client takes gzip (both cached by the
+        renderer). (body, content type, compressed); counted by format and encoding."""
+        openmetrics = "application/openmetrics-text" in accept
+        gzip = accepts_gzip(accept_encoding)
+        if openmetrics:
+            body = self.renderer.render_openmetrics(gzip=gzip)
+        else:
+            body = self.renderer.render(gzip=gzip)
+        key = ("openmetrics" if openmetrics else "text", "gzip" if gzip else "identity")
+        with self._count_lock:
+            self.metrics_responses[key] += 1
+        return body, OPENMETRICS_CONTENT_TYPE if openmetrics else CONTENT_TYPE, gzip
 
     def refuse(self, reason: str, message: str | None = None, *args: object) -> None:
         """Count a refusal; log it at most once per ``_WARN_EVERY`` seconds per reason."""
@@ -477,10 +557,14 @@ class _Handler(socketserver.StreamRequestHandler):
             return self._refuse(413, "too_large", text="request bodies are not accepted")
         return True
 
-    def _send(self, code: int, body: bytes, content_type: str) -> None:
+    def _send(
+        self, code: int, body: bytes, content_type: str, headers: tuple[tuple[str, str], ...] = ()
+    ) -> None:
         self.send_response(code)
         self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(body)))
+        for name, value in headers:
+            self.send_header(name, value)
         self.send_header("Cache-Control", "no-store")
         self.end_headers()
         self._write(b"" if self.command == "HEAD" else body)
@@ -492,12 +576,12 @@ class _Handler(socketserver.StreamRequestHandler):
         path = self.path.split("?", 1)[0]
         try:
             if path == "/metrics":
-                accept = self.headers.get("Accept") or ""
-                if "application/openmetrics-text" in accept:
-                    body, content_type = self.server.openmetrics()
-                    self._send(200, body, content_type)
-                else:
-                    self._send(200, self.server.renderer.render(), CONTENT_TYPE)
+                body, content_type, gzip = self.server.metrics(
+                    self.headers.get("Accept") or "", self.headers.get("Accept-Encoding") or ""
+                )
+                vary = ("Vary", "Accept, Accept-Encoding")
+                extra = (("Content-Encoding", "gzip"), vary) if gzip else (vary,)
+                self._send(200, body, content_type, extra)
             elif path == "/healthz":
                 ok, reason = self.server.health()
                 self._send(
@@ -562,6 +646,15 @@ class HttpServer:
         )
         for reason in REFUSALS:
             refused.add([reason], float(self._server.refused[reason]))
+        responses = fams.get(
+            "gpuwatchd_http_metrics_responses_total",
+            "counter",
+            "/metrics answers by format (text, openmetrics: what the Accept header asked "
+            "for) and encoding (gzip when the Accept-Encoding header takes it, else identity).",
+            ["format", "encoding"],
+        )
+        for fmt, enc in METRICS_RESPONSES:
+            responses.add([fmt, enc], float(self._server.metrics_responses[(fmt, enc)]))
         fams.get(
             "gpuwatchd_web_config_reload_failures_total",
             "counter",
@@ -571,15 +664,12 @@ class HttpServer:
 
     def start(self) -> None:
         self._thread = threading.Thread(
-            target=self._server.serve_forever,
-            kwargs={"poll_interval": 0.5},
-            name="http",
-            daemon=True,
+            target=self._server.serve_until_stopped, name="http", daemon=True
         )
         self._thread.start()
 
     def stop(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
+        self._server.stop_serving()
         if self._thread is not None:
             self._thread.join(2.0)
+        self._server.server_close()

@@ -7,12 +7,20 @@ families in OpenMetrics 1.0 (what Prometheus asks for first), rendered by the sa
 and cached the same way, so neither format is the slow path. Both scrape paths add the
 daemon's own ``process_*`` metrics, read fresh at every scrape (they are not part of
 ``families()``, which ``simulate`` writes, so its output stays the same from run to run).
+
+Either format can be asked for gzip-compressed (a scraper that sends
+``Accept-Encoding: gzip``, as Prometheus does). The node's families are compressed once
+per view version and format, and the compressor's state is kept after a sync flush: a
+scrape copies that state, compresses only the fresh ``process_*`` lines and finishes the
+stream, one gzip member: 48 us where compressing the whole 8-GPU body takes 1-2 ms.
 """
 
 from __future__ import annotations
 
 import threading
+import zlib
 from collections.abc import Callable
+from dataclasses import dataclass
 from functools import lru_cache
 
 from gpuwatchd import __version__
@@ -319,7 +327,8 @@ def _xid_families(view: NodeView, fams: Families) -> None:
         "gpuwatchd_sxid_errors_total",
         "counter",
         "NVSwitch SXid lines from trusted sources, by switch and what the line says: fatal, "
-        "nonfatal, or detail (the Data and Severity lines that follow a report).",
+        "nonfatal, unrated (no severity word), or detail (the Data and Severity lines that "
+        "follow a report).",
         ["pci_bus_id", "verdict"],
     )
     for (pci, verdict), count in sorted(view.sxid_counts.items()):
@@ -348,8 +357,25 @@ def build_families(
     return fams
 
 
+GZIP_LEVEL = 6
+"""zlib's default: the 8-GPU body in 11.3 KB (level 1: 12.7 KB), compressed once per poll."""
+GZIP_MEM_LEVEL = 5
+"""The compressor state kept per format is 160 KiB (zlib's default 8: 270 KiB, and a
+larger body: the text repeats label sets within the 32 KiB window either way)."""
+
+
+@dataclass(frozen=True)
+class _Compressed:
+    """The node's families of one view version, gzip-compressed up to a sync flush, and
+    the compressor at that point (copied for each scrape's fresh tail)."""
+
+    version: int
+    head: bytes
+    state: zlib._Compress
+
+
 class MetricsRenderer:
-    """Text exposition of the node, cached per view version."""
+    """Text exposition of the node, cached per view version (plain and gzip)."""
 
     def __init__(
         self,
@@ -374,6 +400,7 @@ class MetricsRenderer:
         self.extra = tuple(extra)
         self._lock = threading.Lock()
         self._cache: dict[bool, tuple[int, bytes]] = {}  # openmetrics? -> (version, body)
+        self._gzip: dict[bool, _Compressed] = {}  # openmetrics? -> compressed node body
 
     @classmethod
     def for_config(
@@ -401,24 +428,47 @@ class MetricsRenderer:
             extra_fields=self.extra_fields,
         )
 
-    def render(self) -> bytes:
-        """The node's families (cached per view version), then the process metrics."""
-        return self._node_body(False) + self.process.render()
+    def render(self, *, gzip: bool = False) -> bytes:
+        """The node's families (cached per view version), then the process metrics;
+        ``gzip``: the same, gzip-compressed."""
+        tail = self.process.render()
+        if gzip:
+            return self._compressed(False, tail)
+        return self._node_body(False)[1] + tail
 
-    def render_openmetrics(self) -> bytes:
+    def render_openmetrics(self, *, gzip: bool = False) -> bytes:
         """The same in OpenMetrics 1.0, ending in ``# EOF``."""
         process = Families()
         self.process.add(process)
-        return self._node_body(True) + process.render_openmetrics() + OPENMETRICS_EOF
+        tail = process.render_openmetrics() + OPENMETRICS_EOF
+        if gzip:
+            return self._compressed(True, tail)
+        return self._node_body(True)[1] + tail
 
-    def _node_body(self, openmetrics: bool) -> bytes:
+    def _node_body(self, openmetrics: bool) -> tuple[int, bytes]:
+        """(view version, the node's families rendered), from the cache when it is that
+        version's."""
         view = self._view()
         with self._lock:
             cached = self._cache.get(openmetrics)
             if cached is not None and cached[0] == view.version:
-                return cached[1]
+                return cached
         fams = self.families(view)
         body = fams.render_openmetrics() if openmetrics else fams.render()
         with self._lock:
             self._cache[openmetrics] = (view.version, body)
-        return body
+        return view.version, body
+
+    def _compressed(self, openmetrics: bool, tail: bytes) -> bytes:
+        """One gzip member: the cached compressed node body, then ``tail``."""
+        version, body = self._node_body(openmetrics)
+        with self._lock:
+            done = self._gzip.get(openmetrics)
+        if done is None or done.version != version:
+            state = zlib.compressobj(GZIP_LEVEL, zlib.DEFLATED, 16 + zlib.MAX_WBITS, GZIP_MEM_LEVEL)
+            head = state.compress(body) + state.flush(zlib.Z_SYNC_FLUSH)
+            done = _Compressed(version, head, state)
+            with self._lock:
+                self._gzip[openmetrics] = done
+        finish = done.state.copy()  # the cached state is never written to again
+        return done.head + finish.compress(tail) + finish.flush()

@@ -119,7 +119,7 @@ def _alert(a: Mapping[str, Any]) -> str:
         f'<h3><span class="sev-{_e(sev)}">[{_e(sev)}]</span> {_e(a.get("rule"))} '
         f'<span class="muted">on {where}, since {_e(_when(a.get("since")))}</span></h3>',
     ]
-    for key in ("summary", "evidence", "action", "description"):
+    for key in ("summary", "evidence", "action", "recovery", "description"):
         if notes.get(key):
             parts.append(f'<p class="{key}"><b>{key}:</b> {_e(notes[key])}</p>')
     url = str(notes.get("runbook_url") or "")

@@ -51,7 +51,7 @@ import yaml
 
 from gpuwatchd.config.fields import read_fields
 from gpuwatchd.config.loader import Config, GpusConfig, default_config
-from gpuwatchd.config.yamlsrc import Node, Reader
+from gpuwatchd.config.yamlsrc import Node, Reader, load_file
 from gpuwatchd.core.alerts import AlertState, AlertTransition
 from gpuwatchd.core.clock import VirtualClock
 from gpuwatchd.core.errors import ConfigError, Location
@@ -59,7 +59,6 @@ from gpuwatchd.core.fields import ExtraField
 from gpuwatchd.rules.engine import Alert, Engine
 from gpuwatchd.rules.loader import load_rule_set
 from gpuwatchd.rules.model import RuleSet
-from gpuwatchd.rules.safeyaml import load_limited
 from gpuwatchd.rules.store import StateStore
 from gpuwatchd.scenario.model import Scenario, format_duration, load_scenario, parse_scenario
 from gpuwatchd.service.assembly import Wiring
@@ -171,7 +170,7 @@ class TestFileParser:
         self.fields: tuple[ExtraField, ...] = ()
 
     def parse(self) -> tuple[RuleSet, list[TestCase]]:
-        root = load_limited(self.path)
+        root = load_file(self.path)
         if root is None or root.value is None:
             self.r.fail(Location(self.path, 1, 1), "empty test file: expected 'tests:'")
         keys = self.r.mapping(root, list(TOP_KEYS), "rule test file") or {}

@@ -198,6 +198,8 @@ class AlertBook:
                 if alert.key is None:
                     alert.key = self._resolve_key(alert, snap)
                     if alert.key is None:
+                        if self._replaced(alert, snap):
+                            self._retire_replaced(rule, alert, now, out)
                         continue
                 index = alert.key[0]
                 if index in unknown or (index >= 0 and index not in snap.by_index):
@@ -242,6 +244,36 @@ class AlertBook:
         link = int(labels["link"]) if labels.get("link", "").isdigit() else -1
         xid = int(labels["xid"]) if labels.get("xid", "").isdigit() else -1
         return (index, link, xid)
+
+    @staticmethod
+    def _replaced(alert: Alert, snap: Snapshot) -> bool:
+        """The alert's GPU is gone and another GPU (another UUID) answers at its PCI
+        address: the board was replaced."""
+        uuid = alert.labels.get("uuid", "")
+        index = snap.by_pci.get(alert.labels.get("pci_bus_id", "").upper())
+        if not uuid or index is None:
+            return False
+        now_there = snap.by_index[index].info.uuid
+        return now_there.startswith("GPU-") and now_there != uuid
+
+    def _retire_replaced(
+        self, rule: Rule, alert: Alert, now: float, out: list[AlertTransition]
+    ) -> None:
+        """An alert of a replaced GPU ends: its evidence was about a board that left."""
+        if alert.state is AlertState.FIRING:
+            out.append(
+                self._transition(
+                    rule,
+                    alert,
+                    AlertState.RESOLVED,
+                    now,
+                    "the GPU was replaced (another UUID answers at its PCI address)",
+                )
+            )
+        alert.state = AlertState.INACTIVE
+        alert.escalated = False
+        self._dirty[alert.fingerprint] = alert
+        self.active[rule.name].pop(alert.fingerprint, None)
 
     def _on_true(
         self,

@@ -13,9 +13,8 @@ from typing import Any
 
 import yaml
 
-from gpuwatchd.config.yamlsrc import Node
+from gpuwatchd.config.yamlsrc import Node, parse
 from gpuwatchd.rules.loader import CONDITION_KEYS, ESCALATE_KEYS, GUARD_KEYS, RULE_KEYS, SELECT_KEYS
-from gpuwatchd.rules.safeyaml import parse_limited
 
 WIDTH = 92
 FOLD_AT = 72  # longer strings are written folded (>-), wrapped at WIDTH
@@ -102,7 +101,7 @@ def canonical_data(root: Node | None) -> Any:
 
 def canonical_text(text: str, path: str) -> str:
     """The canonical form of a rule file's text (raises ``ConfigError`` if it is not YAML)."""
-    root = parse_limited(text, path)
+    root = parse(text, path)
     data = canonical_data(root)
     head = header(text)
     if data is None:

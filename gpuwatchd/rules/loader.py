@@ -28,7 +28,6 @@ from gpuwatchd.core.fields import ExtraField, gpu_fields_with
 from gpuwatchd.rules.conditions.reading import BodyReader, hint
 from gpuwatchd.rules.conditions.registry import BY_KEY, KINDS
 from gpuwatchd.rules.model import Condition, Escalation, Guard, Rule, RuleSet, Selector
-from gpuwatchd.rules.safeyaml import load_limited, parse_limited
 from gpuwatchd.rules.templates import Template, compile_template
 from gpuwatchd.xid import catalog as xid_catalog
 
@@ -375,7 +374,7 @@ def parse_rules(text: str, path: str, extra_fields: tuple[ExtraField, ...] = ())
     """The rules in one file's text; raises ``ConfigError`` listing every problem.
     ``extra_fields`` (the config's ``fields``) are field names the rules may use."""
     parser = RuleParser(extra_fields=extra_fields)
-    rules = parser.file(parse_limited(text, path), path)
+    rules = parser.file(yamlsrc.parse(text, path), path)
     parser.r.raise_if_any()
     return rules
 
@@ -430,7 +429,7 @@ def load_rule_set(
             continue
         seen_paths.add(real)
         try:
-            root = load_limited(path)
+            root = yamlsrc.load_file(path)
         except ConfigError as exc:
             parser.r.problems.extend(exc.problems)
             continue

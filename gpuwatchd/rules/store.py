@@ -77,6 +77,12 @@ CREATE TABLE IF NOT EXISTS xid_episodes (
     start REAL NOT NULL, "end" REAL NOT NULL, pids TEXT NOT NULL, flags INTEGER NOT NULL,
     PRIMARY KEY (rule, uuid, xid, start)
 ) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS xid_recoveries (
+    rule TEXT NOT NULL, uuid TEXT NOT NULL, xid INTEGER NOT NULL, codes TEXT NOT NULL,
+    last REAL NOT NULL, boot_id TEXT NOT NULL, step INTEGER NOT NULL, returns INTEGER NOT NULL,
+    recovered REAL, proof TEXT NOT NULL, flags INTEGER NOT NULL, ecc REAL,
+    PRIMARY KEY (rule, uuid, xid)
+) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS faults (
     fingerprint TEXT NOT NULL, boot_id TEXT NOT NULL, first REAL NOT NULL, last REAL NOT NULL,
     PRIMARY KEY (fingerprint, boot_id)
@@ -128,6 +134,33 @@ class EpisodeRecord:
     end: float
     pids: tuple[int, ...]
     flags: int
+
+
+@dataclass(frozen=True)
+class RecoveryRecord:
+    """One XID fault an ``xid`` rule with ``recovery: evidence`` follows to its recovery.
+
+    ``uuid`` (or ``pci:<bus id>``) and ``xid`` (-1 unless the rule is ``by_code``) name the
+    series; ``codes`` the XIDs of the fault; ``last`` its newest XID and ``boot_id`` the boot
+    it came in; ``step`` the rung of the ladder it needs (0 GPU reset, 1 node reboot, 2
+    hardware inspection); ``returns`` how often it came back after a recovery at this step;
+    ``recovered`` when evidence of the recovery was seen (None: still waiting) and ``proof``
+    what it was; ``flags`` and ``ecc`` what NVML showed since the XID (the evaluator's)."""
+
+    uuid: str
+    xid: int
+    codes: tuple[int, ...]
+    last: float
+    boot_id: str
+    step: int
+    returns: int
+    recovered: float | None
+    proof: str
+    flags: int
+    ecc: float | None
+
+
+MAX_RECOVERIES = 4096  # per rule: a forged or endless stream of GPUs cannot grow it
 
 
 ALERT_STATES = frozenset({"inactive", "pending", "firing"})
@@ -579,8 +612,95 @@ class StateStore:
 
         return self._write("saving XID episodes", write)
 
+    # -- XID recoveries ----------------------------------------------------------------------
+    def load_recoveries(self, rule: str) -> tuple[list[RecoveryRecord], int]:
+        """The faults saved for ``rule``, and how many rows were unreadable (skipped)."""
+        try:
+            rows = (
+                self._db()
+                .execute(
+                    "SELECT uuid, xid, codes, last, boot_id, step, returns, recovered, proof,"
+                    " flags, ecc FROM xid_recoveries WHERE rule=? LIMIT ?",
+                    (rule, MAX_RECOVERIES),
+                )
+                .fetchall()
+            )
+        except sqlite3.DatabaseError as exc:
+            self._rebuild(str(exc))
+            return [], 0
+        out: list[RecoveryRecord] = []
+        bad = 0
+        for uuid, xid, codes, last, boot_id, step, returns, recovered, proof, flags, ecc in rows:
+            try:
+                code_list = json.loads(codes)
+                if not (
+                    isinstance(uuid, str)
+                    and isinstance(boot_id, str)
+                    and isinstance(proof, str)
+                    and all(type(v) is int for v in (xid, step, returns, flags))
+                    and 0 <= step <= 2
+                    and returns >= 0
+                    and _number(last)
+                    and (recovered is None or _number(recovered))
+                    and (ecc is None or _number(ecc))
+                    and isinstance(code_list, list)
+                    and 0 < len(code_list) <= 64
+                    and all(type(c) is int for c in code_list)
+                ):
+                    raise ValueError("wrong types")
+                out.append(
+                    RecoveryRecord(
+                        uuid,
+                        xid,
+                        tuple(code_list),
+                        float(last),
+                        boot_id,
+                        step,
+                        returns,
+                        None if recovered is None else float(recovered),
+                        proof[:200],
+                        flags,
+                        None if ecc is None else float(ecc),
+                    )
+                )
+            except (ValueError, TypeError):
+                bad += 1
+        return out, bad
+
+    def save_recoveries(self, rule: str, records: Iterable[RecoveryRecord]) -> bool:
+        """Replace what is saved for ``rule`` by ``records``."""
+        rows = [
+            (
+                rule,
+                r.uuid,
+                r.xid,
+                json.dumps(list(r.codes)),
+                r.last,
+                r.boot_id,
+                r.step,
+                r.returns,
+                r.recovered,
+                r.proof,
+                r.flags,
+                r.ecc,
+            )
+            for r in records
+        ][:MAX_RECOVERIES]
+
+        def write(conn: sqlite3.Connection) -> None:
+            conn.execute("DELETE FROM xid_recoveries WHERE rule=?", (rule,))
+            conn.executemany(
+                "INSERT OR REPLACE INTO xid_recoveries VALUES (?,?,?,?,?,?,?,?,?,?,?,?)", rows
+            )
+
+        return self._write("saving XID recoveries", write)
+
     def trim(self, now: float) -> None:
         def write(conn: sqlite3.Connection) -> None:
+            conn.execute(
+                "DELETE FROM xid_recoveries WHERE recovered IS NOT NULL AND recovered < ?",
+                (now - EPISODE_RETENTION,),
+            )
             conn.execute("DELETE FROM history WHERE t < ?", (now - HISTORY_RETENTION,))
             conn.execute('DELETE FROM xid_episodes WHERE "end" < ?', (now - EPISODE_RETENTION,))
             conn.execute("DELETE FROM faults WHERE last < ?", (now - INACTIVE_RETENTION,))

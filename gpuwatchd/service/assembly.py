@@ -39,7 +39,7 @@ from gpuwatchd.service.handoff import Record
 from gpuwatchd.service.pipeline import Pipeline, Stage
 from gpuwatchd.sources.gpu.backend import Backend, SupervisedBackend, XidEventSource
 from gpuwatchd.sources.gpu.poller import Poller
-from gpuwatchd.sources.gpu.xid_events import XidEventReader
+from gpuwatchd.sources.gpu.xid_events import SUPERVISED_EVENT_WAIT_S, XidEventReader
 from gpuwatchd.sources.xid_inputs import XidInputs
 from gpuwatchd.xid.catalog import decoded_verdict, sxid_verdict
 
@@ -219,7 +219,11 @@ class Node:
                 clock,
                 self.xids.nvml_event,
                 self._events_status,
-                wait_s=config.poll.interval,
+                # the worker's queue returns an event at once and close() wakes it, so
+                # its wait can be long; libnvidia-ml's own wait cannot be cut short
+                wait_s=max(config.poll.interval, SUPERVISED_EVENT_WAIT_S)
+                if isinstance(backend, SupervisedBackend)
+                else config.poll.interval,
                 retry_s=config.poll.interval,
             )
 

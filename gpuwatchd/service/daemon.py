@@ -251,7 +251,7 @@ class Daemon:
         if events is not None:
             poll = self.config.poll
             events.heartbeat = self.heartbeats.register(
-                "nvml-events", 3 * poll.interval + poll.call_timeout + 1
+                "nvml-events", 3 * max(poll.interval, events.wait_s) + poll.call_timeout + 1
             )
             events.start()
         threadnames.publish()

@@ -40,7 +40,8 @@ log = logging.getLogger(__name__)
 __all__ = ["SignalInbox", "Supervisor", "serve", "status_line"]
 
 STATUS_REFRESH = 5.0  # seconds between STATUS= updates when nothing else changed
-MAX_TICK = 1.0  # the main loop checks liveness at least this often
+MAX_TICK = 5.0  # the main loop checks liveness at least this often (heartbeats allow >= 30 s)
+STALL_TICK = 1.0  # ... and this often while a worker is stalled
 
 
 def _age(seconds: float) -> str:
@@ -157,7 +158,7 @@ class Supervisor:
         stalls = self.heartbeats.check()
         if stalls:
             self._on_stall(stalls)
-            return MAX_TICK
+            return STALL_TICK  # look again soon: pings resume the moment the stall ends
         if self._stalled:
             log.warning("watchdog: every worker is making progress again")
             self._stalled = ()

@@ -12,61 +12,45 @@ from types import MappingProxyType
 from gpuwatchd.core.clock import Clock, SystemClock
 from gpuwatchd.core.errors import GpuLost
 from gpuwatchd.core.records import GpuInfo, GpuSample, LinkSample
+from gpuwatchd.scenario.gpumodels import DRIVER_VERSION, H100, HGX_BUS_IDS, KNOWN_MODELS, at_work
 
 
-def make_infos(count: int, links: int = 18, model: str = "NVIDIA H100 80GB HBM3") -> list[GpuInfo]:
-    buses = ["18", "2A", "3A", "5D", "9A", "AB", "BA", "DB"]
+def make_infos(count: int, links: int = 18, model: str = H100.name) -> list[GpuInfo]:
+    """``count`` GPUs of a known model (``gpuwatchd.scenario.gpumodels``), on the HGX bus
+    ids the scenario backend uses."""
+    spec = KNOWN_MODELS[model]
     return [
         GpuInfo(
             index=i,
             uuid=f"GPU-00000000-0000-4000-8000-{i:012x}",
             name=model,
-            pci_bus_id=f"00000000:{buses[i % 8]}:{i // 8:02X}.0",
+            pci_bus_id=f"00000000:{HGX_BUS_IDS[i % 8]}:{i // 8:02X}.0",
             serial=f"165{i:010d}",
-            vbios="96.00.99.00.01",
-            driver="580.159.04",
+            vbios=spec.vbios,
+            driver=DRIVER_VERSION,
             ecc_enabled=True,
             ecc_pending=True,
-            slowdown_temperature=87.0,
-            shutdown_temperature=92.0,
-            memory_max_temperature=95.0,
+            slowdown_temperature=spec.slowdown_temperature,
+            shutdown_temperature=spec.shutdown_temperature,
+            memory_max_temperature=spec.memory_max_temperature,
             nvlink_count=links,
         )
         for i in range(count)
     ]
 
 
-DEFAULT_FIELDS = {
-    "temperature_gpu": 41.0,
-    "temperature_memory": 38.0,
-    "power": 118.5,
-    "energy": 1.5e6,
-    "sm_clock": 1.98e9,
-    "memory_clock": 2.619e9,
-    "utilization_gpu": 0.0,
-    "utilization_memory": 0.0,
-    "memory_used": 5.5e8,
-    "memory_free": 8.5e10,
-    "memory_total": 8.55e10,
-    "ecc_corrected_volatile": 0.0,
-    "ecc_uncorrected_volatile": 0.0,
-    "ecc_corrected_aggregate": 0.0,
-    "ecc_uncorrected_aggregate": 0.0,
-    "remapped_rows_correctable": 0.0,
-    "remapped_rows_uncorrectable": 0.0,
-    "remapped_rows_pending": 0.0,
-    "remapped_rows_failure": 0.0,
-    "violation_power": 0.0,
-    "violation_thermal": 0.0,
-    "clock_event_reasons": 1.0,
-    "pcie_replay": 0.0,
-    "pcie_link_generation": 5.0,
-    "pcie_link_generation_max": 5.0,
-    "pcie_link_width": 16.0,
-    "pcie_link_width_max": 16.0,
-    "compute_processes": 0.0,
-    "recovery_action": 0.0,
-}
+# An H100 at light work: the baseline table with what a small job changes (clocks up,
+# some memory and energy used, warmer, the "idle" clock-event reason still set).
+DEFAULT_FIELDS = at_work(
+    H100,
+    temperature_gpu=41.0,
+    temperature_memory=38.0,
+    power=118.5,
+    energy=1.5e6,
+    sm_clock=1.98e9,
+    memory_used=5.5e8,
+    clock_event_reasons=1.0,
+)
 DEFAULT_LINK_FIELDS = {
     "nvlink_up": 1.0,
     "nvlink_replay_errors": 0.0,

@@ -99,6 +99,13 @@ class FakeGpu:
     unsupported_calls: set[str] = field(default_factory=set)
     lost: bool = False
     xid_events_supported: bool = True
+    # The NVLink fabric registration (NVSwitch systems) as NVML's nvmlGpuFabricInfo_t holds
+    # it: (state, status); None answers NOT_SUPPORTED, as a GPU without an NVSwitch fabric
+    # (PCIe, a single board) does.
+    fabric: tuple[int, int] | None = None
+    # link -> PCI bus id at its far end (an NVSwitch, NVML form); other links answer
+    # NOT_SUPPORTED to nvmlDeviceGetNvLinkRemotePciInfo.
+    nvlink_remote: dict[int, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         defaults: dict[tuple[int, int], tuple[int, float]] = {
@@ -529,6 +536,30 @@ class FakeNvml:
         if fid is None:
             return 7  # CRC_DATA / ECC_DATA: non-zero on healthy Hopper links
         return int(gpu.field_values[(fid, link)][1])
+
+    def nvmlDeviceGetNvLinkRemotePciInfo(self, handle: Any, link: int) -> Any:
+        gpu = self._gpu("nvmlDeviceGetNvLinkRemotePciInfo", handle)[1]
+        self._nvlink(gpu, link)
+        bus_id = gpu.nvlink_remote.get(link)
+        if bus_id is None:
+            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+        info = _pynvml.nvmlPciInfo_t()
+        info.busId = bus_id.encode()
+        return info
+
+    def _fabric(self, name: str, handle: Any, ref: Any) -> int:
+        gpu = self._gpu(name, handle)[1]
+        if gpu.fabric is None:
+            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+        info = ref._obj  # the real pynvml passes ctypes.byref(struct) through to C
+        info.state, info.status = gpu.fabric
+        return NVML_SUCCESS
+
+    def nvmlDeviceGetGpuFabricInfo(self, handle: Any, info: Any) -> int:
+        return self._fabric("nvmlDeviceGetGpuFabricInfo", handle, info)
+
+    def nvmlDeviceGetGpuFabricInfoV(self, handle: Any, info: Any) -> int:
+        return self._fabric("nvmlDeviceGetGpuFabricInfoV", handle, info)
 
     # -- events ---------------------------------------------------------------------------
 

@@ -697,18 +697,25 @@ def _words(text: str | None, xid: int) -> str | None:
     return text.strip()
 
 
+SXID_VERDICTS = ("fatal", "nonfatal", "unrated", "detail")
+
+
 def sxid_verdict(message: str) -> str:
-    """``fatal``, ``nonfatal`` or ``detail``: what an SXid line says of itself.
+    """``fatal``, ``nonfatal``, ``unrated`` or ``detail``: what an SXid line says of itself.
 
     The NVSwitch driver prints ``CODE, Fatal, Link N ...`` or ``CODE, Non-fatal, ...`` on the
     report's main line and follows it with detail lines (``Data {...}``, ``Severity 0
-    Engine instance ...``) that carry the same code and say nothing of their own."""
+    Engine instance ...``) that carry the same code and say nothing of their own. A line
+    that is neither (``26006, SOE HALTED`` as reports quote it) is ``unrated``: a report the
+    line does not rate, which the shipped rules answer with a ticket, never silence."""
     head = message.lstrip().lower()
     if head.startswith(("non-fatal", "nonfatal")):
         return "nonfatal"
     if head.startswith("fatal"):
         return "fatal"
-    return "detail"
+    if head.startswith(("data {", "severity ")) or not head:
+        return "detail"
+    return "unrated"
 
 
 def _classify_sxid(code: int, message: str) -> Verdict:
@@ -718,6 +725,10 @@ def _classify_sxid(code: int, message: str) -> Verdict:
         return Verdict(XidSeverity.WARNING, Action.INVESTIGATE, f"SXid {code} non-fatal; {where}")
     if verdict == "fatal":
         return Verdict(XidSeverity.CRITICAL, Action.INVESTIGATE, f"SXid {code} fatal; {where}")
+    if verdict == "unrated":
+        return Verdict(
+            XidSeverity.WARNING, Action.INVESTIGATE, f"SXid {code} says no severity; {where}"
+        )
     return Verdict(XidSeverity.UNKNOWN, Action.INVESTIGATE, f"SXid {code} detail line; {where}")
 
 
@@ -755,6 +766,7 @@ def recovery_actions() -> tuple[RecoveryActionRow, ...]:
 
 __all__ = [
     "FATAL_BUCKETS",
+    "SXID_VERDICTS",
     "Action",
     "Catalog",
     "CatalogEntry",

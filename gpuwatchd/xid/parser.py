@@ -75,6 +75,18 @@ FALLEN_OFF_BUS_XID = 79
 MAX_LINE_CHARS = 8192
 # The kernel's task names are at most 15 bytes; journald or a tool may escape them.
 MAX_PROCESS_CHARS = 64
+# The driver prints ``pid=%s, name=%s, %s`` with the process's name as the kernel keeps it
+# (``current->comm``: at most TASK_COMM_LEN - 1 = 15 bytes; open-gpu-kernel-modules,
+# kernel_rc.c, krcReportXid). A name may itself hold ", " (a program can call itself
+# anything), so the field is cut where a name of at most 15 bytes ends and the driver's
+# message begins (``_MESSAGE_START``); longer names (none in real lines) keep the first cut.
+COMM_BYTES = 15
+# How the driver's message starts when it names a process (a channel's fault, mostly): the
+# openings of the real lines in tests/data/xid_lines.tsv.
+_MESSAGE_START = re.compile(
+    r"(?:Ch [0-9A-Fa-f]{8}\b|channel 0x[0-9A-Fa-f]{8}\b|GPU has fallen off the bus"
+    r"|Graphics (?:SM|Exception)|(?:Un)?[Cc]ontained: |Timeout after )"
+)
 
 _A = re.ASCII
 _HEX = "[0-9a-fA-F]"
@@ -299,9 +311,9 @@ def _split_pid(body: str) -> tuple[int | None, str | None, str]:
     """``pid=1234, name=python3, <message>`` -> (1234, "python3", "<message>").
 
     Also ``pid='<unknown>', name=<unknown>, ...`` and ``pid=1122, <message>``; runs of
-    white space between the fields are tolerated. A name runs to the first ``,`` that is
-    followed by white space or ends the line (names may hold colons and brackets:
-    ``ray::Wkr[0]``), and is at most ``MAX_PROCESS_CHARS`` long.
+    white space between the fields are tolerated. A name runs to a ``,`` that is followed by
+    white space or ends the line (names may hold colons and brackets: ``ray::Wkr[0]``, and
+    ", ": ``_take_name``), and is at most ``MAX_PROCESS_CHARS`` long.
     """
     m = _PID_VALUE_RE.match(body)
     if m is None:
@@ -322,13 +334,24 @@ def _split_pid(body: str) -> tuple[int | None, str | None, str]:
 
 
 def _take_name(text: str) -> tuple[str | None, bool, str]:
-    """(name, whether a separator followed, the text after it)."""
+    """(name, whether a separator followed, the text after it).
+
+    The separators are the ``,`` followed by white space (or the end) within
+    ``MAX_PROCESS_CHARS``. Of those that leave a name the kernel can hold (``COMM_BYTES``),
+    the last one after which the driver's message starts wins (a name ``a, b`` stays
+    whole); without such a message the first one does."""
     limit = min(len(text), MAX_PROCESS_CHARS + 1)
+    cuts: list[int] = []
     i = text.find(",", 0, limit)
     while i >= 0:
         if i + 1 == len(text) or text[i + 1] in " \t":
-            return (text[:i] or None), True, text[i + 1 :]
+            cuts.append(i)
         i = text.find(",", i + 1, limit)
+    if cuts:
+        fits = [c for c in cuts if len(text[:c].encode("utf-8", "replace")) <= COMM_BYTES]
+        known = [c for c in fits if _MESSAGE_START.match(text[c + 1 :].lstrip(" \t"))]
+        cut = known[-1] if known else cuts[0]
+        return (text[:cut] or None), True, text[cut + 1 :]
     if len(text) <= MAX_PROCESS_CHARS:
         return (text.rstrip() or None), False, ""
     return None, False, text

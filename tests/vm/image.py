@@ -92,7 +92,7 @@ def guest_kernel() -> tuple[str, Path, Path, Path]:
             return version, vmlinuz, initrd, headers
     raise VmError(
         "no Debian kernel with initrd and headers in /boot and /usr/src: install "
-        "linux-image-amd64 and linux-headers-amd64 (scripts/bootstrap.sh does)"
+        "linux-image-amd64 and linux-headers-amd64 (scripts/test.sh --setup does)"
     )
 
 
@@ -100,7 +100,7 @@ def check_host() -> None:
     missing = [pkg for tool, pkg in HOST_TOOLS.items() if shutil.which(tool) is None]
     if missing:
         raise VmError(
-            f"missing host packages: {' '.join(sorted(set(missing)))} (scripts/bootstrap.sh)"
+            f"missing host packages: {' '.join(sorted(set(missing)))} (scripts/test.sh --setup)"
         )
     if os.geteuid() != 0:
         raise VmError("mmdebstrap --mode=root and mke2fs -d need root to keep file owners")

@@ -34,8 +34,14 @@ PD_MAX_DETAIL_ITEMS = 64  # labels or annotations of one alert in custom_details
 
 
 def pagerduty_dedup_key(alert: Mapping[str, Any], node: str) -> str:
-    """One key per alert, stable across restarts: node, rule and a hash of the alert's
-    fingerprint (a resolve finds the trigger; the next incident of the alert opens anew)."""
+    """Stable across restarts (a resolve finds the trigger; the next incident opens anew).
+    A page on a GPU: one key per node and GPU (a hash of its UUID), so a cascade (XID 79,
+    then GpuLost) is one incident; any other alert: node, rule and a hash of its fingerprint."""
+    labels = alert.get("labels") or {}
+    gpu = labels.get("uuid") or labels.get("gpu")
+    if str(alert.get("severity")) == "page" and gpu not in (None, ""):
+        readable = _short(f"{node[:100]}/gpu{str(labels.get('gpu', ''))[:20]}", 200)
+        return f"gpuwatchd/{readable}/{short_hash(str(gpu), n=16)}"[:PD_MAX_DEDUP]
     readable = _short(f"{node[:100]}/{str(alert['rule'])[:100]}", 200)
     key = f"gpuwatchd/{readable}/{short_hash(str(alert['fingerprint']), n=16)}"
     return key[:PD_MAX_DEDUP]
@@ -104,10 +110,17 @@ def pagerduty_events(
     note: Mapping[str, Any], routing_key: str, *, trimmed: bool = False
 ) -> list[dict[str, Any]]:
     """The events of one notification: one per alert it is news about (its ``changed``
-    alerts; every alert for a repeat), firing ones first."""
+    alerts; every alert for a repeat), firing ones first. A resolve is not sent while
+    another firing alert of the notification holds its key (a GPU's cascade)."""
     node = str(note.get("node") or note["group_labels"].get("node", ""))
     news = set(note.get("changed") or [a["fingerprint"] for a in note["alerts"]])
-    alerts = [a for a in note["alerts"] if a["fingerprint"] in news]
+    held = {pagerduty_dedup_key(a, node) for a in note["alerts"] if a["state"] != "resolved"}
+    alerts = [
+        a
+        for a in note["alerts"]
+        if a["fingerprint"] in news
+        and (a["state"] != "resolved" or pagerduty_dedup_key(a, node) not in held)
+    ]
     alerts.sort(key=lambda a: a["state"] == "resolved")
     return [pagerduty_event(a, node, routing_key, trimmed=trimmed) for a in alerts]
 

@@ -6,9 +6,13 @@ The NVSwitch driver writes ``nvidia-nvswitchN: SXid (PCI:...): CODE, Fatal, Link
 codes are the NVSwitch's own numbering (NVIDIA's Fabric Manager User Guide), not XIDs, and
 only trusted kernel records reach this condition, like XIDs.
 
-The alert is the node's (one series, no GPU): the switch's PCI address is in the
-``{switch}`` placeholder. Which GPUs sit behind the switch's links needs the NVLink
-topology, which this condition does not read.
+A line with neither word and not a detail line (``26006, SOE HALTED``) is ``unrated``:
+``unrated: true`` selects those instead (the shipped rules open a ticket on them).
+
+The alert is the node's (one series, no GPU: the drain is the node's either way): the
+switch's PCI address is in ``{switch}``, and the GPUs wired to it (their NVLinks' far ends,
+``GpuInfo.nvlink_peers``, read from NVML at open) in ``{gpus}`` and ``{behind}``
+(`` (GPUs 0, 1, 2, 3 behind it)``, or nothing where NVML does not tell the topology).
 """
 
 from __future__ import annotations
@@ -45,6 +49,7 @@ class SxidMatch(Condition):
     """SXid reports whose line says ``fatal`` (or ``nonfatal``), ``count`` in ``window``."""
 
     fatal: bool = True
+    unrated: bool = False  # lines without a severity word instead of fatal/nonfatal
     count: int = 1
     window: float = 600.0
     quiet: float = 3600.0
@@ -54,11 +59,28 @@ class SxidMatch(Condition):
         return self.quiet
 
 
-def _values(ev: XidEvent, count: int) -> dict[str, Any]:
+def gpus_behind(snap: Snapshot, switch: str) -> list[int]:
+    """The GPUs whose NVLinks end at ``switch`` (a PCI bus id), by index."""
+    bus = switch.upper()
+    return sorted(g.index for g in snap.gpus if bus and bus in g.info.nvlink_peers)
+
+
+def _values(snap: Snapshot, ev: XidEvent, count: int) -> dict[str, Any]:
     text = " ".join(ev.message.split())
+    if not text.isprintable():  # a page never carries a terminal escape from the log
+        text = "".join(c if c.isprintable() else c.encode("unicode_escape").decode() for c in text)
     if len(text) > MAX_TEXT:
         text = text[: MAX_TEXT - 3] + "..."
-    return {"sxid": ev.xid, "sxid_text": text, "switch": ev.pci_bus_id or "", "count": count}
+    behind = gpus_behind(snap, ev.pci_bus_id or "")
+    gpus = ", ".join(str(i) for i in behind)
+    return {
+        "sxid": ev.xid,
+        "sxid_text": text,
+        "switch": ev.pci_bus_id or "",
+        "count": count,
+        "gpus": gpus,
+        "behind": f" (GPU{'s' if len(behind) > 1 else ''} {gpus} behind it)" if behind else "",
+    }
 
 
 class _Evaluator(Evaluator):
@@ -80,7 +102,7 @@ class _Evaluator(Evaluator):
         hits: Hits = {}
         if cursor >= log.seq:
             return hits, set()
-        want = "fatal" if c.fatal else "nonfatal"
+        want = "unrated" if c.unrated else "fatal" if c.fatal else "nonfatal"
         newest = next(
             (e for e in log.newest_first(cursor) if sxid_verdict(e.message) == want), None
         )
@@ -93,14 +115,14 @@ class _Evaluator(Evaluator):
             if x.event.timestamp >= start and sxid_verdict(x.event.message) == want
         )
         if count >= c.count:
-            hits[NODE_KEY] = (float(count), _values(newest, count))
+            hits[NODE_KEY] = (float(count), _values(snap, newest, count))
         return hits, set()
 
 
 class SxidKind(ConditionKind):
     key = "sxid"
-    keys = ("fatal", "count", "window", "quiet")
-    placeholders = frozenset({"sxid", "sxid_text", "switch", "count", "window"})
+    keys = ("fatal", "unrated", "count", "window", "quiet")
+    placeholders = frozenset({"sxid", "sxid_text", "switch", "count", "window", "gpus", "behind"})
     node_level = True
     not_with: ClassVar[Mapping[str, str]] = {
         "keep_firing_for": "an sxid rule resolves after condition.sxid.quiet; set that instead",
@@ -115,10 +137,17 @@ class SxidKind(ConditionKind):
     def parse(
         self, p: BodyReader, body: Node, keys: dict[str, Node], what: str
     ) -> Condition | None:
-        if not p.need(body, keys, ("fatal",), what):
-            return None
         r = p.r
-        fatal = r.boolean(keys["fatal"], f"{what}.fatal")
+        unrated = p.boolean(keys, "unrated", what, False)
+        if unrated:
+            if "fatal" in keys:
+                p.error(keys["fatal"], f"{what}.fatal: not with unrated: true")
+                return None
+            fatal: bool | None = False
+        else:
+            if not p.need(body, keys, ("fatal",), what):
+                return None
+            fatal = r.boolean(keys["fatal"], f"{what}.fatal")
         if fatal is None:
             return None
         count = 1
@@ -130,23 +159,30 @@ class SxidKind(ConditionKind):
         quiet = 3600.0
         if "quiet" in keys:
             quiet = p.window(keys["quiet"], f"{what}.quiet") or quiet
-        return SxidMatch(fatal, count, window, quiet)
+        return SxidMatch(fatal, unrated, count, window, quiet)
 
     def schema(self) -> sp.Schema:
-        return sp.body(
+        out = sp.body(
             {
                 "fatal": {
                     "type": "boolean",
                     "description": "true: SXid lines that say Fatal; false: Non-fatal ones.",
                 },
+                "unrated": {
+                    "type": "boolean",
+                    "default": False,
+                    "description": "true (instead of fatal): SXid lines that say neither "
+                    "Fatal nor Non-fatal and are not detail lines.",
+                },
                 "count": {"type": "integer", "minimum": 1, "default": 1},
                 "window": sp.duration("10m"),
                 "quiet": sp.duration("1h"),
             },
-            "NVSwitch SXid reports judged by their line (Fatal, Non-fatal); count in window; "
-            "resolves after quiet. One alert for the node.",
-            required=("fatal",),
+            "NVSwitch SXid reports judged by their line (Fatal, Non-fatal, neither); count in "
+            "window; resolves after quiet. One alert for the node.",
         )
+        out["anyOf"] = [{"required": ["fatal"]}, {"required": ["unrated"]}]
+        return out
 
     def evaluator(self, rule: Rule, snap: Snapshot) -> Evaluator:
         return _Evaluator(rule, snap)

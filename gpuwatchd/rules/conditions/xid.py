@@ -10,6 +10,9 @@ NVSwitch SXid reports are never matched (their codes are another numbering).
 ``episode_gap`` counts *episodes* instead of lines: the lines of one process (by pid, else
 process name) on one GPU less than ``episode_gap`` apart are one episode, and another
 process starts another, so one program printing a storm of XIDs counts once.
+``recovery: evidence`` resolves a fault only after evidence that its action was taken (a
+new boot id, a GPU reset seen through NVML) and climbs reset -> reboot -> inspection when the
+same XID comes back (``xid_recovery``); the default ``quiet`` resolves after the quiet time.
 ``unclassified: true`` selects what nobody has classified: the catalog's codes without a
 resolution bucket, and every code the catalog does not list (a driver newer than the
 catalog) unless an override says what it is, so that no code goes unanswered.
@@ -36,11 +39,16 @@ from gpuwatchd.rules.conditions.base import (
     model_of,
 )
 from gpuwatchd.rules.conditions.reading import BodyReader, hint
+from gpuwatchd.rules.conditions.xid_recovery import Recoveries, RecoveryPolicy, recovery_values
 from gpuwatchd.rules.model import Condition, Rule
 from gpuwatchd.rules.snapshot import Snapshot
+from gpuwatchd.rules.store import StateStore
 from gpuwatchd.xid import catalog as xid_catalog
 from gpuwatchd.xid import catalog_data
+from gpuwatchd.xid.catalog import parse_recovery_change
 
+RECOVERY_MODES = ("quiet", "evidence")
+XID_RECOVERY_ACTION = 154
 CATALOG_SEVERITIES = tuple(s.value for s in xid_catalog.XidSeverity)
 
 
@@ -76,6 +84,7 @@ class XidMatch(Condition):
     fatal: bool | None = None
     unknown: bool = False  # also codes outside the catalog (and its overrides)
     episode_gap: float | None = None  # count episodes of one process, not lines
+    recovery: RecoveryPolicy | None = None  # resolve on evidence (None: after quiet)
 
     def hold(self, keep_firing_for: float) -> float:
         return self.quiet
@@ -132,25 +141,107 @@ def code_values(catalog: xid_catalog.Catalog, xid: int) -> dict[str, Any]:
     return {"xid_text": text, "action": catalog.action_text(xid, catalog.classify(xid))}
 
 
+def action_cleared(snap: Snapshot, after: int, into: dict[int, float]) -> None:
+    """Note in ``into`` (GPU index -> time) the XID 154s numbered above ``after`` whose
+    recovery action went back to none (``... from 0x1 (GPU Reset Required) to 0x0
+    (None)``): the driver saying the GPU recovered. Only new XIDs are read, so a long
+    wait costs nothing per evaluation however many XIDs the log holds."""
+    for ev in snap.xids.newest_first(after):
+        if ev.xid != XID_RECOVERY_ACTION or ev.kind == "sxid":
+            continue
+        change = parse_recovery_change(ev.message)
+        if change is not None and change.after == 0 and change.before != 0:
+            index = snap.gpu_of(ev)
+            into[index] = max(into.get(index, ev.timestamp), ev.timestamp)
+
+
 class _Evaluator(Evaluator):
-    __slots__ = ("c", "cursor")
+    __slots__ = ("adopted", "c", "cleared", "cleared_seq", "cursor", "recoveries")
 
     def __init__(self, rule: Rule, snap: Snapshot) -> None:
         super().__init__(rule)
         self.c = model_of(rule, XidMatch)
         self.cursor = snap.xids.seq  # XIDs numbered above this are new to the rule
+        policy = self.c.recovery
+        self.recoveries = Recoveries(rule.name, policy) if policy is not None else None
+        self.adopted = False
+        # GPU index -> time of its newest XID 154 back to none; the log number read up to
+        self.cleared: dict[int, float] = {}
+        self.cleared_seq = 0
 
     def adopt(self, old: Evaluator) -> None:
         if isinstance(old, _Evaluator):
             self.cursor = old.cursor
+            self.cleared, self.cleared_seq = old.cleared, old.cleared_seq
+            if self.recoveries is not None and old.recoveries is not None:
+                self.recoveries.adopt(old.recoveries)
+                self.adopted = True
+
+    def restore(self, store: StateStore, snap: Snapshot, now: float) -> None:
+        if self.recoveries is not None and not self.adopted:
+            self.recoveries.restore(store, snap.catalog)
+
+    def save(self, store: StateStore, now: float) -> None:
+        if self.recoveries is not None:
+            self.recoveries.save()
 
     def evaluate(self, snap: Snapshot, now: float, active: bool, fresh: bool) -> Result:
+        hits = self._new_hits(snap, now)
+        if self.recoveries is not None:
+            self._follow(self.recoveries, snap, hits, now)
+        return hits, set()
+
+    def _follow(self, rec: Recoveries, snap: Snapshot, hits: Hits, now: float) -> None:
+        """Recovery on evidence: new hits start or feed faults; a fault without evidence
+        of its recovery keeps holding and says what it waits for."""
+        for key, (_, values) in hits.items():
+            ev = values.pop("_event", None) if values is not None else None
+            if values is None or not isinstance(ev, XidEvent):
+                continue
+            view = snap.by_index.get(key[0])
+            rec.on_xid(self._ident(snap, key[0], ev), key[2], ev, view, snap.catalog, values)
+        cleared = self.cleared
+        action_cleared(snap, self.cleared_seq, cleared)
+        self.cleared_seq = snap.xids.seq
+        for fault in list(rec.faults.values()):
+            if fault.recovered is not None:
+                continue
+            index = snap.by_uuid.get(fault.uuid, -1) if fault.uuid.startswith("GPU-") else -1
+            if fault.uuid.startswith("GPU-") and index < 0:
+                # the GPU is not (yet) there: its alert holds where it is; a fault of a GPU
+                # gone for longer than a return would count is forgotten (it was replaced)
+                if now - fault.last > rec.policy.escalate_within:
+                    rec.forget(fault)
+                continue
+            view = snap.by_index.get(index)
+            # The evaluation that finds the evidence still holds (once): the alert's quiet
+            # time counts from the evidence, also after a reboot that took longer than it.
+            rec.check(fault, view, now, cleared.get(index))
+            key = (index, -1, fault.xid)
+            found = hits.get(key)
+            values = dict(found[1] or {}) if found is not None else dict(fault.values)
+            if not values:
+                code = min(fault.codes)
+                values = {"xid": code, "count": 1, "mig": "", **code_values(snap.catalog, code)}
+            values.update(recovery_values(fault, self.c.quiet))
+            hits[key] = (found[0] if found is not None else float(values.get("count", 1)), values)
+        rec.expire(now)
+        rec.save()
+
+    @staticmethod
+    def _ident(snap: Snapshot, index: int, ev: XidEvent) -> str:
+        view = snap.by_index.get(index)
+        if view is not None and view.info.uuid:
+            return view.info.uuid
+        return f"pci:{(ev.pci_bus_id or '').upper()}" if ev.pci_bus_id else ""
+
+    def _new_hits(self, snap: Snapshot, now: float) -> Hits:
         c = self.c
         log = snap.xids
         cursor, self.cursor = self.cursor, log.seq
         hits: Hits = {}
         if cursor >= log.seq:
-            return hits, set()
+            return hits
         allowed: set[int] | None = None
         if self.rule.select is not None:
             allowed = {g.index for g in snap.selected(self.rule)}
@@ -175,7 +266,7 @@ class _Evaluator(Evaluator):
                 continue
             latest.setdefault(key, ev)
         if not latest:
-            return hits, set()
+            return hits
         for key, ev in latest.items():
             # The window ends at the newest event, not at ``now``: an XID that reaches the
             # engine later than its own time (a slow poll, a late log line) still counts.
@@ -191,8 +282,11 @@ class _Evaluator(Evaluator):
             gap = c.episode_gap
             count = len(matching) if gap is None else count_episodes(matching, gap)
             if count >= c.count:
-                hits[key] = (float(count), xid_values(snap, ev, count))
-        return hits, set()
+                values = xid_values(snap, ev, count)
+                if self.recoveries is not None:
+                    values["_event"] = ev
+                hits[key] = (float(count), values)
+        return hits
 
 
 class XidKind(ConditionKind):
@@ -208,8 +302,23 @@ class XidKind(ConditionKind):
         "quiet",
         "by_code",
         "episode_gap",
+        "recovery",
+        "escalate_after",
+        "escalate_within",
     )
-    placeholders = frozenset({"xid", "xid_text", "action", "count", "window", "mig"})
+    placeholders = frozenset(
+        {
+            "xid",
+            "xid_text",
+            "action",
+            "count",
+            "window",
+            "mig",
+            "recovery",
+            "escalation",
+            "recovery_step",
+        }
+    )
     not_with: ClassVar[Mapping[str, str]] = {
         "keep_firing_for": "an xid rule resolves after condition.xid.quiet; set that instead",
         "for": (
@@ -310,6 +419,7 @@ class XidKind(ConditionKind):
         episode_gap: float | None = None
         if "episode_gap" in keys:
             episode_gap = p.window(keys["episode_gap"], f"{what}.episode_gap")
+        recovery = self._recovery(p, keys, what)
         if not codes and not unknown:
             p.error(body, f"{what}: matches no XID code")
             return None
@@ -323,7 +433,30 @@ class XidKind(ConditionKind):
             fatal=fatal,
             unknown=unknown,
             episode_gap=episode_gap,
+            recovery=recovery,
         )
+
+    @staticmethod
+    def _recovery(p: BodyReader, keys: dict[str, Node], what: str) -> RecoveryPolicy | None:
+        r = p.r
+        mode = "quiet"
+        if "recovery" in keys:
+            mode = r.string(keys["recovery"], f"{what}.recovery", RECOVERY_MODES) or "quiet"
+        for name in ("escalate_after", "escalate_within"):
+            if name in keys and mode != "evidence":
+                p.error(keys[name], f"{what}.{name}: only with recovery: evidence")
+        if mode != "evidence":
+            return None
+        after = 1
+        if "escalate_after" in keys:
+            after = (
+                r.integer(keys["escalate_after"], f"{what}.escalate_after", minimum=1, maximum=100)
+                or 1
+            )
+        within = 7 * 86400.0
+        if "escalate_within" in keys:
+            within = p.window(keys["escalate_within"], f"{what}.escalate_within") or within
+        return RecoveryPolicy(after, within)
 
     def schema(self) -> sp.Schema:
         out = sp.body(
@@ -354,6 +487,27 @@ class XidKind(ConditionKind):
                     **sp.duration(),
                     "description": "Count episodes, not lines: one process's lines on one GPU "
                     "less than this apart are one episode; another process is another.",
+                },
+                "recovery": {
+                    "enum": list(RECOVERY_MODES),
+                    "default": "quiet",
+                    "description": "quiet: resolve after quiet without the XID. evidence: "
+                    "also only after evidence of the action (a new boot id for a node reboot, "
+                    "a GPU reset seen through NVML); the same XID back after a recovery climbs "
+                    "reset -> reboot -> hardware inspection.",
+                },
+                "escalate_after": {
+                    "type": "integer",
+                    "minimum": 1,
+                    "maximum": 100,
+                    "default": 1,
+                    "description": "recovery: evidence: returns of the same XID after a "
+                    "recovery before the next rung of the ladder.",
+                },
+                "escalate_within": {
+                    **sp.duration("7d"),
+                    "description": "recovery: evidence: how long after a recovery a return "
+                    "of the XID counts.",
                 },
             },
             "XID events matched by code, the catalog's immediate resolution bucket, catalog "

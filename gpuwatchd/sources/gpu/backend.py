@@ -34,6 +34,20 @@ class Backend(Protocol):
     def close(self) -> None: ...
 
 
+SampleResult = Callable[[], GpuSample]  # returns the sample or raises what ``sample`` would
+
+
+@runtime_checkable
+class AsyncSampler(Protocol):
+    """Backends that can take a poll without a thread waiting on it (the NVML worker: the
+    request is one pipe write and the answer comes on its reader thread). ``done`` is
+    called once, from another thread, with a function that returns the sample or raises
+    as ``sample`` would; a poll that never answers never calls it (the poller's
+    ``call_timeout`` still marks the GPU stale)."""
+
+    def sample_async(self, index: int, done: Callable[[SampleResult], None]) -> None: ...
+
+
 @runtime_checkable
 class XidEventSource(Protocol):
     """Backends that can deliver NVML XID events (``nvmlEventSetWait``)."""

@@ -102,6 +102,9 @@ _CODE_NAMES: dict[int, str] = {
 
 # A call answering one of these will never work on this GPU with this driver.
 _CALL_UNSUPPORTED = frozenset({NVML_ERROR_NOT_SUPPORTED, NVML_ERROR_FUNCTION_NOT_FOUND})
+NVML_GPU_FABRIC_STATE_NOT_SUPPORTED = 0
+NVML_GPU_FABRIC_STATE_COMPLETED = 3
+FABRIC_CALL = "nvmlDeviceGetGpuFabricInfo"  # its key in _Gpu.bad_calls (V or not)
 # A field entry answering one of these likewise (INVALID_ARGUMENT: id unknown to the driver).
 _FIELD_UNSUPPORTED = _CALL_UNSUPPORTED | {NVML_ERROR_INVALID_ARGUMENT}
 
@@ -218,6 +221,7 @@ SLOW_FIELDS = frozenset(
     {s.name for s in GPU_FIELD_IDS if s.slow}
     | {"violation_power", "violation_thermal"}
     | {"temperature_gpu_margin"}
+    | {"fabric_state", "fabric_status"}
 )
 # Measured on a busy 4 x H200 host (docs/PERFORMANCE.md): energy 4 ms of driver CPU per
 # read, each violation counter 0.7-1.2 ms, the margin temperature 0.9 ms, PCIe replays
@@ -674,7 +678,25 @@ class NvmlBackend:
             shutdown_temperature=threshold(NVML_TEMPERATURE_THRESHOLD_SHUTDOWN),
             memory_max_temperature=threshold(NVML_TEMPERATURE_THRESHOLD_MEM_MAX),
             nvlink_count=int(links) if links is not None else 0,
+            nvlink_peers=self._link_peers(handle, int(links) if links is not None else 0),
         )
+
+    def _link_peers(self, handle: Any, links: int) -> tuple[str, ...]:
+        """The distinct PCI bus ids at the far end of the GPU's NVLinks (NVSwitches on an
+        HGX board), read once at open; () where NVML does not say (no NVLink, or a link
+        that answers NOT_SUPPORTED)."""
+        getter = getattr(self._nvml, "nvmlDeviceGetNvLinkRemotePciInfo", None)
+        if getter is None:
+            return ()
+        peers: set[str] = set()
+        for link in range(min(links, 64)):
+            info = self._try_static(getter, handle, link)
+            bus_id = getattr(info, "busId", None) if info is not None else None
+            if isinstance(bus_id, bytes):
+                bus_id = bus_id.decode("ascii", "replace")
+            if isinstance(bus_id, str) and 0 < len(bus_id) <= 32:
+                peers.add(bus_id.upper())
+        return tuple(sorted(peers))
 
     def _static_fields(self, handle: Any) -> dict[int, float]:
         ids = [(FI_DEV_ECC_CURRENT, 0), (FI_DEV_ECC_PENDING, 0), (FI_DEV_NVLINK_LINK_COUNT, 0)]
@@ -916,6 +938,7 @@ class NvmlBackend:
             fields["memory_free"] = float(mem.free)
             fields["memory_total"] = float(mem.total)
         if full:  # slow: see the module docstring
+            self._read_fabric(gpu, handle, fields, errors)
             for name, policy, label in (
                 ("violation_power", NVML_PERF_POLICY_POWER, "POWER"),
                 ("violation_thermal", NVML_PERF_POLICY_THERMAL, "THERMAL"),
@@ -1008,6 +1031,57 @@ class NvmlBackend:
             LinkSample(link=i, fields=MappingProxyType(f)) for i, f in enumerate(link_fields)
         )
         return fields, links, processes, errors
+
+    def _read_fabric(
+        self, gpu: _Gpu, handle: Any, fields: dict[str, float], errors: dict[str, str]
+    ) -> None:
+        """The GPU's NVLink fabric registration (``nvmlDeviceGetGpuFabricInfoV``, else
+        ``nvmlDeviceGetGpuFabricInfo``): ``fabric_state``, and ``fabric_status`` once it
+        completed. On the slow cadence; a GPU that answers NOT_SUPPORTED (or the state
+        "not supported": no NVSwitch fabric) is never asked again."""
+        if FABRIC_CALL in gpu.bad_calls:
+            return
+        nv = self._nvml
+        tries: list[tuple[Any, Any]] = []
+        if "nvmlDeviceGetGpuFabricInfoV" not in gpu.bad_calls:
+            getter_v = getattr(nv, "nvmlDeviceGetGpuFabricInfoV", None)
+            struct_v = getattr(nv, "c_nvmlGpuFabricInfoV_t", None)
+            if getter_v is not None and struct_v is not None:
+                tries.append((getter_v, struct_v))
+        getter = getattr(nv, "nvmlDeviceGetGpuFabricInfo", None)
+        plain = getattr(nv, "c_nvmlGpuFabricInfo_t", None)
+        if getter is not None and plain is not None:
+            tries.append((getter, plain))
+        info: Any = None
+        for fn, struct_type in tries:
+            probe = struct_type()
+            try:
+                fn(handle, ctypes.byref(probe))
+            except nv.NVMLError as exc:
+                code = nvml_code(exc)
+                if code == NVML_ERROR_FUNCTION_NOT_FOUND and fn is not getter:
+                    gpu.bad_calls.add("nvmlDeviceGetGpuFabricInfoV")  # an older driver
+                    continue
+                if code in _CALL_UNSUPPORTED:
+                    gpu.bad_calls.add(FABRIC_CALL)
+                    return
+                err = error_from_code(code, f"GPU {gpu.index}: {FABRIC_CALL}")
+                if isinstance(err, (GpuLost, ResetRequired)):
+                    raise err from exc
+                errors["fabric_state"] = str(err)
+                return
+            info = probe
+            break
+        if info is None:
+            gpu.bad_calls.add(FABRIC_CALL)  # this pynvml has neither getter
+            return
+        state = int(info.state)
+        if state == NVML_GPU_FABRIC_STATE_NOT_SUPPORTED:
+            gpu.bad_calls.add(FABRIC_CALL)
+            return
+        fields["fabric_state"] = float(state)
+        if state == NVML_GPU_FABRIC_STATE_COMPLETED:  # NVML: status is valid only then
+            fields["fabric_status"] = float(int(info.status))
 
     def _read_batch(
         self,

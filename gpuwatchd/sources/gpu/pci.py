@@ -17,8 +17,10 @@ says so in its source health (``gpuwatchd_source_up{source="pci"}``).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import select
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -148,6 +150,7 @@ class PciWatcher:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
+        self._wake: tuple[int, int] | None = None  # (read, write) while the thread runs
 
     # -- enumeration --------------------------------------------------------------------
     def _udev_context(self) -> Any:
@@ -243,6 +246,7 @@ class PciWatcher:
         if monitor is None:
             detail += f"; no hotplug monitor, re-reading sysfs every {self.rescan:g}s"
         self.on_status("pci", True, detail)
+        self._wake = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self._thread = threading.Thread(
             target=self._run, args=(monitor,), name="pci-watch", daemon=True
         )
@@ -259,7 +263,7 @@ class PciWatcher:
                     log.warning("pci: re-reading sysfs failed: %s", exc)
                 continue
             try:
-                dev = monitor.poll(timeout=1.0)
+                dev = self._next_event(monitor)
             except Exception as exc:
                 log.warning("pci: udev monitor failed (%s): re-reading sysfs instead", exc)
                 self.on_status("pci", True, f"udev monitor failed ({exc}); re-reading sysfs")
@@ -268,7 +272,26 @@ class PciWatcher:
             if dev is not None:
                 self.handle(dev)
 
+    def _next_event(self, monitor: Monitor) -> Any:
+        """The next udev event, or None after a while. A monitor with a file descriptor
+        (pyudev's) is waited on with no timeout: an idle watcher sleeps until a device
+        comes or goes, or ``stop`` writes to the wake pipe."""
+        fileno = getattr(monitor, "fileno", None)
+        if fileno is None or self._wake is None:
+            return monitor.poll(timeout=1.0)
+        readable, _, _ = select.select([fileno(), self._wake[0]], [], [])
+        if self._wake[0] in readable:
+            return None
+        return monitor.poll(timeout=0)
+
     def stop(self) -> None:
         self._stop.set()
+        wake, self._wake = self._wake, None
+        if wake is not None:
+            with contextlib.suppress(OSError):
+                os.write(wake[1], b"x")
         if self._thread is not None:
             self._thread.join(2.0)
+        if wake is not None and not (self._thread is not None and self._thread.is_alive()):
+            for fd in wake:
+                os.close(fd)

@@ -2,7 +2,10 @@
 
 NVML calls cannot be cancelled from Python, so the time bound is enforced around them:
 each GPU has one worker thread; the scheduler hands it a poll at every interval only when
-it is idle. A worker whose poll has not returned after ``call_timeout`` marks its GPU
+it is idle. A backend that answers asynchronously (``AsyncSampler``: the NVML worker
+process, whose own per-GPU threads make the calls) gets the polls directly from the
+scheduler, and its answers are stored on the thread that receives them: no thread here
+waits on a GPU. A worker whose poll has not returned after ``call_timeout`` marks its GPU
 stale (and is not given new work until the stuck call returns). Scrapes read the
 ``NodeState`` and never wait for a worker.
 
@@ -28,7 +31,7 @@ from gpuwatchd.core.records import (
     GpuStatus,
     XidEvent,
 )
-from gpuwatchd.sources.gpu.backend import Backend
+from gpuwatchd.sources.gpu.backend import AsyncSampler, Backend, SampleResult
 
 log = logging.getLogger(__name__)
 
@@ -48,8 +51,13 @@ def _failed_sample(info: GpuInfo, now: float, status: GpuStatus, error: str) -> 
 
 def poll_gpu(backend: Backend, info: GpuInfo, clock: Clock) -> GpuSample:
     """One poll of one GPU, with every backend failure turned into a sample status."""
+    return _guarded(lambda: backend.sample(info.index), info, clock)
+
+
+def _guarded(result: SampleResult, info: GpuInfo, clock: Clock) -> GpuSample:
+    """``result()``, with every backend failure turned into a sample status."""
     try:
-        return backend.sample(info.index)
+        return result()
     except GpuLost as exc:
         return _failed_sample(info, clock.now(), GpuStatus.LOST, str(exc) or "GPU is lost")
     except CallTimeout as exc:
@@ -74,6 +82,8 @@ class _Worker:
     thread: threading.Thread | None = None
     busy_since: float | None = None  # monotonic, clock's seconds
     stale_reported: bool = False
+    ok: bool = True  # its last poll answered (or none has ended yet)
+    last_duration: float | None = None  # of its last poll, when that answered
 
 
 class Poller:
@@ -99,6 +109,7 @@ class Poller:
         self._lock = threading.Lock()
         self._workers = {i.index: _Worker(i, threading.Event()) for i in infos}
         self._scheduler: threading.Thread | None = None
+        self._async: AsyncSampler | None = None  # set by start() for such a backend
         self.cycles = 0  # completed scheduler ticks (a liveness signal for the watchdog)
 
     # -- shared bookkeeping ------------------------------------------------------------
@@ -154,7 +165,11 @@ class Poller:
 
     # -- threaded (run, demo) --------------------------------------------------------
     def start(self) -> None:
+        if isinstance(self.backend, AsyncSampler):
+            self._async = self.backend  # answers arrive on the backend's own thread
         for worker in self._workers.values():
+            if self._async is not None:
+                continue
             worker.thread = threading.Thread(
                 target=self._work,
                 args=(worker,),
@@ -184,13 +199,29 @@ class Poller:
             worker.go.clear()
             if self._stop.is_set():
                 return
-            sample = poll_gpu(self.backend, worker.info, self.clock)
-            if self._stop.is_set():
-                return
-            with self._lock:
-                worker.busy_since = None
-                worker.stale_reported = False
-            self._store(worker.info, sample)
+            self._answered(worker, poll_gpu(self.backend, worker.info, self.clock))
+
+    def _answered(self, worker: _Worker, sample: GpuSample) -> None:
+        if self._stop.is_set():
+            return
+        with self._lock:
+            worker.busy_since = None
+            worker.stale_reported = False
+            worker.ok = sample.status is GpuStatus.OK
+            worker.last_duration = sample.duration_seconds if worker.ok else None
+        self._store(worker.info, sample)
+
+    def _dispatch(self, worker: _Worker) -> None:
+        """Start one poll: wake the GPU's thread, or hand it to an ``AsyncSampler``."""
+        if self._async is None:
+            worker.go.set()
+            return
+        info = worker.info
+
+        def done(result: SampleResult) -> None:
+            self._answered(worker, _guarded(result, info, self.clock))
+
+        self._async.sample_async(info.index, done)
 
     def _schedule(self) -> None:
         next_tick = self.clock.monotonic()
@@ -211,17 +242,20 @@ class Poller:
             self._wake.clear()
 
     def _tick(self, now_m: float) -> None:
-        durations = []
+        starting = []
         with self._lock:
             for worker in self._workers.values():
                 if worker.busy_since is None:
                     worker.busy_since = now_m
-                    worker.go.set()
-        for gpu in self.state.view().gpus:
-            if gpu.sample is not None and gpu.status is GpuStatus.OK:
-                durations.append(gpu.sample.duration_seconds)
+                    starting.append(worker)
+            answered = sum(w.ok for w in self._workers.values())
+            durations = [
+                w.last_duration for w in self._workers.values() if w.last_duration is not None
+            ]
+        for worker in starting:
+            self._dispatch(worker)
         self.cycles += 1
-        self._source_health(durations)
+        self._source_health(durations, answered)
 
     def _check_stale(self, now_m: float) -> None:
         stale: list[_Worker] = []
@@ -233,6 +267,8 @@ class Poller:
                     and now_m - worker.busy_since >= self.call_timeout
                 ):
                     worker.stale_reported = True
+                    worker.ok = False
+                    worker.last_duration = None
                     stale.append(worker)
         now = self.clock.now()
         for worker in stale:

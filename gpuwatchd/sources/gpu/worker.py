@@ -43,6 +43,7 @@ from gpuwatchd.core.families import Families
 from gpuwatchd.core.fields import ExtraField
 from gpuwatchd.core.records import GpuInfo, GpuSample, XidEvent
 from gpuwatchd.sources.gpu import workerwire as wire
+from gpuwatchd.sources.gpu.backend import SampleResult
 
 log = logging.getLogger(__name__)
 
@@ -96,12 +97,24 @@ class WorkerSettings:
 
 
 class _Pending:
-    __slots__ = ("done", "reply", "since")
+    """A request in flight: a caller waits on ``done``, or ``then`` is called with the
+    answer (``sample_async``)."""
 
-    def __init__(self, since: float) -> None:
+    __slots__ = ("done", "reply", "since", "then")
+
+    def __init__(
+        self, since: float, then: Callable[[dict[str, Any] | None], None] | None = None
+    ) -> None:
         self.done = threading.Event()
         self.reply: dict[str, Any] | None = None
         self.since = since
+        self.then = then
+
+    def answer(self, reply: dict[str, Any] | None) -> None:
+        self.reply = reply
+        self.done.set()
+        if self.then is not None:
+            self.then(reply)
 
 
 class _Child:
@@ -190,6 +203,7 @@ class WorkerBackend:
         self._child: _Child | None = None
         self._up = False
         self._pending: dict[int, _Pending] = {}
+        self._decoder = wire.SampleDecoder()
         self._next_id = 0
         self._infos: list[GpuInfo] = []
         self._events: queue.SimpleQueue[list[XidEvent] | BackendError] = queue.SimpleQueue()
@@ -232,36 +246,46 @@ class WorkerBackend:
         ).add([], 1.0 if self._up else 0.0)
 
     # -- the wire -----------------------------------------------------------------------
-    def _request(self, message: dict[str, Any], wait_s: float | None = None) -> dict[str, Any]:
+    def _send(
+        self, message: dict[str, Any], then: Callable[[dict[str, Any] | None], None] | None = None
+    ) -> tuple[int, _Pending]:
         with self._lock:
             child = self._child
             if child is None or (not self._up and message.get("op") != "open"):
                 raise WorkerDown(f"NVML worker is down ({self.last_exit or 'starting'})")
             self._next_id += 1
             rid = self._next_id
-            pending = self._pending[rid] = _Pending(self._clock.monotonic())
+            pending = self._pending[rid] = _Pending(self._clock.monotonic(), then)
         if not child.send({**message, "id": rid}):
             with self._lock:
                 self._pending.pop(rid, None)
             raise WorkerDown("NVML worker is down (its pipe is closed)")
+        return rid, pending
+
+    def _request(self, message: dict[str, Any], wait_s: float | None = None) -> dict[str, Any]:
+        rid, pending = self._send(message)
         if not pending.done.wait(wait_s):
             with self._lock:
                 self._pending.pop(rid, None)
             raise WorkerDown(f"NVML worker did not answer {message.get('op')} in {wait_s}s")
-        if pending.reply is None:
+        return self._reply(pending.reply)
+
+    def _reply(self, reply: dict[str, Any] | None) -> dict[str, Any]:
+        """The answer, or the error it carries raised as its class (None: the worker died)."""
+        if reply is None:
             raise WorkerDown(f"NVML worker is down ({self.last_exit})")
-        error = pending.reply.get("error")
+        error = reply.get("error")
         if isinstance(error, dict):
             cls = _ERRORS.get(str(error.get("type")), BackendError)
             code = error.get("code")
             raise cls(str(error.get("message")), code if isinstance(code, int) else None)
-        return pending.reply
+        return reply
 
     def _on_message(self, child: _Child, msg: dict[str, Any]) -> None:
         if child is not self._child:
             return
+        self._last_beat = self._clock.monotonic()  # any frame shows the worker alive
         if "beat" in msg:
-            self._last_beat = self._clock.monotonic()
             return
         if "events" in msg:
             events = msg["events"]
@@ -277,8 +301,7 @@ class WorkerBackend:
         with self._lock:
             pending = self._pending.pop(rid, None) if isinstance(rid, int) else None
         if pending is not None:
-            pending.reply = msg
-            pending.done.set()
+            pending.answer(msg)
 
     def _on_exit(self, child: _Child, why: str) -> None:
         with self._lock:
@@ -291,7 +314,7 @@ class WorkerBackend:
             failed = list(self._pending.values())
             self._pending.clear()
         for pending in failed:
-            pending.done.set()  # reply None: WorkerDown
+            pending.answer(None)  # WorkerDown
         if self._stop.is_set():
             return
         self._events.put(WorkerDown(f"NVML worker is down ({self.last_exit})"))
@@ -345,8 +368,10 @@ class WorkerBackend:
     def _supervise(self) -> None:
         """Kill a hung worker; restart a dead one with backoff."""
         failures = 0
+        # a death wakes this thread at once; a hang is looked for a few times per hang_s
+        look = max(0.2, min(5.0, self.settings.hang_s / 4))
         while not self._stop.is_set():
-            self._wake.wait(1.0)
+            self._wake.wait(look)
             self._wake.clear()
             if self._stop.is_set():
                 return
@@ -391,6 +416,7 @@ class WorkerBackend:
     def close(self) -> None:
         self._stop.set()
         self._wake.set()
+        self._events.put([])  # ends a wait_xid_events in progress
         child = self._child
         if child is None:
             return
@@ -405,7 +431,27 @@ class WorkerBackend:
     # -- Backend ------------------------------------------------------------------------
     def sample(self, index: int) -> GpuSample:
         reply = self._request({"op": "sample", "gpu": index})
-        return wire.sample_from_wire(reply.get("sample"))
+        return self._decoder.decode(reply.get("sample"))
+
+    def sample_async(self, index: int, done: Callable[[SampleResult], None]) -> None:
+        """One pipe write; ``done`` runs on the reader thread when the answer comes (no
+        poll thread waits for it: two thread wake-ups less per GPU and poll)."""
+
+        def answered(reply: dict[str, Any] | None) -> None:
+            def result() -> GpuSample:
+                return self._decoder.decode(self._reply(reply).get("sample"))
+
+            done(result)
+
+        try:
+            self._send({"op": "sample", "gpu": index}, answered)
+        except WorkerDown as exc:
+            err = exc
+
+            def failed() -> GpuSample:
+                raise err
+
+            done(failed)
 
     def wait_xid_events(self, timeout_s: float) -> list[XidEvent]:
         if not self._up:

@@ -24,6 +24,7 @@ import os
 import queue
 import sys
 import threading
+import time
 from typing import IO, Any
 
 from gpuwatchd.core.clock import SystemClock
@@ -53,9 +54,11 @@ class Worker:
         self._stop = threading.Event()
         self.backend: NvmlBackend | None = None
         self._queues: dict[int, queue.SimpleQueue[int | None]] = {}
+        self._sent_at = time.monotonic()
 
     def send(self, message: dict[str, Any]) -> None:
         with self._write:
+            self._sent_at = time.monotonic()
             try:
                 wire.write_frame(self._out, message)
             except (BrokenPipeError, OSError, ValueError):  # the daemon is gone
@@ -113,8 +116,15 @@ class Worker:
                 self.send({"events": [wire.event_to_wire(e) for e in events]})
 
     def beat(self) -> None:
-        while not self._stop.wait(BEAT_S):
-            self.send({"beat": True})
+        """A beat after ``BEAT_S`` without any frame: every frame tells the daemon this
+        process is alive, so a worker answering polls never beats."""
+        wait = BEAT_S
+        while not self._stop.wait(wait):
+            quiet = time.monotonic() - self._sent_at
+            if quiet >= BEAT_S:
+                self.send({"beat": True})
+                quiet = 0.0
+            wait = BEAT_S - quiet
 
     def serve(self, inp: IO[bytes]) -> None:
         threading.Thread(target=self.beat, name="beat", daemon=True).start()

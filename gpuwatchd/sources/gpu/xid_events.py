@@ -21,6 +21,8 @@ from gpuwatchd.sources.gpu.backend import XidEventSource
 log = logging.getLogger(__name__)
 
 SOURCE = "nvml_events"
+# How long one wait on a supervised backend (the NVML worker) lasts when no event comes
+SUPERVISED_EVENT_WAIT_S = 10.0
 
 
 class XidEventReader:

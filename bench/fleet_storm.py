@@ -1,0 +1,151 @@
+#!/usr/bin/env python3
+"""Fleet drain budget during a storm, at sizes too large for one real daemon per node.
+
+A real slurmctld (tests/slurm_support.py: auth/none, loopback, temp dir; one real slurmd,
+the other nodes carry state only) with N nodes, and N in-process drain stages, one per
+node: each runs the daemon's own Slurm drain driver with the fleet budget's claim protocol
+(``SlurmDriver.drain`` with the ``FleetBudget`` gate, real ``sinfo``/``scontrol`` processes),
+all seeing the same XID within ``--spread`` seconds (default 1). A stage held back asks
+again after a jittered ``--recheck``. The controller is sampled every 100 ms.
+
+Prints (and ``--json`` writes): peak gpuwatchd drains at any sample, the final count, the
+time until every stage had decided, slurmctld's RPC rate and mean RPC time over the storm
+(``sdiag`` before and after), and how many Slurm calls failed.
+
+    python3 bench/fleet_storm.py -n 100
+    python3 bench/fleet_storm.py -n 500 --percent 5 --json out.json
+    python3 bench/fleet_storm.py -n 2000 --percent 5      # needs a bigger machine
+
+Every stage starts real processes: on the 2-vCPU development VM 500 stages took 37 s, and
+2,000 took the load average to 250 within two minutes (stopped). Size the machine first.
+The real-daemon version at 50 nodes is tests/test_fleet_storm.py. Results: docs/fleet.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import re
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+
+from slurm_support import Slurm, start_slurm  # noqa: E402
+
+from gpuwatchd.actions.drivers import DrainError, SlurmDriver  # noqa: E402
+from gpuwatchd.actions.fleet import FleetBudget  # noqa: E402
+from gpuwatchd.config.actions import FleetDrainConfig  # noqa: E402
+
+REASON = "gpuwatchd: XID 79 GPU 3 00000000:3E:00.0"
+
+
+def sdiag(cluster: Slurm) -> tuple[int, float]:
+    """(RPCs served, total RPC microseconds) from slurmctld's statistics."""
+    out = cluster.run("sdiag")
+    count = 0
+    micros = 0.0
+    section = out.split("Remote Procedure Call statistics by message type", 1)[-1]
+    section = section.split("Remote Procedure Call statistics by user", 1)[0]
+    for m in re.finditer(r"count:\s*(\d+)\s+ave_time:\s*(\d+)\s+total_time:\s*(\d+)", section):
+        count += int(m.group(1))
+        micros += float(m.group(3))
+    return count, micros
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("-n", "--nodes", type=int, default=100)
+    ap.add_argument("--percent", type=float, default=5.0)
+    ap.add_argument("--spread", type=float, default=1.0)
+    ap.add_argument("--recheck", type=float, default=30.0)
+    ap.add_argument("--timeout", type=float, default=600.0, help="give up after this")
+    ap.add_argument("--json", help="write the numbers here")
+    args = ap.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="gpuwatchd-fleet-storm-"))
+    cluster, procs = start_slurm(work, extra=args.nodes)
+    os.environ["SLURM_CONF"] = cluster.env["SLURM_CONF"]
+    cfg = FleetDrainConfig(max_percent=args.percent, recheck=args.recheck)
+    errors: list[str] = []
+    outcome: dict[str, str] = {}
+    lock = threading.Lock()
+    start = threading.Event()
+
+    def stage(node: str) -> None:
+        rng = random.Random(node)
+        driver = SlurmDriver(node, 60.0)
+        budget = FleetBudget(cfg, driver.fleet_view(cfg), node)
+
+        def gate() -> str | None:
+            verdict = budget.check(REASON)
+            return None if verdict.allowed else verdict.detail
+
+        start.wait()
+        time.sleep(rng.uniform(0.0, args.spread))
+        while True:
+            try:
+                result = driver.drain({}, REASON, False, gate=gate)
+            except DrainError as exc:
+                with lock:
+                    errors.append(str(exc)[:200])
+                time.sleep(rng.uniform(2.0, 10.0))
+                continue
+            with lock:
+                outcome[node] = result.result
+            if result.result != "over_budget":
+                return
+            time.sleep(args.recheck * rng.uniform(0.5, 1.0))
+
+    try:
+        threads = [threading.Thread(target=stage, args=(n,), daemon=True) for n in cluster.others]
+        for t in threads:
+            t.start()
+        rpcs0, micros0 = sdiag(cluster)
+        began = time.monotonic()
+        start.set()
+        samples: list[int] = []
+        decided_at: float | None = None
+        while time.monotonic() - began < args.timeout:
+            out = cluster.run("sinfo", "--noheader", "--list-reasons", "--Node", "--format", "%E")
+            samples.append(sum(1 for line in out.splitlines() if line.startswith("gpuwatchd:")))
+            with lock:
+                done = len(outcome) == len(threads)
+            if done and decided_at is None:
+                decided_at = time.monotonic() - began
+                break
+            time.sleep(0.1)
+        rpcs1, micros1 = sdiag(cluster)
+        span = time.monotonic() - began
+        limit = max(1, int(len(cluster.others) * args.percent / 100 + 1e-9))
+        final = samples[-1] if samples else 0
+        result = {
+            "nodes": args.nodes + 1,
+            "budget_at_least": limit,
+            "peak_drained": max(samples, default=0),
+            "final_drained": final,
+            "decided_s": decided_at,
+            "samples": len(samples),
+            "rpc_per_s": (rpcs1 - rpcs0) / span,
+            "rpc_mean_ms": (micros1 - micros0) / max(1, rpcs1 - rpcs0) / 1000.0,
+            "slurm_call_errors": len(errors),
+            "first_errors": sorted(set(errors))[:3],
+        }
+        print(json.dumps(result, indent=2))
+        if args.json:
+            Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+    finally:
+        for p in reversed(procs):
+            p.stop()
+        subprocess.run(["rm", "-rf", str(work)], check=False)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
