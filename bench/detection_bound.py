@@ -56,12 +56,13 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from gpuwatchd.config.loader import default_config, load_config
+from gpuwatchd.config.stages import for_rules
 from gpuwatchd.core.alerts import AlertSeverity
 from gpuwatchd.harness import backtest as bt
 from gpuwatchd.harness.simulate import SIM_EPOCH
 from gpuwatchd.rules.conditions.memory_trend import MemoryTrend, judge
 from gpuwatchd.rules.evidence import BUCKET, Activity, binomial_tail, bucket_of
-from gpuwatchd.rules.loader import rules_from_config
+from gpuwatchd.rules.loader import rules_from_settings
 from gpuwatchd.rules.model import Rule
 
 ALPHAS = (1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 1e-1, 3e-1)
@@ -197,7 +198,7 @@ def onsets(times: Iterable[float], hold: float) -> list[float]:
 # -- the shipped rule --------------------------------------------------------------------------
 def shipped_rule(config_path: str | None) -> Rule:
     config = load_config(config_path, must_exist=True) if config_path else default_config({})
-    for rule in rules_from_config(config).rules:
+    for rule in rules_from_settings(for_rules(config)).rules:
         c = rule.condition
         if (
             isinstance(c, MemoryTrend)

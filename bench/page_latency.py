@@ -49,6 +49,7 @@ import httpx
 
 from gpuwatchd.actions import build_actions
 from gpuwatchd.config.loader import load_config
+from gpuwatchd.config.stages import for_actions
 from gpuwatchd.core.alerts import AlertSeverity, AlertState, AlertTransition
 from gpuwatchd.core.clock import SystemClock
 
@@ -258,7 +259,7 @@ routing: {{group_wait: {args.group_wait}s}}
     config = load_config(str(cfg_path), must_exist=True, environ={})
     clock = SystemClock()
     if args.busy:
-        sink = build_actions(config, clock)
+        sink = build_actions(for_actions(config), clock)
         assert sink is not None
         sink.start()
         try:
@@ -267,7 +268,7 @@ routing: {{group_wait: {args.group_wait}s}}
             sink.close()
             rx.server.shutdown()
     bare = bare_posts(rx, args.warmup + args.n)[args.warmup :]
-    sink = build_actions(config, clock)
+    sink = build_actions(for_actions(config), clock)
     assert sink is not None
     sink.start()
     timer = Timer(sink, rx, clock)

@@ -30,6 +30,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from gpuwatchd.config.loader import default_config
+from gpuwatchd.config.stages import for_rules
 from gpuwatchd.core.clock import VirtualClock
 from gpuwatchd.core.units import parse_duration
 from gpuwatchd.harness.simulate import SIM_EPOCH, Simulation
@@ -113,7 +114,7 @@ def run(text: str, rules: bool) -> tuple[float, Timed | None, int]:
     scenario = parse_scenario(text, "healthy-30d.yaml")
     config = default_config({})
     clock = VirtualClock(SIM_EPOCH)
-    timed = Timed(rules_stage(config, clock, durable=False)) if rules else None
+    timed = Timed(rules_stage(for_rules(config), clock, durable=False)) if rules else None
     stage = timed if timed is not None else NoRules()
     sim = Simulation(scenario, config, clock=clock, wiring=Wiring(rules=stage))
     started = time.perf_counter()

@@ -15,6 +15,7 @@ from typing import Any
 
 from gpuwatchd.actions import ActionsSink, build_actions
 from gpuwatchd.config.loader import Config, load_config
+from gpuwatchd.config.stages import for_actions
 from gpuwatchd.core.alerts import AlertSeverity, AlertState, AlertTransition
 from gpuwatchd.core.clock import Clock
 
@@ -198,7 +199,7 @@ def make_config(tmp_path: Path, text: str, name: str = "gpuwatchd.yaml") -> Conf
 
 def sink_for(config: Config, clock: Clock, *, start: bool = False, **options: Any) -> ActionsSink:
     """The actions sink ``build_actions`` makes for ``config`` (started with ``start``)."""
-    sink = build_actions(config, clock, **options)
+    sink = build_actions(for_actions(config), clock, **options)
     assert sink is not None, "the config has no receivers and no drain"
     if start:
         sink.start()

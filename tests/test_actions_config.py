@@ -20,6 +20,7 @@ from gpuwatchd.config.actions import (
     WebhookReceiver,
 )
 from gpuwatchd.config.loader import ConfigError, load_config
+from gpuwatchd.config.stages import for_actions
 from gpuwatchd.core.clock import VirtualClock
 
 DURATION_HELP = (
@@ -316,7 +317,7 @@ def test_secrets_come_from_files_and_credentials(tmp_path: Path) -> None:
         "receivers:\n  - {name: pd, type: pagerduty, routing_key_file: pd-key}\n",
     )
     clock = VirtualClock()
-    sink = build_actions(cfg, clock, environ={"CREDENTIALS_DIRECTORY": str(creds)})  # type: ignore[arg-type]
+    sink = build_actions(for_actions(cfg), clock, environ={"CREDENTIALS_DIRECTORY": str(creds)})
     assert sink is not None
     try:
         assert sink.receivers["pd"].secrets == ("PDKEY123",)
@@ -326,15 +327,15 @@ def test_secrets_come_from_files_and_credentials(tmp_path: Path) -> None:
         ActionsError,
         match=r"'pd-key' names a systemd credential, but \$CREDENTIALS_DIRECTORY is not set",
     ):
-        build_actions(cfg, clock, environ={})  # type: ignore[arg-type]
+        build_actions(for_actions(cfg), clock, environ={})
     (creds / "pd-key").write_text("\n")
     with pytest.raises(ActionsError, match="pd-key is empty"):
-        build_actions(cfg, clock, environ={"CREDENTIALS_DIRECTORY": str(creds)})  # type: ignore[arg-type]
+        build_actions(for_actions(cfg), clock, environ={"CREDENTIALS_DIRECTORY": str(creds)})
 
 
 def test_nothing_configured_builds_nothing(tmp_path: Path) -> None:
     cfg = load(tmp_path, "node_name: n1\n")
-    assert build_actions(cfg, VirtualClock()) is None  # type: ignore[arg-type]
+    assert build_actions(for_actions(cfg), VirtualClock()) is None
 
 
 CATASTROPHIC = ["(a+)+$", "(?:a?){25}a{25}", "(.*a){12}x", "(a|aa)*b", "(x)\\1", ".*a.*a.*a.*a.*b"]

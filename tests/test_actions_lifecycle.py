@@ -12,6 +12,7 @@ from pathlib import Path
 from actions_support import make_config, sink_for, transition
 
 from gpuwatchd.actions import RecordingSender, build_actions
+from gpuwatchd.config.stages import for_actions
 from gpuwatchd.core.clock import SystemClock, VirtualClock
 
 
@@ -27,7 +28,7 @@ def test_construction_starts_nothing_and_leaves_logging_alone(tmp_path: Path) ->
     )
     levels = {n: logging.getLogger(n).level for n in ("httpx", "httpcore")}
     before = workers()
-    sink = build_actions(config, SystemClock())
+    sink = build_actions(for_actions(config), SystemClock())
     assert sink is not None
     try:
         assert workers() == before
@@ -76,7 +77,7 @@ def test_start_builds_the_http_clients_so_the_first_page_does_not_pay_for_them(
         "  - {name: a, type: webhook, url: 'http://127.0.0.1:9/a'}\n"
         "  - {name: b, type: alertmanager, urls: ['http://127.0.0.1:9/x', 'http://127.0.0.1:9/y']}\n"
     )
-    sink = build_actions(load_config(str(cfg), must_exist=True), VirtualClock())
+    sink = build_actions(for_actions(load_config(str(cfg), must_exist=True)), VirtualClock())
     assert sink is not None and isinstance(sink.sender, HttpSender)
     try:
         assert sink.sender._clients == {}  # building the stage opens nothing

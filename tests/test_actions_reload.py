@@ -11,6 +11,7 @@ from actions_support import HttpReceiver, make_config, sink_for, transition
 from conftest import free_port
 
 from gpuwatchd.actions import RestartRequired, prepare_reload
+from gpuwatchd.config.stages import for_actions
 from gpuwatchd.core.clock import VirtualClock
 from gpuwatchd.core.errors import ConfigError
 from gpuwatchd.core.families import Families
@@ -46,7 +47,7 @@ def test_reload_moves_messages_to_the_new_receivers_and_routing(tmp_path: Path) 
             + "routing:\n  group_wait: 0s\n  group_by: [node, gpu]\n  min_severity: info\n",
             name="reloaded.yaml",
         )
-        commit = prepare_reload(sink, reloaded)
+        commit = prepare_reload(sink, for_actions(reloaded))
         sink.deliver([transition(gpu=1, at=clock.now())], clock.now())  # before the commit
         commit()
         sink.deliver([transition(gpu=2, at=clock.now())], clock.now())
@@ -76,7 +77,7 @@ def test_reload_with_a_bad_secret_is_refused_and_changes_nothing(tmp_path: Path)
             name="bad.yaml",
         )
         with pytest.raises(ConfigError) as err:
-            prepare_reload(sink, bad)
+            prepare_reload(sink, for_actions(bad))
         assert "bad.yaml" in str(err.value) and "ops" in str(err.value)
         sink.deliver([transition(at=clock.now())], clock.now())
         sink.run_pending()
@@ -100,13 +101,13 @@ def test_turning_the_drain_on_takes_a_restart_and_says_so(tmp_path: Path) -> Non
             name="drain.yaml",
         )
         with pytest.raises(RestartRequired) as err:
-            prepare_reload(sink, drained)
+            prepare_reload(sink, for_actions(drained))
         assert "drain.mode: none -> exec takes a restart" in str(err.value)
         assert restart_required(sink) == 1.0
-        prepare_reload(sink, config)()  # a later reload that can be applied
+        prepare_reload(sink, for_actions(config))()  # a later reload that can be applied
         assert restart_required(sink) == 0.0
         with pytest.raises(RestartRequired):
-            prepare_reload(None, drained)  # started without any actions
+            prepare_reload(None, for_actions(drained))  # started without any actions
     finally:
         sink.close()
         rx.stop()
@@ -124,7 +125,9 @@ def test_reload_applies_new_drain_settings(tmp_path: Path) -> None:
     clock = VirtualClock(1_800_000_000.0)
     sink = sink_for(make_config(tmp_path, drain.format(scripts[0])), clock)
     try:
-        commit = prepare_reload(sink, make_config(tmp_path, drain.format(scripts[1]), "b.yaml"))
+        commit = prepare_reload(
+            sink, for_actions(make_config(tmp_path, drain.format(scripts[1]), "b.yaml"))
+        )
         commit()
         sink.deliver([transition(at=clock.now(), drain=True)], clock.now())
         sink.run_pending()

@@ -131,3 +131,36 @@ def test_stage_package_has_a_docstring(stage: str) -> None:
     init = PACKAGE / stage / "__init__.py"
     tree = ast.parse(init.read_text())
     assert ast.get_docstring(tree), f"{init}: say in one paragraph what this stage does"
+
+
+# The stages the composition root builds: each from its own sections, never the whole config.
+BUILT_STAGES = ("sources", "scenario", "rules", "actions", "exposition")
+WHOLE_CONFIG = {"Config", "load_config", "default_config"}
+
+
+def whole_config_imports(path: Path) -> list[str]:
+    """Where ``path`` imports the whole config (``Config`` or a loader of it)."""
+    tree = ast.parse(path.read_text(), str(path))
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").endswith("config.loader"):
+            found += [f"line {node.lineno}: {a.name}" for a in node.names if a.name in WHOLE_CONFIG]
+    return found
+
+
+def test_no_stage_is_built_from_the_whole_config() -> None:
+    """Issue 24 item 2: a stage gets its own sections (``config.stages``), so what it
+    depends on is one type and a reload asks it about its own sections only."""
+    offenders = [
+        f"{module} ({where})"
+        for module, path in sorted(all_modules().items())
+        if stage_of(module) in BUILT_STAGES
+        for where in whole_config_imports(path)
+    ]
+    assert offenders == [], "stages that read the whole Config:\n" + "\n".join(offenders)
+
+
+def test_the_whole_config_check_sees_an_offender(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.py"
+    bad.write_text("def f():\n    from gpuwatchd.config.loader import Config, XidConfig\n")
+    assert whole_config_imports(bad) == ["line 2: Config"]

@@ -273,8 +273,8 @@ def test_nvml_events_count_as_up_from_the_start_so_a_first_fault_merges(tmp_path
 
 
 def test_sighup_applies_new_receivers_to_the_running_daemon(tmp_path: Path) -> None:
-    """Daemon.reload (SIGHUP) runs the actions' reload hook beside the rules': the new
-    receivers replace the old ones; a change only a restart applies refuses the reload."""
+    """Daemon.reload (SIGHUP) asks the actions beside the rules: the new receivers replace
+    the old ones; a change only a restart applies is refused, loudly, for its section."""
     path = tmp_path / "gpuwatchd.yaml"
     head = f"state_dir: {tmp_path / 'state'}\n"
     path.write_text(
@@ -298,8 +298,11 @@ def test_sighup_applies_new_receivers_to_the_running_daemon(tmp_path: Path) -> N
             + "receivers:\n  - {name: new, type: webhook, url: 'http://127.0.0.1:9/'}\n"
             + "drain: {mode: exec, exec: {command: [/bin/true]}}\n"
         )
-        assert not daemon.reload()  # turning the drain on takes a restart
-        names = [r["name"] for r in daemon.status()["deliveries"]["receivers"]]
+        assert daemon.reload()  # taken, but turning the drain on takes a restart
+        status = daemon.status()
+        assert "none -> exec takes a restart" in status["config"]["restart_required"]["drain"]
+        assert daemon.config.drain.mode == "none"
+        names = [r["name"] for r in status["deliveries"]["receivers"]]
         assert names == ["new"]
     finally:
         daemon.stop()

@@ -258,8 +258,12 @@ def test_run_starts_from_memory_when_the_outbox_cannot_be_created(
         d.start()
         kmsg.xid(0)
         wait_alerts(rx, [fired(0), resolved(0)])
-        assert durable(d)["outbox"] == 0
-        assert "IN MEMORY" in d.output()
+        if trouble == "full_disk_no_outbox_yet":
+            assert durable(d)["outbox"] == 0
+            assert "IN MEMORY" in d.output()
+        else:  # issue 24 item 4: moved aside unopened, as the rule store does; durable
+            assert durable(d)["outbox"] == 1
+            assert "moved aside" in d.output()
     finally:
         d.stop()
         rx.stop()

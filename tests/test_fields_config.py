@@ -348,20 +348,22 @@ def test_a_bank_low_on_spare_rows_corroborates_hbm_activity() -> None:
 def test_a_reload_keeps_the_running_fields(tmp_path: Path) -> None:
     """The backend builds its poll batches at start-up: a rule on a field that only the
     reloaded config declares would never see a value, so the reload refuses it."""
+    from gpuwatchd.config.stages import for_rules
     from gpuwatchd.core.clock import VirtualClock
     from gpuwatchd.rules.stage import rules_stage
 
     (tmp_path / "site.yaml").write_text("rules: []\n")
     path = tmp_path / "c.yaml"
     path.write_text(f"state_dir: {tmp_path}\nrules: {{files: [site.yaml]}}\n")
-    stage = rules_stage(load_config(str(path), must_exist=True), VirtualClock(), durable=False)
+    config = load_config(str(path), must_exist=True)
+    stage = rules_stage(for_rules(config), VirtualClock(), durable=False)
     try:
         (tmp_path / "site.yaml").write_text(RULE)
         path.write_text(
             f"state_dir: {tmp_path}\nrules: {{files: [site.yaml]}}\n"
             "fields:\n  - {id: 32, name: crc_l0, kind: counter}\n"
         )
-        assert not stage.reload()
+        assert not stage.reload(for_rules(load_config(str(path), must_exist=True)))
         assert "CrcRising" not in {r.name for r in stage.engine.rules}
     finally:
         stage.close()

@@ -309,6 +309,7 @@ def test_fifty_daemons_take_exactly_the_budget_through_the_lease(
 def test_a_reload_that_sets_a_budget_applies_it(api: tuple[Cluster, int], tmp_path: Path) -> None:
     """SIGHUP's reload swaps the drain settings and driver: the budget follows them."""
     from gpuwatchd.actions.reload import prepare_reload
+    from gpuwatchd.config.stages import for_actions
 
     cluster, port = api
     CLOCK.advance(max(0.0, time.time() - CLOCK.now()))
@@ -328,10 +329,10 @@ def test_a_reload_that_sets_a_budget_applies_it(api: tuple[Cluster, int], tmp_pa
         unlimited.write_text(text.replace("  fleet:\n    max_percent: 10\n", "  fleet:\n"))
         before = load_config(str(unlimited), must_exist=True, environ={})
         assert not before.drain.fleet.enabled
-        prepare_reload(sink, before)()
+        prepare_reload(sink, for_actions(before))()
         assert sink.drain is not None and sink.drain.fleet is None
         limited = load_config(str(tmp_path / "gpu-10" / "drain.yaml"), must_exist=True, environ={})
-        prepare_reload(sink, limited)()  # back to 10 %: five of 51 are used already
+        prepare_reload(sink, for_actions(limited))()  # back to 10 %: five of 51 are used already
         sink.deliver([transition(at=CLOCK.now(), drain=True, node="gpu-10", xid=79)], CLOCK.now())
         sink.run_pending()
         assert cluster.nodes["gpu-10"]["spec"].get("unschedulable") is not True

@@ -19,8 +19,9 @@ from promseries import INSTANCE, input_series, node_firing, simulate_snapshots
 
 from gpuwatchd.config.actions import DEFAULT_SEVERITY_LABELS
 from gpuwatchd.config.loader import default_config
-from gpuwatchd.config.yamlsrc import parse_duration
-from gpuwatchd.rules import rules_from_config
+from gpuwatchd.config.stages import for_rules
+from gpuwatchd.core.units import parse_duration
+from gpuwatchd.rules import rules_from_settings
 
 RULES = ROOT / "packaging" / "prometheus" / "gpuwatchd-rules.yaml"
 # Alerts only a central Prometheus can raise: about the daemon, not about a GPU.
@@ -43,7 +44,7 @@ def test_promtool_check_rules() -> None:
 
 def test_every_node_rule_has_its_prometheus_twin_with_the_mapped_severity() -> None:
     alerts = prometheus_alerts()
-    node_rules = rules_from_config(default_config(), []).rules
+    node_rules = rules_from_settings(for_rules(default_config()), []).rules
     assert len(node_rules) >= 25
     for rule in node_rules:
         assert rule.name in alerts, f"{rule.name} has no alert in {RULES.name}"
@@ -58,7 +59,7 @@ def test_memory_twins_hold_as_long_as_the_node_rules() -> None:
     # on both paths (it resolved after a day in Prometheus before).
     alerts = prometheus_alerts()
     checked = 0
-    for rule in rules_from_config(default_config(), []).rules:
+    for rule in rules_from_settings(for_rules(default_config()), []).rules:
         if not rule.name.startswith(("GpuEcc", "GpuMemory", "GpuRowRemap")):
             continue
         twin = alerts[rule.name]
@@ -73,7 +74,7 @@ def test_memory_twins_hold_as_long_as_the_node_rules() -> None:
 
 def test_xid_code_lists_match_the_catalog_buckets_of_the_node_rules() -> None:
     alerts = prometheus_alerts()
-    for rule in rules_from_config(default_config(), []).rules:
+    for rule in rules_from_settings(for_rules(default_config()), []).rules:
         codes = getattr(rule.condition, "codes", None)
         if codes is None or not rule.name.startswith("GpuXid"):
             continue

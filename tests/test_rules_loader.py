@@ -13,10 +13,11 @@ import pytest
 import yaml
 
 from gpuwatchd.config.loader import load_config
+from gpuwatchd.config.stages import for_rules
 from gpuwatchd.config.yamlsrc import MAX_NODES
 from gpuwatchd.core.errors import ConfigError
 from gpuwatchd.core.fields import CLOCK_EVENT_REASON_BITS
-from gpuwatchd.rules import default_rule_files, load_rule_set, parse_rules, rules_from_config
+from gpuwatchd.rules import default_rule_files, load_rule_set, parse_rules, rules_from_settings
 from gpuwatchd.rules.canonical import canonical_text
 from gpuwatchd.rules.loader import CONDITION_KEYS, RULE_KEYS
 
@@ -328,14 +329,14 @@ def test_config_rules_section(tmp_path: Path) -> None:
     )
     config = load_config(str(cfg), must_exist=True, environ={})
     assert config.rules.files == (str(tmp_path / "rules.d" / "*.yaml"),)
-    ruleset = rules_from_config(config)
+    ruleset = rules_from_settings(for_rules(config))
     names = ruleset.names()
     assert "SiteHot" in names and "GpuXidFatal" in names
     assert "GpuTemperatureHigh" not in names and "NvlinkLinkDown" not in names
     no_defaults = load_config(str(cfg), must_exist=True, environ={})
     cfg.write_text("rules:\n  files: [rules.d/*.yaml]\n  defaults: false\n")
     no_defaults = load_config(str(cfg), must_exist=True, environ={})
-    assert rules_from_config(no_defaults).names() == ["SiteHot"]
+    assert rules_from_settings(for_rules(no_defaults)).names() == ["SiteHot"]
 
 
 def test_config_rules_errors_point_into_the_config(tmp_path: Path) -> None:
@@ -343,14 +344,14 @@ def test_config_rules_errors_point_into_the_config(tmp_path: Path) -> None:
     cfg.write_text("rules:\n  files: [missing.yaml]\n  disable: [GpuTemperatureHihg]\n")
     config = load_config(str(cfg), must_exist=True, environ={})
     with pytest.raises(ConfigError) as info:
-        rules_from_config(config)
+        rules_from_settings(for_rules(config))
     assert info.value.lines() == [
         f"{cfg}:2:11: rules.files: '{tmp_path}/missing.yaml' does not exist"
     ]
     cfg.write_text("rules:\n  disable: [GpuTemperatureHihg]\n")
     config = load_config(str(cfg), must_exist=True, environ={})
     with pytest.raises(ConfigError) as info:
-        rules_from_config(config)
+        rules_from_settings(for_rules(config))
     assert info.value.lines() == [
         f"{cfg}:2:13: rules.disable: no rule named 'GpuTemperatureHihg' "
         "(did you mean 'GpuTemperatureHigh'?)"
@@ -369,13 +370,13 @@ def test_config_rules_no_drain_keeps_the_alert_and_drops_the_drain(tmp_path: Pat
     """Issue 22: a fatal SXid drains by default; a site can keep the page without it."""
     cfg = tmp_path / "gpuwatchd.yaml"
     cfg.write_text("node_name: n\n")
-    default = rules_from_config(load_config(str(cfg), must_exist=True, environ={}))
+    default = rules_from_settings(for_rules(load_config(str(cfg), must_exist=True, environ={})))
     rule = default.get("NvswitchSxidFatal")
     assert rule is not None and rule.drain and rule.severity.value == "page"
     cfg.write_text("rules:\n  no_drain: [NvswitchSxidFatal, GpuXidFatal]\n")
     config = load_config(str(cfg), must_exist=True, environ={})
     assert config.rules.no_drain == ("NvswitchSxidFatal", "GpuXidFatal")
-    ruleset = rules_from_config(config)
+    ruleset = rules_from_settings(for_rules(config))
     for name in ("NvswitchSxidFatal", "GpuXidFatal"):
         rule = ruleset.get(name)
         assert rule is not None and not rule.drain and rule.severity.value == "page"
@@ -384,7 +385,7 @@ def test_config_rules_no_drain_keeps_the_alert_and_drops_the_drain(tmp_path: Pat
     cfg.write_text("rules:\n  no_drain: [NvswitchSxidFatl]\n")
     config = load_config(str(cfg), must_exist=True, environ={})
     with pytest.raises(ConfigError) as info:
-        rules_from_config(config)
+        rules_from_settings(for_rules(config))
     assert info.value.lines() == [
         f"{cfg}:2:14: rules.no_drain: no rule named 'NvswitchSxidFatl' "
         "(did you mean 'NvswitchSxidFatal'?)"

@@ -16,39 +16,17 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
+from state_support import SERVICE_UID, as_user, bad_rule_rows, within
 
 from gpuwatchd.actions.silences import SilenceView, add_silence, path_in, read_silences
 from gpuwatchd.actions.store import Store
 from gpuwatchd.core.statefile import UnsafeStateFile, open_state_file, read_state_file
 from gpuwatchd.sources.kernel.cursor import PositionFile
-
-SERVICE_UID = 65534  # nobody: stands for the service user when the tests run as root
-
-
-def within(seconds: float, fn: Callable[[], Any]) -> Any:
-    """``fn()``'s result, failing the test (not hanging it) if it takes longer."""
-    box: dict[str, Any] = {}
-
-    def run() -> None:
-        try:
-            box["result"] = fn()
-        except BaseException as exc:  # handed to the test thread
-            box["error"] = exc
-
-    t = threading.Thread(target=run, daemon=True)
-    t.start()
-    t.join(seconds)
-    assert not t.is_alive(), f"still blocked after {seconds}s"
-    if "error" in box:
-        raise box["error"]
-    return box.get("result")
 
 
 def add(state: Path) -> Any:
@@ -113,14 +91,16 @@ def test_a_fifo_or_link_as_actions_db_is_not_opened(tmp_path: Path) -> None:
         make(state / "actions.db")
         db = str(state / "actions.db")
         store = within(10, functools.partial(Store, db))
-        assert not store.durable
-        assert store.degraded is not None and "a file that is" in store.degraded
+        # moved aside unopened, as the rule store does (issue 24 item 4: one failure
+        # model); before, the outbox ran in memory, lost at the next restart
+        assert store.durable and store.set_aside == 1
+        assert [p.name for p in state.iterdir() if ".unsafe-" in p.name]
         store.close()
     state = tmp_path / "wal"
     state.mkdir()
     os.mkfifo(state / "actions.db-wal")
     store = within(10, lambda: Store(str(state / "actions.db")))
-    assert store.degraded is not None and "actions.db-wal" in store.degraded
+    assert store.durable and store.set_aside == 1
     store.close()
 
 
@@ -136,24 +116,6 @@ def test_open_state_file_refuses_everything_but_regular_files(tmp_path: Path) ->
     finally:
         os.close(fd)
     assert read_state_file(str(tmp_path / "new"), 1) == b"x"
-
-
-def _as_user(uid: int | None, fn: Callable[[], int]) -> int:
-    """Run ``fn`` in a forked child, as ``uid`` when given; its result is the exit status
-    (a fork, not a new interpreter: the interpreter may live where ``uid`` cannot read)."""
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover - the child
-        code = 99
-        try:
-            if uid is not None:
-                os.setgroups([])
-                os.setgid(uid)
-                os.setuid(uid)
-            code = fn()
-        finally:
-            os._exit(code)
-    _, status = os.waitpid(pid, 0)
-    return os.waitstatus_to_exitcode(status)
 
 
 def test_a_lock_left_by_root_is_usable_by_the_service_user(
@@ -181,7 +143,7 @@ def test_a_lock_left_by_root_is_usable_by_the_service_user(
         except OSError:
             return 1
 
-    assert _as_user(user, as_service) == 0
+    assert as_user(user, as_service) == 0
 
 
 # The service user's side of the race (issue 26 item 1): every temporary file that appears
@@ -319,24 +281,6 @@ def stat_is_fifo(path: Path) -> bool:
 
 
 # -- the rule state store at start-up (issue 26 item 5) ---------------------------------------
-def _bad_rows(db: Path) -> None:
-    """Three saved alerts whose columns hold valid values of the wrong shape."""
-    import sqlite3
-
-    from gpuwatchd.rules.store import StateStore
-
-    StateStore(str(db), boot_id="b").close()
-    conn = sqlite3.connect(db)
-    row = ["fp", "GpuXid", "{}", "firing", "page", 1.0, 1.0, 1.0, 1, None, "{}", "b", 0, 1.0]
-    for i, (col, value) in enumerate(((2, "[1, 2]"), (10, '"text"'), (5, "soon"))):
-        bad = list(row)
-        bad[0], bad[col] = f"fp{i}", value
-        conn.execute("INSERT INTO alerts VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)", bad)
-    conn.execute("INSERT INTO counters VALUES ('k', 'x', 'y', 1.0)")
-    conn.commit()
-    conn.close()
-
-
 @pytest.mark.parametrize(
     "where", ["", "-wal"], ids=["rules.sqlite3", "rules.sqlite3-wal"]
 )  # fmt: skip
@@ -379,7 +323,7 @@ def test_the_daemon_starts_on_broken_rule_state(tmp_path: Path) -> None:
     state = tmp_path / "state"
     state.mkdir()
     db = state / "rules.sqlite3"
-    _bad_rows(db)
+    bad_rule_rows(db)
     os.mkfifo(str(db) + "-wal")
     config = f"state_dir: {state}\nsources: {{kernel_log: none}}\n"
     steady = ROOT / "tests" / "data" / "steady-4gpu.yaml"
@@ -434,4 +378,4 @@ def test_what_a_wal_holds_survives_a_start_that_cannot_write(
         row = outbox.conn.execute("SELECT value FROM meta WHERE key='pending'").fetchone()
         return 0 if row is not None and row[0] == "3" else 1
 
-    assert _as_user(SERVICE_UID, start) == 0
+    assert as_user(SERVICE_UID, start) == 0

@@ -186,7 +186,7 @@ def test_ready_status_watchdog_reload_stopping(tmp_path: Path, notify_socket: No
         deadline = time.monotonic() + 5
         while "reloaded configuration" not in log.read_text() and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert "reload: metrics changed; takes effect after a restart" in log.read_text()
+        assert "reload: metrics changed but is not applied (the metrics renderer" in log.read_text()
 
         n = len(notify_socket.all())
         assert stop(proc) == 0, log.read_text()
@@ -313,32 +313,42 @@ def test_supervisor_withholds_pings_until_every_worker_moves() -> None:
 
 
 def test_reload_is_all_or_nothing(tmp_path: Path) -> None:
+    from collections.abc import Mapping
+    from typing import Any
+
+    from gpuwatchd.core.reloading import Prepared
+
     cfg = tmp_path / "c.yaml"
     cfg.write_text("log_level: info\n")
     config = load_config(str(cfg), must_exist=True)
     daemon = Daemon(config, FakeBackend(count=1), VirtualClock(), serve_http=False)
     applied: list[str] = []
 
-    def rules_hook(new: object) -> object:
-        if (tmp_path / "bad-rule").exists():
-            from gpuwatchd.core.errors import ConfigError, Location
+    class Checker:  # an owner that refuses the whole reload while "bad-rule" exists
+        sections = ()
 
-            raise ConfigError.at(Location(str(tmp_path / "r.yaml"), 3, 5), "bad rule")
-        return lambda: applied.append("rules")
+        def prepare(self, new: Mapping[str, Any], changed: frozenset[str]) -> Prepared:
+            if (tmp_path / "bad-rule").exists():
+                from gpuwatchd.core.errors import ConfigError, Location
 
-    daemon.reload_hooks.append(rules_hook)  # type: ignore[arg-type]
+                raise ConfigError.at(Location(str(tmp_path / "r.yaml"), 3, 5), "bad rule")
+            return Prepared(lambda: applied.append("rules"))
+
+    daemon.owners.append(Checker())
     cfg.write_text("log_level: debug\n")
     assert daemon.reload() is True
     assert daemon.config.log_level == "debug" and applied == ["rules"]
     (tmp_path / "bad-rule").touch()
     cfg.write_text("log_level: warning\n")
-    assert daemon.reload() is False  # a hook refused: nothing changes, nothing applied
+    assert daemon.reload() is False  # an owner refused: nothing changes, nothing applied
     assert daemon.config.log_level == "debug" and applied == ["rules"]
+    assert daemon.status()["config"]["last_reload"]["result"] == "failed"
     (tmp_path / "bad-rule").unlink()
     cfg.write_text("log_level: warning\npoll: {interval: 1s}\n")
     assert daemon.reload() is True
     assert daemon.config.log_level == "warning"
     assert daemon.config.poll == default_config().poll  # restart-only: kept
+    assert "poll" in daemon.status()["config"]["restart_required"]
 
 
 # -- the unit files -----------------------------------------------------------------------

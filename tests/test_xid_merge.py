@@ -140,9 +140,8 @@ def test_the_expirer_thread_reports_a_mismatch_at_the_window_end_without_ticking
 
     base = default_config()
     sources = dataclasses.replace(base.sources, kernel_log="none", merge_window=0.3)
-    config = dataclasses.replace(base, sources=sources)
     out: list[XidEvent] = []
-    inputs = XidInputs(config, object(), SystemClock(), out.append, lambda *a: None)
+    inputs = XidInputs(sources, None, object(), SystemClock(), out.append, lambda *a: None)
     inputs.start()
     try:
         inputs.nvml_events_up = True

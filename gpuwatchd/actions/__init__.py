@@ -1,8 +1,9 @@
 """Actions: where alert decisions leave the node - pages and scheduler drains.
 
-The public builder (its signature is stable; the composition root calls it)::
+The public builder (its signature is stable; the composition root calls it with the
+stage's own part of the config, ``config.stages.for_actions(config)``)::
 
-    actions = build_actions(config, clock, transport=None, environ=None)
+    actions = build_actions(settings, clock, transport=None, environ=None)
     if actions is not None:
         actions.start()                 # threads: senders, scheduler, drain
         pipeline.sinks.append(actions)  # deliver(transitions, now), families(view, fams)
@@ -24,9 +25,10 @@ the one the config names), ``rng``, ``on_drain`` (called with each drain record)
 ``simulate`` and ``demo``: notifications and drains are handed to ``emit`` as records,
 nothing is sent (unless ``send``), no secret is read and the scheduler is never touched.
 
-``prepare_reload(actions, new_config, environ=...)`` validates a reloaded config's
-receivers, routing and drain settings and returns the function that swaps them in (a
-daemon ``ReloadHook``); it raises ``ConfigError`` to refuse. See docs/actions.md.
+``prepare_reload(actions, new_settings, environ=...)`` validates reloaded receivers,
+routing and drain settings and returns the function that swaps them in; it raises
+``ConfigError`` to refuse. ``ActionsOwner`` is the stage's owner of those three sections
+at a SIGHUP (``core.reloading``). See docs/actions.md.
 """
 
 from __future__ import annotations
@@ -40,13 +42,13 @@ import httpx
 
 from gpuwatchd.actions.drivers import DrainError, DrainResult, Driver, RecordDriver
 from gpuwatchd.actions.recording import Emit, RecordingSender
-from gpuwatchd.actions.reload import RestartRequired, prepare_reload
+from gpuwatchd.actions.reload import ActionsOwner, RestartRequired, prepare_reload
 from gpuwatchd.actions.secrets import SecretError
 from gpuwatchd.actions.silences import SilenceView, path_in
 from gpuwatchd.actions.sink import ActionsSink
 from gpuwatchd.actions.store import DB_NAME, Store
 from gpuwatchd.actions.transport import HttpSender, Outgoing, Sender
-from gpuwatchd.config.loader import Config
+from gpuwatchd.config.stages import ActionsSettings
 from gpuwatchd.core.clock import Clock
 from gpuwatchd.core.errors import GpuwatchdError
 
@@ -55,13 +57,13 @@ class ActionsError(GpuwatchdError):
     """The actions stage cannot start (unreadable secret, unusable drain driver)."""
 
 
-def wanted(config: Config) -> bool:
+def wanted(config: ActionsSettings) -> bool:
     """Whether the config asks for any action (a receiver or a drain mode)."""
-    return bool(config.receivers) or config.drain.mode != "none"
+    return config.wanted
 
 
 def build_actions(
-    config: Config,
+    config: ActionsSettings,
     clock: Clock,
     *,
     transport: httpx.BaseTransport | None = None,
@@ -102,7 +104,7 @@ def build_actions(
 
 
 def build_recording_actions(
-    config: Config,
+    config: ActionsSettings,
     clock: Clock,
     emit: Emit | None,
     *,
@@ -134,6 +136,7 @@ def build_recording_actions(
 
 __all__ = [
     "ActionsError",
+    "ActionsOwner",
     "ActionsSink",
     "DrainError",
     "DrainResult",

@@ -37,7 +37,7 @@ from gpuwatchd.actions.store import Store, loads
 from gpuwatchd.actions.transport import HttpSender, Sender
 from gpuwatchd.actions.workers import TargetKey, Workers
 from gpuwatchd.config.actions import DrainConfig, ReceiverConfig
-from gpuwatchd.config.loader import Config
+from gpuwatchd.config.stages import ActionsSettings
 from gpuwatchd.core.alerts import AlertTransition
 from gpuwatchd.core.clock import Clock
 from gpuwatchd.core.families import Families
@@ -74,7 +74,7 @@ def drain_driver(drain: DrainConfig, node: str, clock: Clock) -> Driver:
 class ActionsSink:
     def __init__(
         self,
-        config: Config,
+        config: ActionsSettings,
         clock: Clock,
         *,
         sender: Sender,
@@ -179,7 +179,9 @@ class ActionsSink:
         (read it again after a reload)."""
         return tuple(s for r in self.receivers.values() for s in r.secrets)
 
-    def apply(self, new: Config, receivers: dict[str, Receiver], driver: Driver | None) -> None:
+    def apply(
+        self, new: ActionsSettings, receivers: dict[str, Receiver], driver: Driver | None
+    ) -> None:
         """Swap in reloaded receivers, routing and drain settings (``prepare_reload``)."""
         for key in list(self.deliveries):
             rcv = receivers.get(key[0])
@@ -260,8 +262,7 @@ class ActionsSink:
         state_families(fams, [self.state_health()])
 
     def state_health(self) -> StoreHealth:
-        st = self.store
-        return StoreHealth("outbox", st.durable, st.write_errors, st.degraded or "")
+        return self.store.health()
 
     def _count_drops(self, drops: list[tuple[str, str]]) -> None:
         for receiver, reason in drops:

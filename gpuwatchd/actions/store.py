@@ -27,7 +27,16 @@ from collections.abc import Iterator
 from typing import Any, cast
 
 from gpuwatchd.core.sqlitecopy import copy_read_only, damaged, storage_error
-from gpuwatchd.core.statefile import UnsafeStateFile, check_sqlite_files
+from gpuwatchd.core.sqlitestate import (
+    file_identity,
+    memory_copy,
+    move_aside,
+    open_files_safely,
+    verify,
+    write_back,
+)
+from gpuwatchd.core.statefile import check_sqlite_files
+from gpuwatchd.core.statehealth import StoreHealth
 
 log = logging.getLogger(__name__)
 
@@ -159,6 +168,7 @@ class Store:
         self.degraded: str | None = None  # why the outbox is in memory only
         self.write_errors = 0
         self.recoveries = 0
+        self.set_aside = 0  # files moved aside unopened (a link, FIFO or directory)
         self._ident: tuple[int, int] | None = None
         self._next_check = 0.0
         self._next_retry = 0.0
@@ -231,6 +241,8 @@ class Store:
 
     def _open(self, path: str) -> sqlite3.Connection:
         os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        # a FIFO or link would hang or redirect SQLite: moved aside unopened
+        self.set_aside += open_files_safely(path, "outbox", "starting with an empty outbox")
         try:
             return self._connect(path)
         except sqlite3.DatabaseError as exc:
@@ -240,23 +252,22 @@ class Store:
             return self._connect(path)
 
     def _move_aside(self, problem: str) -> None:
-        moved = f"{self.path}.corrupt-{int(time.time())}"
+        moved = move_aside(self.path)
         log.error(
             "outbox %s is unusable (%s); moved aside to %s, starting empty",
             self.path,
             problem,
             moved,
         )
-        for suffix in ("", "-wal", "-shm"):
-            with contextlib.suppress(FileNotFoundError):
-                os.replace(self.path + suffix, moved + suffix)
 
     def _identity(self) -> tuple[int, int] | None:
-        try:
-            st = os.stat(self.path)
-        except OSError:
-            return None
-        return (st.st_dev, st.st_ino)
+        return file_identity(self.path)
+
+    def health(self) -> StoreHealth:
+        """The store's health in the vocabulary every state store reports."""
+        return StoreHealth(
+            "outbox", self.durable, self.write_errors, self.degraded or "", self.set_aside
+        )
 
     # -- transactions ----------------------------------------------------------------
     @contextlib.contextmanager
@@ -340,20 +351,9 @@ class Store:
     def _to_memory(self, reason: str) -> None:
         """Copy what the open connection holds into memory and switch to that."""
         old = self.conn
-        with contextlib.suppress(sqlite3.Error):
-            if old.in_transaction:
-                old.execute("ROLLBACK")
-        mem = sqlite3.connect(":memory:", check_same_thread=False, isolation_level=None)
-        lost = ""
-        try:
-            old.backup(mem)
-            check = mem.execute("PRAGMA quick_check(1)").fetchone()
-            if check is None or check[0] != "ok":
-                raise sqlite3.DatabaseError(f"quick_check: {check[0] if check else '-'}")
-        except sqlite3.Error as exc:
-            mem.close()
-            mem = sqlite3.connect(":memory:", check_same_thread=False, isolation_level=None)
-            lost = f"; its contents could not be read ({exc}): pending deliveries were lost"
+        mem, unread = memory_copy(old)
+        lost = f"; its contents could not be read ({unread}): pending deliveries were lost"
+        lost = lost if unread else ""
         mem.row_factory = sqlite3.Row
         mem.execute("PRAGMA foreign_keys=ON")
         mem.executescript(_SCHEMA)
@@ -379,26 +379,10 @@ class Store:
         return True
 
     def _verify_on_disk(self) -> str | None:
-        """Read the file with a fresh connection: None when it is a sound outbox. Its files
-        are checked to be regular files first: SQLite would open a FIFO put there while the
+        """Read the file with a fresh connection: None when it is sound. Its files are
+        checked to be regular files first: SQLite would open a FIFO put there while the
         daemon runs, and wait on it for ever with the outbox's lock held (issue 26)."""
-        try:
-            check_sqlite_files(self.path)
-            probe = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, timeout=10.0)
-        except UnsafeStateFile as exc:
-            return str(exc)
-        except sqlite3.Error as exc:
-            return str(exc)
-        try:
-            check = probe.execute("PRAGMA quick_check(1)").fetchone()
-            if check is None or check[0] != "ok":
-                return f"quick_check: {check[0] if check else '-'}"
-            probe.execute("SELECT value FROM meta WHERE key='schema'").fetchone()
-        except sqlite3.Error as exc:
-            return str(exc)
-        finally:
-            probe.close()
-        return None
+        return verify(self.path)
 
     def maintain(self) -> None:
         """Called about once a second (the actions scheduler): now and then check the file
@@ -435,57 +419,12 @@ class Store:
 
     def _write_back(self) -> None:
         """Write the in-memory outbox to a new file and switch to it."""
-        directory = os.path.dirname(self.path) or "."
-        os.makedirs(directory, exist_ok=True)
-        tmp = self.path + ".recover"
-        for name in (tmp, tmp + "-journal"):
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(name)
-        try:
-            disk = sqlite3.connect(tmp)
-            try:
-                self.conn.backup(disk)
-            finally:
-                disk.close()
-            if self._verify_file(tmp) is not None:
-                raise sqlite3.DatabaseError("the copy does not read back")
-        except BaseException:
-            for name in (tmp, tmp + "-journal"):  # do not leave it filling a full disk
-                with contextlib.suppress(OSError):
-                    os.unlink(name)
-            raise
-        if os.path.exists(self.path) and self._verify_on_disk() is not None:
-            self._move_aside("damaged while the daemon ran")
-        for suffix in ("-wal", "-shm"):  # never pair the new file with an old WAL
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(self.path + suffix)
-        os.replace(tmp, self.path)
-        fd = os.open(directory, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        write_back(self.conn, self.path)
         new = self._connect(self.path)
         with contextlib.suppress(sqlite3.Error):
             self.conn.close()
         self.conn = new
         self._ident = self._identity()
-
-    @staticmethod
-    def _verify_file(path: str) -> str | None:
-        try:
-            check_sqlite_files(path)
-            probe = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
-        except (UnsafeStateFile, sqlite3.Error) as exc:
-            return str(exc)
-        try:
-            try:
-                check = probe.execute("PRAGMA quick_check(1)").fetchone()
-            finally:
-                probe.close()
-        except sqlite3.Error as exc:
-            return str(exc)
-        return None if check is not None and check[0] == "ok" else "quick_check failed"
 
     # -- meta counters ---------------------------------------------------------------
     @staticmethod

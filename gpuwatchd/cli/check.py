@@ -243,6 +243,7 @@ def ask_daemon(client: Any) -> Report:
 # -- polling once ourselves ------------------------------------------------------------------
 def poll_once(config: Config) -> Report:
     """One sample of every GPU through the configured backend, judged by the rules."""
+    from gpuwatchd.config.stages import for_rules
     from gpuwatchd.core.alerts import AlertState
     from gpuwatchd.core.clock import SystemClock
     from gpuwatchd.core.nodestate import NodeState
@@ -251,7 +252,7 @@ def poll_once(config: Config) -> Report:
     from gpuwatchd.sources.gpu.poller import Poller
 
     clock = SystemClock()
-    stage = rules_stage(config, clock, durable=False)
+    stage = rules_stage(for_rules(config), clock, durable=False)
     # one look, in this process: no worker to supervise for a single poll
     poll = replace(config.poll, worker=False)
     backend = open_backend(str(config.backend), clock, extra_fields=config.fields, poll=poll)

@@ -8,7 +8,7 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any, NoReturn
 
 from gpuwatchd import __version__
@@ -138,19 +138,17 @@ def cmd_run(args: argparse.Namespace) -> int:
         for secret in daemon.node.actions.secrets:  # every log line is scrubbed of them
             register_secret(secret)
 
-    def reload_logging(new: Config) -> Callable[[], None]:
-        def commit() -> None:  # after the actions' commit: their new secrets are read
-            secrets = list(config_secrets(new))
-            if daemon.node.actions is not None:
-                secrets += daemon.node.actions.secrets
-            for secret in secrets:
-                register_secret(secret)
-            set_level(new.log_level, args.verbose)
+    def register_secrets(new: Config) -> None:  # after the actions took their new secrets
+        secrets = list(config_secrets(new))
+        if daemon.node.actions is not None:
+            secrets += daemon.node.actions.secrets
+        for secret in secrets:
+            register_secret(secret)
 
-        return commit
-
-    reload_logging(config)()
-    daemon.reload_hooks.append(reload_logging)
+    register_secrets(config)
+    set_level(config.log_level, args.verbose)
+    daemon.log_owner.set_level = lambda level: set_level(level, args.verbose)
+    daemon.after_reload.append(register_secrets)
     supervisor = Supervisor.for_daemon(daemon, notifier, environ)
     with SignalInbox() as signals:
         try:
@@ -236,11 +234,12 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 # -- check-config / status ---------------------------------------------------------------
 def cmd_check_config(args: argparse.Namespace) -> int:
-    from gpuwatchd.rules import rules_from_config
+    from gpuwatchd.config.stages import for_rules
+    from gpuwatchd.rules import rules_from_settings
 
     try:
         config = _load(args)
-        rules = rules_from_config(config, args.rule_files)  # every file, all problems
+        rules = rules_from_settings(for_rules(config), args.rule_files)  # every file, all problems
     except ConfigError as exc:
         return _config_errors(exc)
     where = config.source or "built-in defaults (no config file)"
@@ -354,6 +353,8 @@ def _print_status(status: Any, notes: list[str], as_json: bool) -> int:
         )
     for name, s in status["sources"].items():
         print(f"  source {name}: {'up' if s['up'] else 'DOWN'} {s['detail']}")
+    for key, why in (status.get("config") or {}).get("restart_required", {}).items():
+        print(f"  config: {key} changed, NOT applied until a restart: {why}")
     alerts = status.get("alerts", [])
     print(f"  alerts firing: {len(alerts)}")
     for a in alerts:

@@ -65,13 +65,14 @@ def cmd_fmt(args: argparse.Namespace) -> int:
 def cmd_list(args: argparse.Namespace) -> int:
     from gpuwatchd.config.loader import load_config
     from gpuwatchd.config.paths import default_config_path
-    from gpuwatchd.rules.loader import rules_from_config
+    from gpuwatchd.config.stages import for_rules
+    from gpuwatchd.rules.loader import rules_from_settings
 
     try:
         config = load_config(
             args.config or default_config_path(), must_exist=args.config is not None
         )
-        rules = rules_from_config(config)
+        rules = rules_from_settings(for_rules(config))
     except ConfigError as exc:
         for line in exc.lines():
             print(line, file=sys.stderr)

@@ -101,12 +101,13 @@ def answering_rules(code: int, args: argparse.Namespace, catalog: Catalog) -> li
     drains)``. The shipped rules, or those of ``--config``; every code reaches at least one
     of the shipped rules (GpuXidUnclassified takes what no bucket answers)."""
     from gpuwatchd.config.loader import default_config, load_config
-    from gpuwatchd.rules import rules_from_config
+    from gpuwatchd.config.stages import for_rules
+    from gpuwatchd.rules import rules_from_settings
 
     path = getattr(args, "config", None)
     config = load_config(path, must_exist=True) if path else default_config()
     out: list[str] = []
-    for rule in rules_from_config(config, []).rules:
+    for rule in rules_from_settings(for_rules(config), []).rules:
         cond = rule.condition
         drains = ", drains" if rule.drain else ""
         if rule.kind == "recovery_action":

@@ -23,7 +23,7 @@ class StoreHealth:
     durable: bool  # False: the state lives in memory only (lost at a restart)
     write_errors: int
     detail: str = ""
-    set_aside: int = 0  # files moved aside and rows skipped as unusable (rules store)
+    set_aside: int = 0  # files moved aside and rows skipped as unusable
 
 
 def state_families(fams: Families, stores: Iterable[StoreHealth]) -> None:

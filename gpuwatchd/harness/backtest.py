@@ -772,20 +772,26 @@ class _Actions:
 
 def page_rules(config: Config) -> set[str]:
     """Every page-severity rule except the one on the uncorrectable error itself (XID 48)."""
-    from gpuwatchd.rules.loader import rules_from_config
+    from gpuwatchd.config.stages import for_rules
+    from gpuwatchd.rules.loader import rules_from_settings
 
     return {
         r.name
-        for r in rules_from_config(config).rules
+        for r in rules_from_settings(for_rules(config)).rules
         if r.severity is AlertSeverity.PAGE and r.name != "GpuXidFatal"
     }
 
 
 def drain_rules(config: Config) -> set[str]:
     """Every rule that drains, except the one on the uncorrectable error itself."""
-    from gpuwatchd.rules.loader import rules_from_config
+    from gpuwatchd.config.stages import for_rules
+    from gpuwatchd.rules.loader import rules_from_settings
 
-    return {r.name for r in rules_from_config(config).rules if r.drain and r.name != "GpuXidFatal"}
+    return {
+        r.name
+        for r in rules_from_settings(for_rules(config)).rules
+        if r.drain and r.name != "GpuXidFatal"
+    }
 
 
 def run_family(

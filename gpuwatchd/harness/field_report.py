@@ -83,11 +83,12 @@ class FieldReport:
 
 def memory_rules(config: Config) -> tuple[set[str], set[str]]:
     """``(page rules, drain rules)`` on memory evidence in ``config``'s rules."""
-    from gpuwatchd.rules.loader import rules_from_config
+    from gpuwatchd.config.stages import for_rules
+    from gpuwatchd.rules.loader import rules_from_settings
 
     pages: set[str] = set()
     drains: set[str] = set()
-    for r in rules_from_config(config).rules:
+    for r in rules_from_settings(for_rules(config)).rules:
         if not (isinstance(r.condition, MemoryTrend) or r.name.startswith(MEMORY_PREFIXES)):
             continue
         if r.severity is AlertSeverity.PAGE:

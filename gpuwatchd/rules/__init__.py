@@ -7,7 +7,12 @@ shipped rules (also installed as ``gpuwatchd/data/rules``).
 from __future__ import annotations
 
 from gpuwatchd.rules.engine import Alert, Engine
-from gpuwatchd.rules.loader import default_rule_files, load_rule_set, parse_rules, rules_from_config
+from gpuwatchd.rules.loader import (
+    default_rule_files,
+    load_rule_set,
+    parse_rules,
+    rules_from_settings,
+)
 from gpuwatchd.rules.model import Rule, RuleSet
 from gpuwatchd.rules.stage import RulesStage, rules_stage
 from gpuwatchd.rules.store import StateStore
@@ -22,6 +27,6 @@ __all__ = [
     "default_rule_files",
     "load_rule_set",
     "parse_rules",
-    "rules_from_config",
+    "rules_from_settings",
     "rules_stage",
 ]

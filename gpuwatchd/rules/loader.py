@@ -19,7 +19,8 @@ from importlib import resources
 from types import MappingProxyType
 
 from gpuwatchd.config import yamlsrc
-from gpuwatchd.config.loader import Config, normalize_gpu_id
+from gpuwatchd.config.loader import normalize_gpu_id
+from gpuwatchd.config.stages import RulesSettings
 from gpuwatchd.config.yamlsrc import Node, Reader
 from gpuwatchd.core.alerts import AlertSeverity
 from gpuwatchd.core.errors import ConfigError, Location
@@ -474,33 +475,30 @@ def _disable_locations(config_source: str | None, key: str = "disable") -> dict[
     return {str(item.value): item.loc for item in disable.value}
 
 
-def rules_from_config(config: Config, extra_files: Iterable[str] = ()) -> RuleSet:
+def rules_from_settings(settings: RulesSettings, extra_files: Iterable[str] = ()) -> RuleSet:
     """Every rule the config asks for (its ``rules`` section), plus ``extra_files``."""
-    rc = getattr(config, "rules", None)
-    files: list[str] = list(getattr(rc, "files", ()))
-    defaults = bool(getattr(rc, "defaults", True))
-    disable = tuple(getattr(rc, "disable", ()))
+    rc = settings.rules
+    files: list[str] = list(rc.files)
     missing = [p for p in files if not _GLOB_CHARS.search(p) and not os.path.exists(p)]
     if missing:
-        locs = _file_locations(config.source)
+        locs = _file_locations(settings.source)
         raise ConfigError(
             [
                 (
-                    locs.get(p, Location(config.source or "<config>", 1, 1)),
+                    locs.get(p, Location(settings.source or "<config>", 1, 1)),
                     f"rules.files: {p!r} does not exist",
                 )
                 for p in missing
             ]
         )
-    xid = getattr(config, "xid", None)
     return load_rule_set(
         [*files, *extra_files],
-        defaults=defaults,
-        disable=disable,
-        no_drain=tuple(getattr(rc, "no_drain", ())),
-        config_source=config.source,
-        catalog=xid.catalog() if xid is not None else None,
-        extra_fields=tuple(getattr(config, "fields", ())),
+        defaults=rc.defaults,
+        disable=tuple(rc.disable),
+        no_drain=tuple(rc.no_drain),
+        config_source=settings.source,
+        catalog=settings.xid.catalog(),
+        extra_fields=settings.fields,
     )
 
 

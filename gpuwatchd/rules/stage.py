@@ -1,21 +1,26 @@
 """The rule engine as the daemon and simulate wire it: rules from the config, a state
 store, and reload.
 
-``rules_stage(config, clock, durable=True)`` is what ``gpuwatchd run`` puts in its
-pipeline (state in ``state_dir``); ``durable=False`` is simulate's (state in memory).
-Reload (SIGHUP) goes through ``reload_hook``, which ``Daemon.reload`` calls with the new
-config: the new rules are loaded and fully validated first; on any error the running
-rules stay, the problems are logged as ``PATH:LINE:COL: message`` and
-``gpuwatchd_rules_reload_success`` drops to 0 until a reload succeeds.
+``rules_stage(settings, clock, durable=True)`` is what ``gpuwatchd run`` puts in its
+pipeline (state in ``state_dir``); ``durable=False`` is simulate's (state in memory). It is
+built from ``RulesSettings`` (the ``rules`` and ``xid`` sections and the facts the rules
+read), never from the whole config.
+
+The stage owns the ``rules`` and ``xid`` sections at a reload (SIGHUP): ``prepare`` loads
+and fully validates the new rules (the rule files are read again even when the sections
+did not change); on any error the running rules stay, the reload is refused with the
+problems as ``PATH:LINE:COL: message`` and ``gpuwatchd_rules_reload_success`` drops to 0
+until a reload succeeds.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable, Mapping
+from typing import Any
 
-from gpuwatchd.config.loader import Config, load_config
+from gpuwatchd.config.stages import RulesSettings
 from gpuwatchd.core.alerts import AlertTransition
 from gpuwatchd.core.clock import Clock
 from gpuwatchd.core.errors import ConfigError
@@ -23,8 +28,9 @@ from gpuwatchd.core.eventlog import log_transitions
 from gpuwatchd.core.families import Families
 from gpuwatchd.core.nodestate import NodeView
 from gpuwatchd.core.records import DeviceEvent, GpuSample, XidEvent
+from gpuwatchd.core.reloading import Prepared
 from gpuwatchd.rules.engine import Engine
-from gpuwatchd.rules.loader import rules_from_config
+from gpuwatchd.rules.loader import rules_from_settings
 from gpuwatchd.rules.model import RuleSet
 from gpuwatchd.rules.store import StateStore
 
@@ -36,8 +42,12 @@ SIMULATE_BOOT_ID = "simulate"
 class RulesStage:
     """A pipeline ``Stage`` around the ``Engine`` that knows where its rules come from."""
 
-    def __init__(self, config: Config, engine: Engine, extra_files: Iterable[str] = ()) -> None:
-        self.config = config
+    sections = ("rules", "xid")
+
+    def __init__(
+        self, settings: RulesSettings, engine: Engine, extra_files: Iterable[str] = ()
+    ) -> None:
+        self.settings = settings
         self.engine = engine
         self.extra_files = tuple(extra_files)
 
@@ -57,49 +67,52 @@ class RulesStage:
         self.engine.close()
 
     # -- reload ---------------------------------------------------------------------------
-    def load(self, config: Config) -> RuleSet:
-        return rules_from_config(config, self.extra_files)
+    def load(self, settings: RulesSettings) -> RuleSet:
+        return rules_from_settings(settings, self.extra_files)
 
-    def reload_hook(self, new: Config) -> Callable[[], None]:
-        """``Daemon.reload``'s hook: validate the new rules now (raising ``ConfigError``,
-        which keeps the old rules), swap them in when every hook has succeeded. The extra
-        NVML fields stay the running ones (the backend polls them from start-up), so a rule
-        on a field added by the reload is refused until a restart."""
-        new = dataclasses.replace(new, fields=self.config.fields)
+    def prepare(self, new: Mapping[str, Any], changed: frozenset[str]) -> Prepared:
+        """The ``rules`` and ``xid`` sections at a reload: validate the new rules now
+        (raising ``ConfigError``, which keeps the old rules), swap them in when every owner
+        has agreed. The extra NVML fields stay the running ones (the backend polls them
+        from start-up), so a rule on a field added by the reload is refused until a
+        restart."""
+        settings = dataclasses.replace(
+            self.settings,
+            rules=new.get("rules", self.settings.rules),
+            xid=new.get("xid", self.settings.xid),
+        )
         try:
-            rules = self.load(new)
+            rules = self.load(settings)
         except ConfigError:
             self.engine.reload_success = False
             raise
 
         def commit() -> None:
-            self.engine.catalog = new.xid.catalog()
+            self.engine.catalog = settings.xid.catalog()
             self.engine.replace_rules(rules)
             self.engine.reload_success = True
-            self.config = new
+            self.settings = settings
             log.info("loaded %d rule(s) from %d file(s)", len(rules.rules), len(rules.files))
 
-        return commit
+        return Prepared(commit)
 
-    def reload(self, config: Config | None = None) -> bool:
-        """Reload the rules (from ``config``, or the running config's file read again).
-        True on success; on failure the old rules stay and the problems are logged."""
+    def reload(self, settings: RulesSettings) -> bool:
+        """Reload the rules from ``settings`` (its ``rules`` and ``xid``). True on success;
+        on failure the old rules stay and the problems are logged."""
         try:
-            if config is None:
-                old = self.config
-                config = load_config(old.source, must_exist=old.source is not None)
-            self.reload_hook(config)()
+            applied = self.prepare({"rules": settings.rules, "xid": settings.xid}, frozenset())
         except ConfigError as exc:
-            self.engine.reload_success = False
             for line in exc.lines():
                 log.error("%s", line)
             log.error("rule reload failed: keeping the %d running rule(s)", len(self.engine.rules))
             return False
+        assert applied.apply is not None
+        applied.apply()
         return True
 
 
 def rules_stage(
-    config: Config,
+    settings: RulesSettings,
     clock: Clock,
     *,
     durable: bool,
@@ -108,15 +121,15 @@ def rules_stage(
 ) -> RulesStage:
     """The rule engine for a pipeline. Raises ``ConfigError`` when the rules do not load.
 
-    ``durable``: keep alert states and counter history in ``config.state_dir`` (the
+    ``durable``: keep alert states and counter history in ``settings.state_dir`` (the
     daemon); otherwise in memory (simulate, rule tests).
     """
-    rules = rules_from_config(config, extra_files)
+    rules = rules_from_settings(settings, extra_files)
     if store is None:
         store = (
-            StateStore.in_state_dir(config.state_dir)
+            StateStore.in_state_dir(settings.state_dir)
             if durable
             else StateStore(":memory:", boot_id=SIMULATE_BOOT_ID)
         )
-    engine = Engine(rules, store, clock, catalog=config.xid.catalog(), ignore=config.gpus.ignore)
-    return RulesStage(config, engine, extra_files)
+    engine = Engine(rules, store, clock, catalog=settings.xid.catalog(), ignore=settings.ignore)
+    return RulesStage(settings, engine, extra_files)

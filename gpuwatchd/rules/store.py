@@ -33,7 +33,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpuwatchd.core.sqlitecopy import copy_read_only, damaged, storage_error
-from gpuwatchd.core.statefile import UnsafeStateFile, check_sqlite_files, set_aside_unsafe
+from gpuwatchd.core.sqlitestate import file_identity, move_aside, open_files_safely, write_back
+from gpuwatchd.core.statehealth import StoreHealth
 
 log = logging.getLogger(__name__)
 
@@ -254,33 +255,14 @@ class StateStore:
         return self.path == ":memory:"
 
     def _connect(self) -> sqlite3.Connection:
-        try:
-            check_sqlite_files(self.path)  # a FIFO or link here would hang or redirect SQLite
-        except UnsafeStateFile as exc:
-            self._set_aside_unsafe(exc)
+        # a FIFO or link would hang or redirect SQLite: moved aside unopened
+        self.set_aside += open_files_safely(
+            self.path, "rule state", "alert states and counter history start afresh"
+        )
         conn = sqlite3.connect(self.path, timeout=5.0, check_same_thread=False)
         conn.execute("PRAGMA journal_mode=WAL" if not self.memory else "PRAGMA journal_mode=MEMORY")
         conn.execute("PRAGMA synchronous=FULL")
         return conn
-
-    def _set_aside_unsafe(self, exc: UnsafeStateFile) -> None:
-        """Move the database's files that are not regular files out of the way (never
-        opening them), so the daemon starts on a fresh database instead of failing every
-        start; ``UnsafeStateFile`` again if that is not possible."""
-        try:
-            moved = set_aside_unsafe(self.path, time.strftime("%Y%m%dT%H%M%S"))
-            check_sqlite_files(self.path)
-        except OSError as again:
-            raise UnsafeStateFile(
-                again.errno or 0, f"{exc}; cannot move it aside: {again}"
-            ) from None
-        self.set_aside += len(moved)
-        log.warning(
-            "rule state: %s: moved aside (%s), not opened; alert states and counter history "
-            "start afresh",
-            ", ".join(moved),
-            "renamed to *.unsafe-<time>",
-        )
 
     def _check(self, conn: sqlite3.Connection) -> str | None:
         """None when the database is usable, else why not."""
@@ -321,11 +303,12 @@ class StateStore:
 
     # -- a disk that cannot be written ----------------------------------------------------
     def _identity(self) -> tuple[int, int] | None:
-        try:
-            st = os.stat(self.path)
-        except OSError:
-            return None
-        return (st.st_dev, st.st_ino)
+        return file_identity(self.path)
+
+    def health(self) -> StoreHealth:
+        """The store's health in the vocabulary every state store reports."""
+        return StoreHealth("rules", not self.memory and self.write_ok, self.errors, "",
+                           self.set_aside)  # fmt: skip
 
     def _to_memory(self, problem: str) -> None:
         """Keep the state in memory, starting from what the file holds if it can be read."""
@@ -350,23 +333,9 @@ class StateStore:
         it is (and try again later) when that fails."""
         assert self.disk_path is not None and self._conn is not None
         self._retry_at = time.monotonic() + RETRY_DISK_EVERY
-        tmp = self.disk_path + ".recover"
         try:
-            os.makedirs(os.path.dirname(self.disk_path) or ".", mode=0o700, exist_ok=True)
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
-            disk = sqlite3.connect(tmp)
-            try:
-                self._conn.backup(disk)
-            finally:
-                disk.close()
-            for suffix in ("-wal", "-shm"):  # never pair the new file with an old WAL
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(self.disk_path + suffix)
-            os.replace(tmp, self.disk_path)
+            write_back(self._conn, self.disk_path)
         except (OSError, sqlite3.Error) as exc:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)  # do not leave it filling a full disk
             log.debug("rule state: still cannot write %s: %s", self.disk_path, exc)
             return
         old, old_path = self._conn, self.path
@@ -388,8 +357,10 @@ class StateStore:
                 self._conn.close()
             self._conn = None
         if not self.memory:
-            stamp = time.strftime("%Y%m%dT%H%M%S")
-            aside = f"{self.path}.corrupt-{stamp}"
+            try:
+                aside = move_aside(self.path)
+            except OSError as exc:
+                aside = f"nowhere ({exc})"
             log.warning(
                 "rule state database %s is unusable (%s): moved to %s and rebuilt; alert "
                 "states and counter history start afresh",
@@ -397,13 +368,6 @@ class StateStore:
                 problem,
                 aside,
             )
-            for suffix in ("", "-wal", "-shm"):
-                try:
-                    os.replace(self.path + suffix, aside + suffix)
-                except FileNotFoundError:
-                    pass
-                except OSError as exc:
-                    log.warning("cannot move %s aside: %s", self.path + suffix, exc)
         self.rebuilt = True
         try:
             conn = self._connect()

@@ -13,6 +13,7 @@ Nothing here starts a thread; the runners do.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -20,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from gpuwatchd import __version__
 from gpuwatchd.config.loader import Config
+from gpuwatchd.config.stages import ActionsSettings, for_actions, for_rules
 from gpuwatchd.core.alerts import AlertState
 from gpuwatchd.core.clock import Clock
 from gpuwatchd.core.errors import BackendError
@@ -29,6 +31,7 @@ from gpuwatchd.core.fields import decode_clock_event_reasons
 from gpuwatchd.core.health import HEALTH_STATES, firing_by_gpu, gpu_health
 from gpuwatchd.core.nodestate import GpuState, NodeState, NodeView
 from gpuwatchd.core.records import GpuInfo, GpuStatus, XidEvent
+from gpuwatchd.core.reloading import Prepared, RestartOnly, SectionOwner
 from gpuwatchd.core.statehealth import StoreHealth, state_families
 from gpuwatchd.exposition.metrics import GPU_LABELS, MetricsRenderer, gpu_label_text
 from gpuwatchd.rules.stage import SIMULATE_BOOT_ID, RulesStage, rules_stage
@@ -98,6 +101,21 @@ class Wiring:
     extra_families: tuple[ExtraFamilies, ...] = field(default_factory=tuple)
 
 
+@dataclass
+class WithoutActions:
+    """The owner of ``receivers``, ``routing`` and ``drain`` in a daemon started without
+    any action: turning one on takes a restart (the actions stage was never built)."""
+
+    running: ActionsSettings
+    sections: tuple[str, ...] = ("receivers", "routing", "drain")
+
+    def prepare(self, new: Mapping[str, Any], changed: frozenset[str]) -> Prepared:
+        if not dataclasses.replace(self.running, **new).wanted:
+            return Prepared()
+        why = "the daemon started without receivers or drain; a restart turns them on"
+        return Prepared(refused={key: why for key in changed})
+
+
 def filter_ignored(infos: list[GpuInfo], ignore: tuple[str, ...]) -> list[GpuInfo]:
     skip = {s.upper() for s in ignore}
     return [i for i in infos if i.uuid.upper() not in skip and i.pci_bus_id.upper() not in skip]
@@ -128,16 +146,17 @@ def gpu_status_dict(g: GpuState) -> dict[str, Any]:
 
 def build_node_actions(config: Config, clock: Clock, wiring: Wiring) -> ActionsSink | None:
     """The actions stage for this wiring, or None when nothing is configured to receive."""
-    if not config.receivers and config.drain.mode == "none":
+    settings = for_actions(config)
+    if not settings.wanted:
         return None
     from gpuwatchd.actions import build_actions, build_recording_actions
 
     if wiring.record is None and wiring.durable:
-        return build_actions(config, clock, transport=wiring.transport, environ=wiring.environ)
+        return build_actions(settings, clock, transport=wiring.transport, environ=wiring.environ)
     import random
 
     return build_recording_actions(
-        config,
+        settings,
         clock,
         wiring.record,
         send=wiring.send_recorded,
@@ -160,7 +179,9 @@ class Node:
         self.backend = backend
         self.wiring = wiring
         self.state = NodeState(config.node_name, clock.now(), config.gpus.expected)
-        self.rules: Stage = wiring.rules or rules_stage(config, clock, durable=wiring.durable)
+        self.rules: Stage = wiring.rules or rules_stage(
+            for_rules(config), clock, durable=wiring.durable
+        )
         self.actions = build_node_actions(config, clock, wiring)
         self.pipeline = Pipeline(
             [self.rules, *wiring.extra_stages], [self.actions] if self.actions else []
@@ -169,7 +190,12 @@ class Node:
             self.actions.use_current(self.rules.engine.current)
         self.listeners: list[Callable[[Record], None]] = []
         self.xids = XidInputs(
-            config, backend, clock, self._xid, self.source_status, durable=wiring.durable
+            config.sources,
+            config.state_dir if wiring.durable else None,
+            backend,
+            clock,
+            self._xid,
+            self.source_status,
         )
         self.renderer = MetricsRenderer.for_config(
             self.state.view,
@@ -200,6 +226,38 @@ class Node:
                 else config.poll.interval,
                 retry_s=config.poll.interval,
             )
+
+    def owners(self) -> list[SectionOwner]:
+        """Who applies each config section this node was built from at a reload, or says
+        that only a restart can (the daemon adds the HTTP server's and the log's)."""
+        owners: list[SectionOwner] = [
+            RestartOnly(
+                ("node_name", "state_dir"), "the node's name and state files are set at start"
+            ),
+            RestartOnly(
+                ("backend", "poll", "gpus", "fields"),
+                "the GPU backend, its poll batches and the GPU list are built at start",
+            ),
+            RestartOnly(("metrics",), "the metrics renderer is built at start"),
+            self.xids,
+        ]
+        if isinstance(self.rules, RulesStage):
+            owners.append(self.rules)
+        else:
+            owners.append(RestartOnly(("rules", "xid"), "the rule set was given at start"))
+        if self.wiring.record is None and self.actions is not None:
+            from gpuwatchd.actions.reload import ActionsOwner
+
+            owners.append(
+                ActionsOwner(self.actions, for_actions(self.config), environ=self.wiring.environ)
+            )
+        elif self.wiring.record is None:  # the actions package (httpx) stays unloaded
+            owners.append(WithoutActions(for_actions(self.config)))
+        else:
+            owners.append(
+                RestartOnly(("receivers", "routing", "drain"), "this run records pages and drains")
+            )
+        return owners
 
     # -- sources -------------------------------------------------------------------------
     def open_gpus(self) -> bool:
@@ -319,8 +377,7 @@ class Node:
         if isinstance(self.rules, RulesStage):
             store = self.rules.engine.store
             if store.boot_id != SIMULATE_BOOT_ID:  # in memory on purpose (demo, simulate)
-                durable = not store.memory and store.write_ok
-                out.append(StoreHealth("rules", durable, store.errors, "", store.set_aside))
+                out.append(store.health())
         position = self.xids.state_health()
         if position is not None:
             out.append(position)

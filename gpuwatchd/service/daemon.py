@@ -10,9 +10,10 @@ poll interval and at once when an urgent record (an XID, a lost GPU) arrives.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from gpuwatchd.config.loader import Config
@@ -24,10 +25,10 @@ from gpuwatchd.core.families import Families
 from gpuwatchd.core.heartbeat import HeartbeatRegistry
 from gpuwatchd.core.nodestate import NodeView
 from gpuwatchd.core.records import GpuInfo, GpuStatus
+from gpuwatchd.core.reloading import Prepared, RestartOnly, SectionOwner, plan_reload
 from gpuwatchd.exposition.httpd import HttpServer
 from gpuwatchd.exposition.listener import RetryingListener, Startable
 from gpuwatchd.exposition.statussock import StatusSocket, socket_path
-from gpuwatchd.rules.stage import RulesStage
 from gpuwatchd.service.assembly import Node, Wiring
 from gpuwatchd.service.handoff import Record
 from gpuwatchd.sources.gpu.backend import Backend
@@ -38,25 +39,32 @@ log = logging.getLogger(__name__)
 
 BACKEND_RETRY_SECONDS = 30.0  # how often a backend that failed to open is tried again
 
-ReloadHook = Callable[[Config], Callable[[], None] | None]
-"""Called by ``Daemon.reload`` with the new config: load and validate everything it needs
-(rule files, receivers), raising ``ConfigError`` to reject the reload; return a function
-that swaps it in (called only when every hook succeeded), or ``None``."""
-
-RESTART_ONLY = (
-    "node_name",
-    "listen",
-    "backend",
-    "state_dir",
-    "poll",
-    "gpus",
-    "metrics",
-    "fields",  # extra NVML field ids: the backend builds its poll batches at start-up
-    "web",  # the web config *file* is re-read when it changes; the key takes a restart
-    "sources",  # the kernel-log reader and the NVML event reader start once
-    "log_format",  # the log handlers are set up once (log_level reloads)
+HTTP_OWNER = RestartOnly(
+    ("listen", "web"),
+    "the HTTP server binds and loads its guards at start "
+    "(the web config file it names is re-read when it changes)",
 )
-"""Config keys a reload does not change (the running value stays until a restart)."""
+
+
+class LogOwner:
+    """The owner of ``log_level`` (applied) and ``log_format`` (the handlers are set up
+    once: a change is refused). ``set_level`` is the process's level setter; the CLI's
+    ``run`` sets it, an in-process daemon (tests) leaves the process's logging alone."""
+
+    sections = ("log_level", "log_format")
+
+    def __init__(self) -> None:
+        self.set_level: Callable[[str], None] | None = None
+
+    def prepare(self, new: Mapping[str, Any], changed: frozenset[str]) -> Prepared:
+        refused = {}
+        if "log_format" in changed:
+            refused["log_format"] = "the log handlers are set up at start"
+        level = new.get("log_level")
+        if "log_level" not in changed or self.set_level is None or level is None:
+            return Prepared(refused=refused)
+        set_level = self.set_level
+        return Prepared(lambda: set_level(level), refused)
 
 
 class Daemon:
@@ -78,7 +86,7 @@ class Daemon:
             config,
             clock,
             backend,
-            _with_families(wiring or Wiring(), self._http_families),
+            _with_families(wiring or Wiring(), self._http_families, self._config_families),
         )
         if emit is not None:
             self.node.listeners.append(emit)
@@ -99,17 +107,13 @@ class Daemon:
         self._trim_due = threading.Event()  # a reload freed memory: trim after the next
         self.pci: PciWatcher | None = None  # NVIDIA GPUs on the PCI bus (nvml backend)
         self.heartbeats = HeartbeatRegistry(clock)  # worker liveness (watchdog, /healthz)
-        self.reload_hooks: list[ReloadHook] = []
-        if isinstance(self.node.rules, RulesStage):  # SIGHUP: validated, then swapped in
-            self.reload_hooks.append(self.node.rules.reload_hook)
-        if self.node.wiring.record is None:  # receivers, routing, drain (or a refusal)
-            self.reload_hooks.append(self._reload_actions)
+        # SIGHUP: each config key's owner applies it or refuses it (core.reloading)
+        self.log_owner = LogOwner()
+        self.owners: list[SectionOwner] = [*self.node.owners(), HTTP_OWNER, self.log_owner]
+        self.after_reload: list[Callable[[Config], None]] = []  # run by `run` (log secrets)
+        self.restart_required: dict[str, str] = {}  # key -> why: refused by the last reload
+        self.last_reload: dict[str, Any] | None = None  # what the last reload did
         self.config_loader: Callable[[], Config] | None = None  # set by `run` (CLI overrides)
-
-    def _reload_actions(self, new: Config) -> Callable[[], None]:
-        from gpuwatchd.actions.reload import prepare_reload
-
-        return prepare_reload(self.node.actions, new, environ=self.node.wiring.environ)
 
     @property
     def infos(self) -> list[GpuInfo]:
@@ -118,6 +122,37 @@ class Daemon:
     def _http_families(self, view: NodeView, fams: Families) -> None:
         if self.http is not None:
             self.http.families(fams)
+
+    def _config_families(self, view: NodeView, fams: Families) -> None:
+        """Whether each top-level key waits for a restart, and whether the last reload
+        was taken (a refused key is never accepted silently)."""
+        fam = fams.get(
+            "gpuwatchd_config_restart_required",
+            "gauge",
+            "1 for a config key the file changed but the running daemon cannot apply: its "
+            "running value stays until a restart (or until the file puts it back); the "
+            "reason is in the log and in gpuwatchd status.",
+            ["key"],
+        )
+        for key in _config_keys():
+            fam.add([key], 1.0 if key in self.restart_required else 0.0)
+        ok = self.last_reload is None or self.last_reload["result"] != "failed"
+        fams.get(
+            "gpuwatchd_config_last_reload_success",
+            "gauge",
+            "0 when the last reload (SIGHUP) was refused as a whole (a file or rule that "
+            "does not load); 1 otherwise.",
+            [],
+        ).add([], 1.0 if ok else 0.0)
+
+    def config_status(self) -> dict[str, Any]:
+        """The ``config`` part of ``status``: the file, the last reload and the keys that
+        wait for a restart."""
+        return {
+            "file": self.config.source,
+            "last_reload": self.last_reload,
+            "restart_required": dict(self.restart_required),
+        }
 
     def _evaluate_loop(self) -> None:
         """Evaluate once per poll interval (half an interval after each poll) and at once
@@ -252,38 +287,52 @@ class Daemon:
         return True
 
     def reload(self) -> bool:
-        """Re-read the config file (SIGHUP); True when the new config is in effect.
+        """Re-read the config file (SIGHUP); True when the new config is taken (perhaps
+        with some keys refused).
 
-        A config that does not load leaves everything as it was and logs each problem as
-        ``PATH:LINE:COL: message``. Keys in ``RESTART_ONLY`` keep their running values
-        (a warning names any that changed). Components that can change live (rule files,
-        receivers, the log level) add a ``ReloadHook`` to ``reload_hooks``.
+        A config that does not load, or a section an owner finds unusable (a rule file,
+        a receiver secret), leaves everything as it was and logs each problem as
+        ``PATH:LINE:COL: message``. Otherwise every changed top-level key is applied by
+        its owner or refused: a refused key keeps its running value and is reported as
+        an error line, by ``gpuwatchd_config_restart_required{key}`` and in ``status``.
         """
-        import dataclasses
-
         from gpuwatchd.config.loader import load_config
 
         old = self.config
+        at = self.clock.now()
         try:
             if self.config_loader is not None:
                 new = self.config_loader()
             else:
                 new = load_config(old.source, must_exist=old.source is not None)
-            commits = [hook(new) for hook in self.reload_hooks]
+            plan = plan_reload(self.owners, _sections(old), _sections(new))
         except ConfigError as exc:
             for line in exc.lines():
                 log.error("%s", line)
             log.error("reload failed: keeping the running configuration")
+            self.last_reload = {"at": at, "result": "failed", "problems": exc.lines()}
             return False
-        kept = {k: getattr(old, k) for k in RESTART_ONLY}
-        changed = [k for k, v in kept.items() if getattr(new, k) != v]
-        if changed:
-            log.warning("reload: %s changed; takes effect after a restart", ", ".join(changed))
+        for key, why in plan.refused.items():
+            log.error(
+                "reload: %s changed but is not applied (%s); the running value stays "
+                "until a restart",
+                key,
+                why,
+            )
+        kept = {k: getattr(old, k) for k in plan.refused}
         self.config = dataclasses.replace(new, **kept)
-        for commit in commits:
-            if commit is not None:
-                commit()
-        log.info("reloaded configuration from %s", new.source or "built-in defaults")
+        for apply in plan.applies:
+            apply()
+        for after in self.after_reload:
+            after(self.config)
+        self.restart_required = dict(plan.refused)
+        result = "partly" if plan.refused else "applied"
+        self.last_reload = {"at": at, "result": result, "refused": dict(plan.refused)}
+        log.info(
+            "reloaded configuration from %s%s",
+            new.source or "built-in defaults",
+            f" (not applied: {', '.join(plan.refused)})" if plan.refused else "",
+        )
         self._trim_due.set()
         return True
 
@@ -305,11 +354,26 @@ class Daemon:
             self.pci.stop()
         if self._eval_thread is not None:
             self._eval_thread.join(2.0)
+            if not self._eval_thread.is_alive():
+                self._last_look()
         for hook in self.on_stop:
             hook()
         self.node.close()
         if self.node.events is not None:
             self.node.events.stop()
+
+    def _last_look(self) -> None:
+        """Judge what reached the hand-off after the evaluator's last turn: records that
+        came while it was busy, and the first sightings the XID merger held, which
+        ``xids.stop`` lets go. Without this look they were dropped with the process (the
+        kernel-log position was already past them): an XID at the stop never paged, and
+        the newest XID episodes were missing after a restart."""
+        if not self.pipeline.handoff.pending():
+            return
+        try:
+            self.node.evaluate()
+        except Exception:  # the stop goes on: the state is still closed properly
+            log.exception("the last evaluation before the stop failed")
 
     # -- health and status -----------------------------------------------------------
     def health(self) -> tuple[bool, str]:
@@ -330,13 +394,20 @@ class Daemon:
         return True, "ok"
 
     def status(self) -> dict[str, Any]:
-        return self.node.status()
+        return {**self.node.status(), "config": self.config_status()}
 
     def wait(self, timeout: float | None = None) -> bool:
         return self._stopped.wait(timeout)
 
 
-def _with_families(wiring: Wiring, extra: Callable[[NodeView, Families], None]) -> Wiring:
-    import dataclasses
+def _with_families(wiring: Wiring, *extra: Callable[[NodeView, Families], None]) -> Wiring:
+    return dataclasses.replace(wiring, extra_families=(*wiring.extra_families, *extra))
 
-    return dataclasses.replace(wiring, extra_families=(*wiring.extra_families, extra))
+
+def _config_keys() -> list[str]:
+    return [f.name for f in dataclasses.fields(Config) if not f.metadata.get("internal")]
+
+
+def _sections(config: Config) -> dict[str, Any]:
+    """The config as top-level key -> section value, as reload diffs it."""
+    return {key: getattr(config, key) for key in _config_keys()}

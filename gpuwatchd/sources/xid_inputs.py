@@ -1,30 +1,35 @@
-"""Builds the XID inputs a daemon (or simulation) runs, from config and backend.
+"""Builds the XID inputs a daemon (or simulation) runs, from the ``sources`` section and
+the backend.
 
-``XidInputs`` owns the kernel-log source (journald, /dev/kmsg or the scenario's lines),
-the line handlers, and the incident merger that NVML events also pass through. It hands
-merged, trusted ``XidEvent``s to one callback and exposes its metrics.
+``XidInputs`` owns the kernel-log source (one of the kinds in ``kernel/registry.py``:
+journald, /dev/kmsg or the scenario's lines), the line handlers, and the incident merger
+that NVML events also pass through. It hands
+merged, trusted ``XidEvent``s to one callback and exposes its metrics. It owns the
+``sources`` section at a reload (``prepare``): a new ``merge_window`` is applied at once;
+the readers themselves start once, so any other change is refused until a restart.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import threading
-from collections.abc import Callable
-from typing import Protocol, runtime_checkable
+from collections.abc import Callable, Mapping
+from typing import Any
 
-from gpuwatchd.config.loader import Config
+from gpuwatchd.config.loader import SourcesConfig
 from gpuwatchd.core.clock import Clock
-from gpuwatchd.core.errors import BackendUnavailable
 from gpuwatchd.core.families import Families
 from gpuwatchd.core.heartbeat import Heartbeat, HeartbeatRegistry
 from gpuwatchd.core.records import GpuInfo, XidEvent
+from gpuwatchd.core.reloading import Prepared
 from gpuwatchd.core.statehealth import StoreHealth
 from gpuwatchd.sources.incidents import IncidentMerger
-from gpuwatchd.sources.kernel.cursor import PositionFile
-from gpuwatchd.sources.kernel.journald import JournaldSource, journal_available
-from gpuwatchd.sources.kernel.kmsg import KmsgSource, kmsg_available
+from gpuwatchd.sources.kernel.kind import FollowingReader, KernelLogReader, KernelLogSetup
 from gpuwatchd.sources.kernel.linehandler import GpuResolver, KernelLineHandler, kernel_log_families
+from gpuwatchd.sources.kernel.registry import BY_NAME, KINDS
+from gpuwatchd.sources.kernel.scenario import ScenarioKernelSource
 from gpuwatchd.xid.catalog import message_judged_codes
 
 log = logging.getLogger(__name__)
@@ -34,94 +39,46 @@ EXPIRER_IDLE_S = 5.0  # with nothing pending the expirer only beats its heartbea
 Status = Callable[[str, bool, str], None]  # (source name, up, detail)
 
 
-class _Runnable(Protocol):
-    name: str
-
-    def start(self) -> None: ...
-
-    def stop(self) -> None: ...
-
-
-@runtime_checkable
-class ScriptedKernelLog(Protocol):
-    """A backend that scripts kernel-log lines (the scenario backend)."""
-
-    def kernel_log_lines_until(self, t: float) -> list[tuple[float, str, str]]: ...
-
-    def next_event_after(self, t: float) -> float | None: ...
-
-
-class ScenarioKernelSource:
-    """Kernel-log lines scripted in a scenario, replayed as their time comes."""
-
-    name = "scenario"
-
-    def __init__(
-        self, backend: ScriptedKernelLog, handler: KernelLineHandler, clock: Clock
-    ) -> None:
-        self.backend = backend
-        self.handler = handler
-        self.clock = clock
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def pump(self, now: float) -> None:
-        for ts, transport, line in self.backend.kernel_log_lines_until(now):
-            self.handler.handle(line, ts, transport == "kernel")
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            now = self.clock.now()
-            self.pump(now)
-            upcoming = self.backend.next_event_after(now)  # sleep until the next line is due
-            wait = 1.0 if upcoming is None else min(1.0, max(upcoming - now, 0.0))
-            self.clock.wait(self._stop, wait)
-
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="scenario-kernel", daemon=True)
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(2.0)
-
-
-def choose_kernel_log(config: Config, backend: object) -> str:
-    choice = config.sources.kernel_log
-    if choice != "auto":
-        return choice
-    if isinstance(backend, ScriptedKernelLog):
-        return "scenario"
-    if config.sources.journal_dir or journal_available():
-        return "journald"
-    if kmsg_available(config.sources.kmsg_path):
-        return "kmsg"
+def choose_kernel_log(sources: SourcesConfig, backend: object) -> str:
+    """The kernel-log kind ``sources.kernel_log`` names; for ``auto``, the first kind of
+    the registry that can serve this host, else ``none``."""
+    if sources.kernel_log != "auto":
+        return sources.kernel_log
+    for kind in KINDS:
+        if kind.available(sources, backend):
+            return kind.name
     return "none"
 
 
+LIVE_SOURCES_KEYS = frozenset({"merge_window"})
+"""The ``sources`` keys a reload applies; the readers are built once from the others."""
+
+
 class XidInputs:
+    sections = ("sources",)
+
     def __init__(
         self,
-        config: Config,
+        sources: SourcesConfig,
+        state_dir: str | None,
         backend: object,
         clock: Clock,
         emit: Callable[[XidEvent], None],
         status: Status,
-        *,
-        durable: bool = True,
     ) -> None:
-        self.config = config
+        """``state_dir``: where the kernel-log readers keep their resume position (``None``:
+        in memory, as ``simulate`` runs)."""
+        self.config = sources
         self.clock = clock
         self.status = status
         self.resolver = GpuResolver()
-        self.kind = choose_kernel_log(config, backend)
+        self.kind = choose_kernel_log(sources, backend)
         self.handler: KernelLineHandler | None = None
-        self.source: _Runnable | None = None
+        self.source: KernelLogReader | None = None
         self._kernel_up = False
         self.nvml_events_up = False
         self.merger = IncidentMerger(
-            config.sources.merge_window,
+            sources.merge_window,
             emit,
             kernel_up=lambda: self._kernel_up,
             nvml_up=lambda: self.nvml_events_up,
@@ -131,33 +88,42 @@ class XidInputs:
         self._stop = threading.Event()
         self._expirer: threading.Thread | None = None
         self._expirer_beat: Heartbeat | None = None
-        state_dir = config.state_dir if durable else None
         if self.kind == "none":
             log.warning("no kernel-log source: XIDs come from NVML events only")
             return
         self.handler = KernelLineHandler(self.kind, self.resolver, self._from_kernel)
-        if self.kind == "scenario":
-            if not isinstance(backend, ScriptedKernelLog):
-                raise BackendUnavailable("sources.kernel_log: scenario needs the scenario backend")
-            self.source = ScenarioKernelSource(backend, self.handler, clock)
-            self._kernel_up = True
-        elif self.kind == "journald":
-            self.source = JournaldSource(
+        kind = BY_NAME[self.kind]
+        self._kernel_up = kind.scripted
+        self.source = kind.build(
+            KernelLogSetup(
                 self.handler,
                 clock,
-                directory=config.sources.journal_dir,
-                position=PositionFile(_pos(state_dir, "journald.json")),
-                status=self._source_status,
-                backfill=config.sources.backfill,
+                sources,
+                backend,
+                lambda name: _pos(state_dir, name),
+                self._source_status,
             )
-        else:
-            self.source = KmsgSource(
-                self.handler,
-                clock,
-                path=config.sources.kmsg_path,
-                position=PositionFile(_pos(state_dir, "kmsg.json")),
-                status=self._source_status,
-            )
+        )
+
+    def prepare(self, new: Mapping[str, Any], changed: frozenset[str]) -> Prepared:
+        """The ``sources`` section at a reload: a changed ``merge_window`` alone is applied;
+        a change to any other key refuses the section (the readers start once)."""
+        if "sources" not in changed:
+            return Prepared()
+        section: SourcesConfig = new["sources"]
+        old = dataclasses.asdict(self.config)
+        moved = sorted(k for k, v in dataclasses.asdict(section).items() if old[k] != v)
+        fixed = [f"sources.{k}" for k in moved if k not in LIVE_SOURCES_KEYS]
+        if fixed:
+            why = f"{', '.join(fixed)}: the kernel-log and NVML event readers are built at start"
+            return Prepared(refused={"sources": why})
+
+        def apply() -> None:
+            self.merger.window = section.merge_window
+            self.config = section
+            log.info("sources.merge_window is now %gs", section.merge_window)
+
+        return Prepared(apply)
 
     def _source_status(self, up: bool, detail: str) -> None:
         self._kernel_up = up
@@ -205,13 +171,11 @@ class XidInputs:
             self._expirer_beat.close()
 
     def start(self, heartbeats: HeartbeatRegistry | None = None) -> None:
-        if isinstance(self.source, JournaldSource | KmsgSource) and heartbeats is not None:
+        if isinstance(self.source, FollowingReader) and heartbeats is not None:
             # a read loop turns at least every 0.5 s; 30 s of silence means it is wedged
             self.source.heartbeat = heartbeats.register(f"kernel-log-{self.kind}", 30.0)
         if self.source is not None:
             self.source.start()
-            if self.kind == "scenario":
-                self.status("scenario", True, "replaying the scenario's kernel-log lines")
         if heartbeats is not None:
             self._expirer_beat = heartbeats.register("xid-merge", 30.0)
         self._expirer = threading.Thread(target=self._expire_loop, name="xid-merge", daemon=True)
@@ -238,7 +202,7 @@ class XidInputs:
 
     def state_health(self) -> StoreHealth | None:
         """Whether the kernel-log reader's resume position reaches the disk."""
-        if not isinstance(self.source, JournaldSource | KmsgSource):
+        if not isinstance(self.source, FollowingReader):
             return None
         position = self.source.position
         if position.path is None:

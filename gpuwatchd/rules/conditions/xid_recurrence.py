@@ -21,7 +21,9 @@ when ``new_counts`` is set (a first streak; off by default).
 
 Episodes survive a restart: the evaluator saves them with the rule engine's state
 (``StateStore.save_episodes``, by GPU UUID, 36 days, at most 1024 per GPU) every minute and
-at shutdown, and takes them back before its first evaluation. Rows that do not make sense
+at shutdown, and takes them back before its first evaluation. A save first groups the XIDs
+the engine took in since the rule's last look (the rule runs on the periodic tick), so the
+newest episodes are saved too. Rows that do not make sense
 (unknown code, start after end, unreadable) are dropped with a warning; a rule whose
 grouping parameters changed (codes, gaps, node settings) starts afresh. Episodes that start
 after now (a start with the clock behind: an RTC that lost its time, NTP not yet synced)
@@ -125,11 +127,13 @@ class _Evaluator(Evaluator):
         "pending",
         "recent",
         "repeats",
+        "snap",
     )
 
     def __init__(self, rule: Rule, snap: Snapshot) -> None:
         super().__init__(rule)
         self.c = model_of(rule, XidRecurrence)
+        self.snap = snap  # the engine's snapshot: its XID log is read at a save too
         self.cursor = snap.xids.seq
         self.open: dict[tuple[int, int], _Episode] = {}  # (gpu, xid) -> latest episode
         self.repeats: dict[tuple[int, int], deque[_Episode]] = {}  # independent ones
@@ -149,6 +153,12 @@ class _Evaluator(Evaluator):
 
     # -- saving and restoring ---------------------------------------------------------------
     def save(self, store: StateStore, now: float) -> None:
+        if self.snap.xids.seq != self.cursor:
+            # XIDs the engine took in since this rule last looked (it runs on the periodic
+            # tick, the save may come first: at a stop): grouped now, or they would be
+            # missing from the saved episodes after a restart (issue 24: 7 of 12 found)
+            self.restore(store, self.snap, now)  # the saved ones first (once)
+            self._take(self.snap)
         if self.ahead:  # the clock caught up with some: they count from the next look
             due = [r for r in self.ahead if r.start <= now]
             if due:

@@ -25,6 +25,7 @@ from typing import Any
 from gpuwatchd.core.clock import Clock
 from gpuwatchd.core.heartbeat import Heartbeat
 from gpuwatchd.sources.kernel.cursor import PositionFile
+from gpuwatchd.sources.kernel.kind import KernelLogKind, KernelLogSetup
 from gpuwatchd.sources.kernel.linehandler import KernelLineHandler
 from gpuwatchd.sources.kernel.restart import run_with_restarts
 
@@ -229,3 +230,21 @@ class JournaldSource:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(2.0)
+
+
+def _build(setup: KernelLogSetup) -> JournaldSource:
+    return JournaldSource(
+        setup.handler,
+        setup.clock,
+        directory=setup.sources.journal_dir,
+        position=PositionFile(setup.position_path("journald.json")),
+        status=setup.status,
+        backfill=setup.sources.backfill,
+    )
+
+
+KIND = KernelLogKind(
+    "journald",
+    available=lambda sources, backend: bool(sources.journal_dir) or journal_available(),
+    build=_build,
+)

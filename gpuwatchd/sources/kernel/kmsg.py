@@ -26,6 +26,7 @@ from collections.abc import Callable
 from gpuwatchd.core.clock import Clock
 from gpuwatchd.core.heartbeat import Heartbeat
 from gpuwatchd.sources.kernel.cursor import PositionFile
+from gpuwatchd.sources.kernel.kind import KernelLogKind, KernelLogSetup
 from gpuwatchd.sources.kernel.linehandler import KernelLineHandler
 from gpuwatchd.sources.kernel.restart import run_with_restarts
 from gpuwatchd.xid.parser import KmsgRecord, parse_kmsg_record
@@ -242,3 +243,20 @@ class KmsgSource:
                     os.write(self._wake_w, b"x")
         if self._thread is not None:
             self._thread.join(2.0)
+
+
+def _build(setup: KernelLogSetup) -> KmsgSource:
+    return KmsgSource(
+        setup.handler,
+        setup.clock,
+        path=setup.sources.kmsg_path,
+        position=PositionFile(setup.position_path("kmsg.json")),
+        status=setup.status,
+    )
+
+
+KIND = KernelLogKind(
+    "kmsg",
+    available=lambda sources, backend: kmsg_available(sources.kmsg_path),
+    build=_build,
+)
