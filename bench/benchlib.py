@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import os
 import socket
+import subprocess
+import sys
+from pathlib import Path
 
 TICK = os.sysconf("SC_CLK_TCK")
 
@@ -111,3 +114,25 @@ def pct(values: list[float], q: float) -> float:
     if not ordered:
         return float("nan")
     return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
+
+
+def gpu_indices() -> str:
+    """Every GPU's index, comma separated (as ``nccl_load.py --gpus`` takes them)."""
+    import pynvml as nv
+
+    nv.nvmlInit()
+    try:
+        return ",".join(str(g) for g in range(nv.nvmlDeviceGetCount()))
+    finally:
+        nv.nvmlShutdown()
+
+
+def start_nccl(gpus: str, seconds: float, log: Path | None = None) -> subprocess.Popen[bytes]:
+    """An NCCL all-reduce on ``gpus`` for ``seconds`` (bench/nccl_load.py, which sets the
+    NVLS variables itself); the caller waits for it to come up (about 15 s)."""
+    here = Path(__file__).resolve().parent
+    return subprocess.Popen(
+        [sys.executable, str(here / "nccl_load.py"), "--gpus", gpus, "--seconds", str(seconds)],
+        stdout=log.open("wb") if log is not None else subprocess.DEVNULL,
+        stderr=subprocess.STDOUT,
+    )

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import threading
 import time
@@ -24,6 +23,9 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from benchlib import start_nccl
 
 from gpuwatchd.core.clock import SystemClock
 from gpuwatchd.sources.gpu import workerwire as wire
@@ -77,18 +79,14 @@ def main() -> int:
     nccl = None
     if args.nccl:
         gpus = ",".join(str(i.index) for i in infos)
-        me = Path(__file__).resolve().parent
-        nccl = subprocess.Popen(
-            [sys.executable, str(me / "nccl_load.py"), "--gpus", gpus,
-             "--seconds", str(args.seconds + 60)],
-            stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
-        )  # fmt: skip
+        nccl = start_nccl(gpus, args.seconds + 60)
         time.sleep(15)
     for info in infos:  # the first poll reads everything once: not what a poll costs
         backend.sample(info.index)
     time.sleep(1.0)
     counted.counting = True
-    polls, total, encode = 0, 0.0, 0.0
+    polls, total, encode, changes = 0, 0.0, 0.0, 0.0
+    encoder = wire.SampleEncoder()  # what the worker sends: each GPU's changes
     end = time.monotonic() + args.seconds
     while time.monotonic() < end:
         tick = time.monotonic()
@@ -98,8 +96,11 @@ def main() -> int:
             t1 = time.thread_time()
             json.dumps({"id": 1, "sample": wire.sample_to_wire(sample)}, separators=(",", ":"))
             t2 = time.thread_time()
+            json.dumps({"id": 1, "sample": encoder.encode(sample)}, separators=(",", ":"))
+            t3 = time.thread_time()
             total += t1 - t0
             encode += t2 - t1
+            changes += t3 - t2
             polls += 1
         time.sleep(max(0.0, tick + 1.0 - time.monotonic()))
     counted.counting = False
@@ -111,7 +112,8 @@ def main() -> int:
         f"per poll: {total / polls * 1e6:.0f} us CPU in sample(), of which "
         f"{counted.cpu / polls * 1e6:.0f} us inside pynvml calls and "
         f"{(total - counted.cpu) / polls * 1e6:.0f} us in our code; "
-        f"wire encoding {encode / polls * 1e6:.0f} us",
+        f"wire encoding {encode / polls * 1e6:.0f} us whole, "
+        f"{changes / polls * 1e6:.0f} us as the worker sends it (the changes)",
         "calls per poll: "
         + ", ".join(f"{k} {v / polls:.2f}" for k, v in sorted(counted.calls.items())),
         "errors per poll: "

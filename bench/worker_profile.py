@@ -25,7 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from benchlib import free_port
+from benchlib import free_port, gpu_indices, start_nccl
 from busy_node_soak import children, start_daemon
 
 # Leaf frames of a thread that waits: py-spy's idle detection misses some, so drop them
@@ -69,18 +69,10 @@ def main() -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix="wprof-"))
-    import pynvml as nv
-
-    nv.nvmlInit()
-    gpus = ",".join(str(g) for g in range(nv.nvmlDeviceGetCount()))
-    nv.nvmlShutdown()
+    gpus = gpu_indices()
     total = args.seconds + 90
     me = Path(__file__).resolve().parent
-    nccl = subprocess.Popen(
-        [sys.executable, str(me / "nccl_load.py"), "--gpus", gpus, "--seconds", str(total)],
-        stdout=(tmp / "nccl.log").open("wb"),
-        stderr=subprocess.STDOUT,
-    )
+    nccl = start_nccl(gpus, total, tmp / "nccl.log")
     time.sleep(15)
     daemon = start_daemon("1s", "1s", {}, free_port(), free_port(), tmp)
     plain = subprocess.Popen(
