@@ -30,7 +30,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from gpuwatchd.rules.conditions.memory_trend import MemoryTrend, judge
+from gpuwatchd.rules.conditions.memory_trend import JudgeMemo, MemoryTrend, judge
 from gpuwatchd.rules.evidence import BUCKET, EPISODE_GAP, Activity
 
 DAY = 86400.0
@@ -101,18 +101,20 @@ def build(cls: type[Activity], times: list[float]) -> Activity:
 
 
 def time_looks(
-    act: Activity, rules: list[MemoryTrend], looks: int, repeat: int
+    act: Activity, rules: list[MemoryTrend], looks: int, repeat: int, memo: bool = False
 ) -> tuple[float, list[object]]:
-    """Microseconds per look (per rule), best of ``repeat``; the verdicts of the last run."""
+    """Microseconds per look (per rule), best of ``repeat``; the verdicts of the last run.
+    With ``memo``, each rule keeps its last verdict as the evaluator does (``JudgeMemo``)."""
     nows = [T_END - DAY + k * 300.0 for k in range(looks)]
     best = float("inf")
     verdicts: list[object] = []
     for _ in range(repeat):
         verdicts = []
+        memos = [JudgeMemo() if memo else None for _ in rules]
         t0 = time.perf_counter()
         for now in nows:
-            for c in rules:
-                verdicts.append(judge(c, act, now))
+            for c, m in zip(rules, memos, strict=True):
+                verdicts.append(judge(c, act, now, m))
         dt = time.perf_counter() - t0
         best = min(best, dt)
     return best / (looks * len(rules)) * 1e6, verdicts
@@ -131,7 +133,7 @@ def main() -> int:
         MemoryTrend(signal="corroborated", windows=(DAY,), min_active=1, min_episodes=1),
     ]
     print(f"# {platform.python_implementation()} {platform.python_version()}, {platform.node()}")
-    print("active buckets | shape  | before us/look | after us/look | hits")
+    print("active buckets | shape  | before us/look | after us/look | memo us/look | hits")
     for n in (0, 1000, 2000):
         for shape in ("steady", "rising"):
             times = history(n, shape, args.seed)
@@ -140,11 +142,14 @@ def main() -> int:
             assert old.buckets == new.buckets
             before, v_old = time_looks(old, rules, args.looks, args.repeat)
             after, v_new = time_looks(new, rules, args.looks, args.repeat)
-            if v_old != v_new:
+            memoed, v_memo = time_looks(new, rules, args.looks, args.repeat, memo=True)
+            if v_old != v_new or v_new != v_memo:
                 print(f"verdicts differ at n={n} {shape}", file=sys.stderr)
                 return 1
             hits = sum(v is not None for v in v_new)
-            print(f"{n:14d} | {shape:6s} | {before:14.1f} | {after:13.1f} | {hits}")
+            print(
+                f"{n:14d} | {shape:6s} | {before:14.1f} | {after:13.1f} | {memoed:12.1f} | {hits}"
+            )
     return 0
 
 

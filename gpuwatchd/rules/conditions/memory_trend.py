@@ -120,10 +120,39 @@ def _corroboration(c: MemoryTrend, g: GpuView, snap: Snapshot, now: float) -> st
     return None
 
 
-def judge(c: MemoryTrend, act: Activity, now: float) -> Hit | None:
+class JudgeMemo:
+    """The last verdict of ``judge`` for one rule on one GPU's activity. The verdict is a
+    function of the rule, the active buckets and the bucket of ``now`` only, so while no
+    new active bucket arrived (``Activity.version``) and the bucket did not turn, the next
+    look reuses it: the fixed windows and the change-point scan run once per new active
+    bucket or bucket turn, not on every poll."""
+
+    __slots__ = ("act", "b1", "hit", "version")
+
+    def __init__(self) -> None:
+        self.act: Activity | None = None
+        self.b1 = -1
+        self.version = -1
+        self.hit: Hit | None = None
+
+
+def judge(c: MemoryTrend, act: Activity, now: float, memo: JudgeMemo | None = None) -> Hit | None:
     """Whether the activity shows ``c.signal`` at ``now`` (for ``corroborated``, only its
-    activity part: the remaps and XIDs need the GPU)."""
+    activity part: the remaps and XIDs need the GPU). With ``memo`` (one per rule and GPU),
+    a look that nothing changed for returns the last verdict (a fresh copy)."""
     b1 = bucket_of(now) + 1
+    if memo is None:
+        return _judge(c, act, b1)
+    if memo.act is not act or memo.b1 != b1 or memo.version != act.version:
+        memo.act, memo.b1, memo.version = act, b1, act.version
+        memo.hit = _judge(c, act, b1)
+    hit = memo.hit
+    if hit is None:
+        return None
+    return hit[0], None if hit[1] is None else dict(hit[1])
+
+
+def _judge(c: MemoryTrend, act: Activity, b1: int) -> Hit | None:
     quiet = int(c.quiet // BUCKET)
     if c.signal != "acceleration":
         width = int(c.window // BUCKET)
@@ -233,7 +262,7 @@ def _accelerated(
 
 
 class _Evaluator(Evaluator):
-    __slots__ = ("c", "certified_hits", "certs", "look", "restored", "sustained")
+    __slots__ = ("c", "certified_hits", "certs", "look", "memos", "restored", "sustained")
 
     def __init__(self, rule: Rule) -> None:
         super().__init__(rule)
@@ -243,6 +272,7 @@ class _Evaluator(Evaluator):
         self.certified_hits: Hits = {}  # the last look's (certified), while nothing moved
         self.restored = False  # saved XIDs taken back (or adopted from a reload)
         self.sustained: dict[int, dict[str, Any]] = {}  # GPU -> its hit's values, while held
+        self.memos: dict[int, JudgeMemo] = {}  # GPU -> its last verdict
 
     def adopt(self, old: Evaluator) -> None:
         if isinstance(old, _Evaluator):
@@ -308,7 +338,10 @@ class _Evaluator(Evaluator):
                 continue
             if not corroborated and look.unchanged(h, act.version, now):
                 continue
-            hit = judge(c, act, now)
+            memo = self.memos.get(g.index)
+            if memo is None:
+                memo = self.memos[g.index] = JudgeMemo()
+            hit = judge(c, act, now, memo)
             if c.signal == "acceleration":
                 hit = self._sustain(g.index, act, now, hit)
             if hit is not None and corroborated:
