@@ -656,3 +656,32 @@ def test_an_xid_seen_later_than_its_window_still_pages() -> None:
     n.clock.advance(1800)
     n.poll()
     assert n.firing() == {("Dbe", "1")}
+
+
+def test_a_firing_alert_text_follows_its_values_across_repeated_polls() -> None:
+    # The re-render is skipped while the inputs are the same; every change shows, also a
+    # change back to an earlier value (the resolve says what held last).
+    n = Node(TEMP)
+    n.set(1, temperature_gpu=90)
+    n.poll()
+    n.run(300)
+    assert n.firing() == {("Hot", "1")}
+    n.set(1, temperature_gpu=95)
+    n.run(60)
+    n.set(1, temperature_gpu=90)
+    n.run(60)
+    n.set(1, temperature_gpu=80)
+    n.step()
+    tr = n.transitions[-1][1]
+    assert tr.state is AlertState.RESOLVED
+    assert tr.annotations["summary"] == f"GPU 1 ({pci_of(1)}) on node-a at 90.0 C (limit 85)"
+    n2 = Node(TEMP)
+    n2.set(1, temperature_gpu=90)
+    n2.poll()
+    n2.run(300)
+    assert n2.firing() == {("Hot", "1")}
+    n2.set(1, temperature_gpu=95)
+    n2.run(60)
+    n2.set(1, temperature_gpu=80)
+    n2.step()
+    assert n2.transitions[-1][1].annotations["summary"].endswith("at 95.0 C (limit 85)")
