@@ -6,6 +6,7 @@ overshoot at all. Resumes give places back; a still-active incident then drains.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import random
@@ -143,9 +144,9 @@ class Cluster:
         raise ContractError(404, "NotFound", path)
 
 
-@pytest.fixture
-def api() -> Iterator[tuple[Cluster, int]]:
-    cluster = Cluster([f"gpu-{i:02d}" for i in range(NODES + 1)])
+@contextlib.contextmanager
+def serving(cluster: Cluster) -> Iterator[int]:
+    """The contract server for ``cluster`` on a free loopback port (also bench/fleet_lease.py)."""
     port = free_port()
 
     class Handler(BaseHTTPRequestHandler):
@@ -180,10 +181,17 @@ def api() -> Iterator[tuple[Cluster, int]]:
     server.daemon_threads = True
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        yield cluster, port
+        yield port
     finally:
         server.shutdown()
         server.server_close()
+
+
+@pytest.fixture
+def api() -> Iterator[tuple[Cluster, int]]:
+    cluster = Cluster([f"gpu-{i:02d}" for i in range(NODES + 1)])
+    with serving(cluster) as port:
+        yield cluster, port
 
 
 CLOCK = VirtualClock(time.time())  # moved to the wall clock when a test starts

@@ -272,7 +272,11 @@ LEASE_RETRIES = 64  # each stale write means another daemon's went through
 # loss in a row (full jitter), so a crowd of daemons that lost together spreads out
 # instead of racing again in step (issue 28: 1,000 stages, one lost 24 times in a row)
 LEASE_BACKOFF = 0.01  # seconds: the window after the first loss
-LEASE_BACKOFF_MAX = 1.0  # seconds: the window stops doubling here
+# the window stops doubling at 1 s per 250 nodes (more nodes, more daemons that may race),
+# at least 1 s and at most 30 s (bench/fleet_lease.py: 1,000 stages lost 38,849 writes with
+# a 1 s cap, 10,388 with 4 s)
+LEASE_BACKOFF_NODES = 250.0
+LEASE_BACKOFF_MAX = 30.0
 STOP = "gpuwatchd.io/fleet-stop"  # in the Lease: the fleet's drains are stopped
 
 
@@ -317,6 +321,7 @@ class KubeFleetView:
         self.sleep = sleep
         self.rng = rng or random.Random()
         self.lost = 0  # Lease writes refused as stale, all told (a measure of contention)
+        self.nodes = 0  # nodes in the last census
         ns = urllib.parse.quote(cfg.budget_namespace, safe="")
         self.leases = f"/apis/coordination.k8s.io/v1/namespaces/{ns}/leases"
         self.stop: Mark | None = None  # the fleet stop in the Lease at the last read
@@ -339,7 +344,7 @@ class KubeFleetView:
         """The cordoned nodes (a field selector: at 10,000 nodes the list of every Node
         object is tens of MB) and a count of every node (metadata only)."""
         items = self._list(cordoned=True)
-        nodes = len(self._list(cordoned=False))
+        nodes = self.nodes = len(self._list(cordoned=False))
         drains = []
         for item in items:
             meta = item.get("metadata") or {}
@@ -415,7 +420,8 @@ class KubeFleetView:
         """Our Lease write lost to another daemon's for the ``times``-th time in a row: back
         off before reading again."""
         self.lost += 1
-        window = min(LEASE_BACKOFF_MAX, LEASE_BACKOFF * 2.0 ** (times - 1))
+        cap = min(LEASE_BACKOFF_MAX, max(1.0, self.nodes / LEASE_BACKOFF_NODES))
+        window = min(cap, LEASE_BACKOFF * 2.0 ** (times - 1))
         self.sleep(self.rng.uniform(0.0, window))
 
     def reserve(
@@ -423,6 +429,7 @@ class KubeFleetView:
     ) -> tuple[bool, tuple[FleetDrain, ...]]:
         drained = {d.node for d in census.drains}
         self.tripped = False
+        self.nodes = census.nodes
 
         def listed(places: dict[str, dict[str, Any]]) -> tuple[FleetDrain, ...]:
             return tuple(FleetDrain(n, p["at"], p["reason"]) for n, p in sorted(places.items()))
