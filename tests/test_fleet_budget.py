@@ -191,11 +191,11 @@ def test_fifty_nodes_one_xid_storm_drains_only_the_budget(cluster: Slurm, tmp_pa
 def test_a_second_wave_that_finds_the_budget_full_still_names_the_driver_event(
     cluster: Slurm, tmp_path: Path
 ) -> None:
-    """Issue 28 found 249 of 250 second-wave budget pages without the "likely a driver
-    event" sentence (the drain, re-count, release protocol). Now: 25 nodes see XID 79, the
-    budget fills; 25 more see it a moment later and are refused at their first (cheap)
-    census. Every page of both waves names the event: the second wave's census shows the
-    first wave's drains, all within ``correlate``."""
+    """Issue 28 reported 249 of 250 second-wave budget pages without the "likely a driver
+    event" sentence (not reproduced here, nor with the code before claim-then-drain): 25
+    nodes see XID 79, the budget fills; 25 more see it a moment later and are refused at
+    their first (cheap) census. Every page of both waves names the event: the second wave's
+    census shows the first wave's drains, all within ``correlate``."""
     CLOCK.advance(max(0.0, time.time() - CLOCK.now()))
     fresh(cluster)
     rx = HttpReceiver(free_port()).start()
