@@ -16,8 +16,11 @@ time until every stage had decided, slurmctld's RPC rate and mean RPC time over 
     python3 bench/fleet_storm.py -n 500 --percent 5 --json out.json
     python3 bench/fleet_storm.py -n 2000 --percent 5      # needs a bigger machine
 
-Every stage starts real processes: on the 2-vCPU development VM 500 stages took 37 s, and
-2,000 took the load average to 250 within two minutes (stopped). Size the machine first.
+It also prints where the machine's CPU went (slurmctld, the Slurm client processes) and
+how many stages had an answer, so a run that only measured its own machine shows it. Every
+stage starts real processes, as many at once as a real fleet would (no cap): on the 2-vCPU
+development VM 500 stages took 31 s, and 2,000 had not drained one node after 244 s
+(256 CPU-seconds of sinfo/scontrol against 9.9 for slurmctld). Size the machine first.
 The real-daemon version at 50 nodes is tests/test_fleet_storm.py. Results: docs/fleet.md.
 """
 
@@ -28,6 +31,7 @@ import json
 import os
 import random
 import re
+import resource
 import subprocess
 import sys
 import tempfile
@@ -58,6 +62,18 @@ def sdiag(cluster: Slurm) -> tuple[int, float]:
         count += int(m.group(1))
         micros += float(m.group(3))
     return count, micros
+
+
+def cpu_of(pid: int) -> float:
+    """CPU seconds (user + system) of a running process, from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def children_cpu() -> float:
+    """CPU seconds of every finished child (the stages' sinfo/scontrol processes)."""
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
 
 
 def main() -> int:
@@ -108,6 +124,8 @@ def main() -> int:
         for t in threads:
             t.start()
         rpcs0, micros0 = sdiag(cluster)
+        ctld = procs[0].popen.pid
+        ctld0, clients0 = cpu_of(ctld), children_cpu()
         began = time.monotonic()
         start.set()
         samples: list[int] = []
@@ -123,6 +141,10 @@ def main() -> int:
             time.sleep(0.1)
         rpcs1, micros1 = sdiag(cluster)
         span = time.monotonic() - began
+        ctld1, clients1 = cpu_of(ctld), children_cpu()
+        with lock:
+            decided = sum(1 for r in outcome.values() if r != "over_budget")
+            answered = len(outcome)
         limit = max(1, int(len(cluster.others) * args.percent / 100 + 1e-9))
         final = samples[-1] if samples else 0
         result = {
@@ -131,7 +153,16 @@ def main() -> int:
             "peak_drained": max(samples, default=0),
             "final_drained": final,
             "decided_s": decided_at,
+            "span_s": span,
+            "stages_answered": answered,  # had at least one answer (drained or held back)
+            "stages_drained_or_done": decided,
             "samples": len(samples),
+            # where this machine's CPU went: slurmctld itself, and the Slurm client processes
+            # (sinfo/scontrol) that a real fleet runs on its own 2,000 nodes
+            "slurmctld_cpu_s": ctld1 - ctld0,
+            "client_cpu_s": clients1 - clients0,
+            "client_cpu_ms_per_stage": (clients1 - clients0) * 1000 / max(1, answered),
+            "load_avg_1m_end": os.getloadavg()[0],
             "rpc_per_s": (rpcs1 - rpcs0) / span,
             "rpc_mean_ms": (micros1 - micros0) / max(1, rpcs1 - rpcs0) / 1000.0,
             "slurm_call_errors": len(errors),

@@ -6,8 +6,10 @@ overshoot at all. Resumes give places back; a still-active incident then drains.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
+import random
 import threading
 import time
 import urllib.parse
@@ -23,7 +25,8 @@ from test_actions_kubernetes import TOKEN, ContractError, apply_json_patch, chec
 
 from gpuwatchd.actions import ActionsSink
 from gpuwatchd.actions.fleet import BUDGET_RULE
-from gpuwatchd.actions.kube import ANNOTATION, LEASE, PLACES
+from gpuwatchd.actions.kube import ANNOTATION, LEASE, PLACES, KubeClient, KubeFleetView
+from gpuwatchd.config.actions import FleetDrainConfig, KubernetesDrainConfig
 from gpuwatchd.config.loader import load_config
 from gpuwatchd.core.alerts import AlertState
 from gpuwatchd.core.clock import VirtualClock
@@ -44,6 +47,7 @@ class Cluster:
         self.events: list[dict[str, Any]] = []
         self.cordoned_most = 0
         self.lease_conflicts = 0
+        self.rivals = 0  # this many Lease writes lose to a rival daemon's, written just before
         self.node_lists: list[dict[str, list[str]]] = []  # the queries of node lists
 
     def _next(self) -> str:
@@ -122,6 +126,11 @@ class Cluster:
                 if method == "GET":
                     return 200, lease
                 if method == "PUT":
+                    if self.rivals > 0:  # a rival's write went through first
+                        self.rivals -= 1
+                        lease["metadata"]["resourceVersion"] = self._next()
+                        self.lease_conflicts += 1
+                        raise ContractError(409, "Conflict", "the object has been modified")
                     if (
                         data["metadata"].get("resourceVersion")
                         != lease["metadata"]["resourceVersion"]
@@ -135,9 +144,9 @@ class Cluster:
         raise ContractError(404, "NotFound", path)
 
 
-@pytest.fixture
-def api() -> Iterator[tuple[Cluster, int]]:
-    cluster = Cluster([f"gpu-{i:02d}" for i in range(NODES + 1)])
+@contextlib.contextmanager
+def serving(cluster: Cluster) -> Iterator[int]:
+    """The contract server for ``cluster`` on a free loopback port (also bench/fleet_lease.py)."""
     port = free_port()
 
     class Handler(BaseHTTPRequestHandler):
@@ -172,10 +181,17 @@ def api() -> Iterator[tuple[Cluster, int]]:
     server.daemon_threads = True
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        yield cluster, port
+        yield port
     finally:
         server.shutdown()
         server.server_close()
+
+
+@pytest.fixture
+def api() -> Iterator[tuple[Cluster, int]]:
+    cluster = Cluster([f"gpu-{i:02d}" for i in range(NODES + 1)])
+    with serving(cluster) as port:
+        yield cluster, port
 
 
 CLOCK = VirtualClock(time.time())  # moved to the wall clock when a test starts
@@ -377,6 +393,70 @@ def test_budget_places_stamped_in_the_future_are_dropped(
     finally:
         sink.close()
         rx.stop()
+
+
+def test_a_daemon_that_keeps_losing_the_lease_race_backs_off_and_takes_its_place(
+    api: tuple[Cluster, int],
+) -> None:
+    """Issue 28: at 1,000 concurrent stages one stage lost 24 Lease writes in a row (the
+    limit was 32), each retried after at most 20 ms, in step with the crowd. Here the
+    contract server lets a rival daemon's write go through first 40 times in a row: the
+    daemon waits a random time in a window that doubles with each loss (capped at 1 s),
+    then takes its place. Failed on main: no backoff, and it gave up after 32 tries."""
+    cluster, port = api
+    with cluster.lock:
+        cluster.leases[LEASE] = {
+            "apiVersion": "coordination.k8s.io/v1",
+            "kind": "Lease",
+            "metadata": {
+                "name": LEASE,
+                "namespace": "gpuwatchd",
+                "resourceVersion": cluster._next(),
+                "annotations": {PLACES: "{}"},
+            },
+            "spec": {},
+        }
+        cluster.rivals = 40
+    waits: list[float] = []
+    fleet = FleetDrainConfig(max_nodes=BUDGET, selector="nvidia.com/gpu.present=true")
+    view = KubeFleetView(
+        KubeClient(f"http://127.0.0.1:{port}", token=TOKEN),
+        KubernetesDrainConfig(),
+        fleet,
+        time.time,
+        sleep=waits.append,
+        rng=random.Random(28),
+    )
+    taken, places = view.reserve("gpu-00", BUDGET, view.census(), "gpuwatchd: XID 79 GPU 0")
+    assert taken and [p.node for p in places] == ["gpu-00"]
+    assert view.lost == cluster.lease_conflicts == len(waits) == 40
+    # each wait is drawn from its own window: 10 ms after the first loss, doubling, 1 s at most
+    assert all(0.0 <= w <= min(1.0, 0.01 * 2**i) for i, w in enumerate(waits)), waits
+    assert len(set(waits)) == len(waits)  # jittered, never in step
+    assert max(waits[:3]) <= 0.04 and max(waits[10:]) > 0.1  # backs off as it keeps losing
+    places_now = json.loads(cluster.leases[LEASE]["metadata"]["annotations"][PLACES])
+    assert sorted(places_now) == ["gpu-00"]
+
+
+def test_the_lease_backoff_window_grows_with_the_fleet() -> None:
+    """More nodes, more daemons that may race for a place: the window stops doubling at
+    1 s per 250 nodes (at least 1 s, at most 30 s). bench/fleet_lease.py at 1,000 stages:
+    a 1 s cap lost 38,849 writes (43 in a row), 4 s lost 10,902 (14 in a row)."""
+    for nodes, cap in ((52, 1.0), (1000, 4.0), (100_000, 30.0)):
+        waits: list[float] = []
+        view = KubeFleetView(
+            KubeClient("http://127.0.0.1:9", token=TOKEN),  # never called
+            KubernetesDrainConfig(),
+            FleetDrainConfig(max_percent=10),
+            time.time,
+            sleep=waits.append,
+            rng=random.Random(nodes),
+        )
+        view.nodes = nodes
+        for lost in range(1, 41):
+            view._lost(lost)
+        assert all(w <= cap for w in waits), (nodes, max(waits))
+        assert max(waits[-10:]) > cap / 2, (nodes, waits[-10:])  # it did reach the cap
 
 
 def test_the_breaker_and_the_reset_through_the_lease(

@@ -35,7 +35,7 @@ import tempfile
 import time
 import urllib.parse
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
@@ -267,7 +267,16 @@ METADATA_LIST = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v
 PLACES = "gpuwatchd.io/drained-nodes"
 PLACE_TTL = 300.0  # seconds a place taken for a drain that never showed up is kept
 MAX_CLOCK_SKEW = 300.0  # a place stamped further ahead than this is not believed
-LEASE_RETRIES = 32  # each stale write means another daemon's went through
+LEASE_RETRIES = 64  # each stale write means another daemon's went through
+# after a write refused as stale: wait a random time in a window that doubles with each
+# loss in a row (full jitter), so a crowd of daemons that lost together spreads out
+# instead of racing again in step (issue 28: 1,000 stages, one lost 24 times in a row)
+LEASE_BACKOFF = 0.01  # seconds: the window after the first loss
+# the window stops doubling at 1 s per 250 nodes (more nodes, more daemons that may race),
+# at least 1 s and at most 30 s (bench/fleet_lease.py: 1,000 stages lost 38,849 writes with
+# a 1 s cap, 10,388 with 4 s)
+LEASE_BACKOFF_NODES = 250.0
+LEASE_BACKOFF_MAX = 30.0
 STOP = "gpuwatchd.io/fleet-stop"  # in the Lease: the fleet's drains are stopped
 
 
@@ -296,12 +305,23 @@ class KubeFleetView:
     exclusive = True
 
     def __init__(
-        self, client: KubeClient, cfg: KubernetesDrainConfig, fleet: FleetDrainConfig, wall: Any
+        self,
+        client: KubeClient,
+        cfg: KubernetesDrainConfig,
+        fleet: FleetDrainConfig,
+        wall: Any,
+        *,
+        sleep: Callable[[float], None] = time.sleep,
+        rng: random.Random | None = None,
     ) -> None:
         self.client = client
         self.cfg = cfg
         self.fleet = fleet
         self.wall = wall
+        self.sleep = sleep
+        self.rng = rng or random.Random()
+        self.lost = 0  # Lease writes refused as stale, all told (a measure of contention)
+        self.nodes = 0  # nodes in the last census
         ns = urllib.parse.quote(cfg.budget_namespace, safe="")
         self.leases = f"/apis/coordination.k8s.io/v1/namespaces/{ns}/leases"
         self.stop: Mark | None = None  # the fleet stop in the Lease at the last read
@@ -324,7 +344,7 @@ class KubeFleetView:
         """The cordoned nodes (a field selector: at 10,000 nodes the list of every Node
         object is tens of MB) and a count of every node (metadata only)."""
         items = self._list(cordoned=True)
-        nodes = len(self._list(cordoned=False))
+        nodes = self.nodes = len(self._list(cordoned=False))
         drains = []
         for item in items:
             meta = item.get("metadata") or {}
@@ -396,16 +416,25 @@ class KubeFleetView:
             return False
         raise DrainError(f"write lease {LEASE}: HTTP {status} {data.get('message', '')}")
 
+    def _lost(self, times: int) -> None:
+        """Our Lease write lost to another daemon's for the ``times``-th time in a row: back
+        off before reading again."""
+        self.lost += 1
+        cap = min(LEASE_BACKOFF_MAX, max(1.0, self.nodes / LEASE_BACKOFF_NODES))
+        window = min(cap, LEASE_BACKOFF * 2.0 ** (times - 1))
+        self.sleep(self.rng.uniform(0.0, window))
+
     def reserve(
         self, node: str, limit: int, census: Census, reason: str
     ) -> tuple[bool, tuple[FleetDrain, ...]]:
         drained = {d.node for d in census.drains}
         self.tripped = False
+        self.nodes = census.nodes
 
         def listed(places: dict[str, dict[str, Any]]) -> tuple[FleetDrain, ...]:
             return tuple(FleetDrain(n, p["at"], p["reason"]) for n, p in sorted(places.items()))
 
-        for _ in range(LEASE_RETRIES):
+        for attempt in range(1, LEASE_RETRIES + 1):
             rv, places = self._read()
             now = float(self.wall())
             # a place stays while its node is cordoned by gpuwatchd (and, with a
@@ -437,6 +466,7 @@ class KubeFleetView:
                     self.stop = Mark(node, "tripped", now, xid_of_reason(reason))
                     if not self._write(rv, kept):
                         self.stop = None
+                        self._lost(attempt)
                         continue  # someone else wrote first: read again (they may have)
                     self.tripped = True
                 elif kept != places:
@@ -445,17 +475,18 @@ class KubeFleetView:
             kept[node] = {"at": now, "reason": reason}
             if self._write(rv, kept):
                 return True, listed(kept)
-            time.sleep(random.uniform(0.0, 0.02))  # many daemons at once: spread them
+            self._lost(attempt)
         raise DrainError(f"lease {LEASE} kept changing; gave up after {LEASE_RETRIES} tries")
 
     def release(self, node: str) -> None:
-        for _ in range(LEASE_RETRIES):
+        for attempt in range(1, LEASE_RETRIES + 1):
             rv, places = self._read()
             if node not in places:
                 return
             del places[node]
             if self._write(rv, places):
                 return
+            self._lost(attempt)
         raise DrainError(f"lease {LEASE} kept changing; gave up after {LEASE_RETRIES} tries")
 
     def write_claim(self, node: str, claim: Claim | None) -> None:
@@ -464,13 +495,14 @@ class KubeFleetView:
     def write_mark(self, node: str, mark: Mark | None) -> None:
         """Stop the fleet (a pause, a tripped breaker) or, with None, take the stop off:
         in the Lease, next to the places."""
-        for _ in range(LEASE_RETRIES):
+        for attempt in range(1, LEASE_RETRIES + 1):
             rv, places = self._read()
             if mark is None and self.stop is None:
                 return
             self.stop = mark
             if self._write(rv, places):
                 return
+            self._lost(attempt)
         raise DrainError(f"lease {LEASE} kept changing; gave up after {LEASE_RETRIES} tries")
 
     def marks(self) -> tuple[Mark, ...]:
