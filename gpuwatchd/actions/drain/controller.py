@@ -58,7 +58,8 @@ from gpuwatchd.core.atomicfile import write_atomic
 from gpuwatchd.core.clock import Clock
 from gpuwatchd.core.families import Families
 
-log = logging.getLogger(__name__)
+# the logger keeps the name it had as one module (docs/config.md names it)
+log = logging.getLogger("gpuwatchd.actions.drain")
 
 PENDING = "pending"
 # Incident states in which gpuwatchd holds (or may hold) the node drained.
