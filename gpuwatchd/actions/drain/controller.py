@@ -32,7 +32,13 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from gpuwatchd.actions.drain.incidents import Incident, load_incidents
+from gpuwatchd.actions.drain.incidents import (
+    Incident,
+    cancel_pending,
+    load_incidents,
+    mark_resolved,
+    open_incident,
+)
 from gpuwatchd.actions.drivers import (
     DrainError,
     DrainResult,
@@ -51,7 +57,7 @@ from gpuwatchd.actions.fleet import (
     xid_counts,
     xid_of_reason,
 )
-from gpuwatchd.actions.model import dumps, short_reason, xid_of
+from gpuwatchd.actions.model import short_reason, xid_of
 from gpuwatchd.actions.store import Store
 from gpuwatchd.config.actions import DrainConfig
 from gpuwatchd.core.alerts import AlertSeverity, AlertState, AlertTransition
@@ -174,38 +180,26 @@ class DrainController:
         # with a fleet budget the first check waits a random moment: a fault seen by every
         # node in the same second reaches the scheduler spread out (docs/fleet.md)
         jitter = self.rng.uniform(0.0, self.cfg.fleet.jitter) if self.cfg.fleet.enabled else 0.0
-        cur = conn.execute(
-            "INSERT OR IGNORE INTO incidents(key, fingerprint, record, reason, state, opened, "
-            "drain_at, closed, next_attempt) VALUES(?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (
-                rec["idempotency_key"],
-                rec["fingerprint"],
-                dumps(rec),
-                short_reason(rec),
-                state,
-                now,
-                now + grace,
-                now if silenced else None,
-                now + grace + jitter,
-            ),
+        opened = open_incident(
+            conn,
+            rec,
+            short_reason(rec),
+            state,
+            now,
+            drain_at=now + grace,
+            closed=now if silenced else None,
+            next_attempt=now + grace + jitter,
         )
-        if cur.rowcount and silenced:
+        if opened and silenced:
             log.warning("drain for %s not done: silenced by %s", short_reason(rec), silenced)
 
     def resolved(self, conn: sqlite3.Connection, fingerprint: str, now: float) -> None:
-        cur = conn.execute(
-            "UPDATE incidents SET state='cancelled', closed=? WHERE fingerprint=? AND state=?",
-            (now, fingerprint, PENDING),
-        )
-        if cur.rowcount:  # the alert cleared within its grace: no drain
+        cancelled = cancel_pending(conn, fingerprint, PENDING, now)
+        if cancelled:  # the alert cleared within its grace: no drain
             with self._count_lock:
-                self.actions[("drain", "cancelled")] += cur.rowcount
+                self.actions[("drain", "cancelled")] += cancelled
             log.warning("drain of %s cancelled: the alert resolved within the grace", self.node)
-        conn.execute(
-            "UPDATE incidents SET resolved=?, closed=COALESCE(closed, ?) "
-            "WHERE fingerprint=? AND resolved IS NULL",
-            (now, now, fingerprint),
-        )
+        mark_resolved(conn, fingerprint, now)
 
     # -- the drain worker ------------------------------------------------------------
     def _backoff(self, attempts: int) -> float:
