@@ -35,9 +35,15 @@ from typing import Any
 from gpuwatchd.actions.drain.incidents import (
     Incident,
     cancel_pending,
+    drained_since,
+    last_resolved,
     load_incidents,
     mark_resolved,
+    next_pending_due,
+    oldest_drain_since,
     open_incident,
+    pending_with_result,
+    unresolved_count,
 )
 from gpuwatchd.actions.drivers import (
     DrainError,
@@ -207,11 +213,7 @@ class DrainController:
         return base * (0.5 + self.rng.random() / 2)
 
     def _window_count(self, now: float) -> int:
-        row = self.store.query(
-            "SELECT COUNT(*) FROM incidents WHERE drained_at IS NOT NULL AND drained_at > ?",
-            (now - self.cfg.window,),
-        )
-        return int(row[0][0])
+        return drained_since(self.store, now - self.cfg.window)
 
     def _record(
         self, action: str, inc: Incident | None, result: DrainResult | str, detail: str = ""
@@ -560,11 +562,7 @@ class DrainController:
         return [self._synthetic(BUDGET_RULE, AlertState.FIRING, None, now, summary, notes)]
 
     def _held_back(self) -> int:
-        row = self.store.query(
-            "SELECT COUNT(*) FROM incidents WHERE state=? AND result LIKE ?",
-            (PENDING, OVER_BUDGET + "%"),
-        )
-        return int(row[0][0])
+        return pending_with_result(self.store, PENDING, OVER_BUDGET)
 
     def _breaker_page(self, inc: Incident, now: float) -> list[AlertTransition]:
         """This node tripped the breaker (first of those that did): one page for the fleet,
@@ -726,8 +724,8 @@ class DrainController:
             or row["resume_attempts"] >= self.cfg.attempts
         ):
             return
-        open_ = self.store.query("SELECT COUNT(*) FROM incidents WHERE resolved IS NULL")[0][0]
-        last = self.store.query("SELECT MAX(resolved) FROM incidents")[0][0]
+        open_ = unresolved_count(self.store)
+        last = last_resolved(self.store)
         if open_ or last is None or now < last + self.cfg.resume_hold:
             return
         drained = self._incidents("state IN ('drained', 'already', 'noted', 'dry_run')")
@@ -768,22 +766,17 @@ class DrainController:
 
     def _next_due(self, now: float) -> float | None:
         times: list[float] = []
-        row = self.store.query(
-            "SELECT MIN(MAX(drain_at, next_attempt)) FROM incidents WHERE state=?", (PENDING,)
-        )
-        if row and row[0][0] is not None:
-            times.append(float(row[0][0]))
+        due = next_pending_due(self.store, PENDING)
+        if due is not None:
+            times.append(due)
         if self.cfg.resume:
-            last = self.store.query("SELECT MAX(resolved) FROM incidents")[0][0]
+            last = last_resolved(self.store)
             if last is not None:
-                times.append(max(float(last) + self.cfg.resume_hold, now + 1.0))
+                times.append(max(last + self.cfg.resume_hold, now + 1.0))
         if self.driver.reads_state and not self.cfg.dry_run and self._held():
             times.append(max(self._hold_next, now + 1.0))
         if self.store.query("SELECT value FROM meta WHERE key='limit_alert'") and self.cfg.window:
-            oldest = self.store.query(
-                "SELECT MIN(drained_at) FROM incidents WHERE drained_at > ?",
-                (now - self.cfg.window,),
-            )[0][0]
+            oldest = oldest_drain_since(self.store, now - self.cfg.window)
             if oldest is not None:
                 times.append(float(oldest) + self.cfg.window)
         return min(times) if times else None

@@ -2,6 +2,7 @@
 
 The columns are those of ``incidents`` in ``actions/store.py``; ``record`` is the firing
 transition's record, decoded. ``load_incidents`` is the one place that reads incident rows;
+the counts and times the controller schedules by come from the small readers below;
 ``open_incident``, ``cancel_pending`` and ``mark_resolved`` write them when an alert fires
 or resolves (in the caller's transaction).
 """
@@ -97,3 +98,43 @@ def mark_resolved(conn: sqlite3.Connection, fingerprint: str, now: float) -> Non
         "WHERE fingerprint=? AND resolved IS NULL",
         (now, now, fingerprint),
     )
+
+
+def _scalar(store: Store, sql: str, args: tuple[Any, ...] = ()) -> Any:
+    return store.query(sql, args)[0][0]
+
+
+def drained_since(store: Store, since: float) -> int:
+    """How many incidents drained the node after ``since`` (the rate limit's window)."""
+    sql = "SELECT COUNT(*) FROM incidents WHERE drained_at IS NOT NULL AND drained_at > ?"
+    return int(_scalar(store, sql, (since,)))
+
+
+def oldest_drain_since(store: Store, since: float) -> float | None:
+    """When the oldest drain after ``since`` was made (None: none was)."""
+    value = _scalar(store, "SELECT MIN(drained_at) FROM incidents WHERE drained_at > ?", (since,))
+    return None if value is None else float(value)
+
+
+def pending_with_result(store: Store, pending: str, prefix: str) -> int:
+    """How many pending incidents carry a result starting with ``prefix``."""
+    sql = "SELECT COUNT(*) FROM incidents WHERE state=? AND result LIKE ?"
+    return int(_scalar(store, sql, (pending, prefix + "%")))
+
+
+def unresolved_count(store: Store) -> int:
+    """How many incidents' alerts have not resolved yet."""
+    return int(_scalar(store, "SELECT COUNT(*) FROM incidents WHERE resolved IS NULL"))
+
+
+def last_resolved(store: Store) -> float | None:
+    """When the last incident's alert resolved (None: none has)."""
+    value = _scalar(store, "SELECT MAX(resolved) FROM incidents")
+    return None if value is None else float(value)
+
+
+def next_pending_due(store: Store, pending: str) -> float | None:
+    """The earliest moment a pending incident is due (its grace over and its retry time)."""
+    sql = "SELECT MIN(MAX(drain_at, next_attempt)) FROM incidents WHERE state=?"
+    value = _scalar(store, sql, (pending,))
+    return None if value is None else float(value)
