@@ -38,11 +38,15 @@ from gpuwatchd.actions.drain.incidents import (
     drained_since,
     last_resolved,
     load_incidents,
+    mark_failed,
+    mark_rate_limited,
     mark_resolved,
     next_pending_due,
     oldest_drain_since,
     open_incident,
     pending_with_result,
+    schedule_retry,
+    set_notified,
     unresolved_count,
 )
 from gpuwatchd.actions.drivers import (
@@ -266,7 +270,7 @@ class DrainController:
             pages.extend(self._failing_resolved(inc, now))
         for inc in self._incidents("state='failed' AND resolved IS NOT NULL AND notified < 2"):
             with self.store.tx() as conn:
-                conn.execute("UPDATE incidents SET notified=2 WHERE key=?", (inc.key,))
+                set_notified(conn, inc.key, 2)
             summary = f"the fault behind the failed drain of {self.node} has resolved"
             pages.append(self._synthetic(FAILED_RULE, AlertState.RESOLVED, inc, now, summary))
         if self.cfg.resume:
@@ -301,7 +305,7 @@ class DrainController:
                 (PENDING, inc.key),
             ).fetchone()[0]
             owned = conn.execute("SELECT owned FROM node_drain WHERE id=1").fetchone()[0]
-            conn.execute("UPDATE incidents SET notified=1 WHERE key=?", (inc.key,))
+            set_notified(conn, inc.key, 1)
         argv = self.cfg.notify_command
         if not argv:
             return
@@ -418,11 +422,7 @@ class DrainController:
                 return self._keep_trying(inc, now, attempts, exc)
             if attempts >= self.cfg.attempts:
                 with self.store.tx() as conn:
-                    conn.execute(
-                        "UPDATE incidents SET state='failed', attempts=?, last_error=?, closed=? "
-                        "WHERE key=?",
-                        (attempts, str(exc), now, inc.key),
-                    )
+                    mark_failed(conn, inc.key, attempts, str(exc), now)
                 self._record("drain", inc, "failed", f"gave up after {attempts} attempts: {exc}")
                 return [
                     self._synthetic(
@@ -434,10 +434,7 @@ class DrainController:
                     )
                 ]
             with self.store.tx() as conn:
-                conn.execute(
-                    "UPDATE incidents SET attempts=?, last_error=?, next_attempt=? WHERE key=?",
-                    (attempts, str(exc), now + self._backoff(attempts), inc.key),
-                )
+                schedule_retry(conn, inc.key, attempts, str(exc), now + self._backoff(attempts))
             log.warning("drain %s: attempt %d failed: %s", self.node, attempts, exc)
             return []
         pages = self._failing_resolved(inc, now)
@@ -470,10 +467,7 @@ class DrainController:
         (a restart, an outage) must not leave a node with a fatal XID in service. After
         ``attempts`` failures it pages once and goes on trying, at most every RETRY_MAX."""
         with self.store.tx() as conn:
-            conn.execute(
-                "UPDATE incidents SET attempts=?, last_error=?, next_attempt=? WHERE key=?",
-                (attempts, str(exc), now + self._backoff(attempts), inc.key),
-            )
+            schedule_retry(conn, inc.key, attempts, str(exc), now + self._backoff(attempts))
         log.warning("drain %s: attempt %d failed (trying again): %s", self.node, attempts, exc)
         if attempts != self.cfg.attempts:
             return []
@@ -645,10 +639,8 @@ class DrainController:
     def _rate_limited(self, inc: Incident, now: float) -> list[AlertTransition]:
         self.rate_limited += 1
         with self.store.tx() as conn:
-            conn.execute(
-                "UPDATE incidents SET state='rate_limited', result=?, closed=? WHERE key=?",
-                (f"{self.cfg.max_drains} drains in {self.cfg.window:g}s already", now, inc.key),
-            )
+            limited = f"{self.cfg.max_drains} drains in {self.cfg.window:g}s already"
+            mark_rate_limited(conn, inc.key, limited, now)
         self._record(
             "drain",
             inc,

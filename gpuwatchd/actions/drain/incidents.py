@@ -138,3 +138,34 @@ def next_pending_due(store: Store, pending: str) -> float | None:
     sql = "SELECT MIN(MAX(drain_at, next_attempt)) FROM incidents WHERE state=?"
     value = _scalar(store, sql, (pending,))
     return None if value is None else float(value)
+
+
+def set_notified(conn: sqlite3.Connection, key: str, notified: int) -> None:
+    """Note what was told of the incident (1: drain_pending ran; 2: its failure resolved)."""
+    conn.execute("UPDATE incidents SET notified=? WHERE key=?", (notified, key))
+
+
+def schedule_retry(
+    conn: sqlite3.Connection, key: str, attempts: int, error: str, next_attempt: float
+) -> None:
+    """A drain attempt failed: count it and ask again at ``next_attempt``."""
+    conn.execute(
+        "UPDATE incidents SET attempts=?, last_error=?, next_attempt=? WHERE key=?",
+        (attempts, error, next_attempt, key),
+    )
+
+
+def mark_failed(conn: sqlite3.Connection, key: str, attempts: int, error: str, now: float) -> None:
+    """The drain was given up after ``attempts`` tries."""
+    conn.execute(
+        "UPDATE incidents SET state='failed', attempts=?, last_error=?, closed=? WHERE key=?",
+        (attempts, error, now, key),
+    )
+
+
+def mark_rate_limited(conn: sqlite3.Connection, key: str, result: str, now: float) -> None:
+    """The node's drain limit was reached: this incident drains nothing."""
+    conn.execute(
+        "UPDATE incidents SET state='rate_limited', result=?, closed=? WHERE key=?",
+        (result, now, key),
+    )
