@@ -5,7 +5,7 @@ of the actions stage and owns none of their logic:
   drain incident in one transaction before anything leaves the node;
 - ``TargetDelivery`` (``delivery.py``): sends the pending messages of one receiver target
   through a ``Sender`` (``transport.py``: HTTP, or ``recording.py``: recorded);
-- ``DrainController`` (``drain.py``): drains and resumes the node;
+- ``DrainController`` (``drain/``): drains and resumes the node;
 - ``Workers`` (``workers.py``): the threads, started by ``start()`` only.
 
 Constructing a sink starts nothing and changes no global state. Without ``start()``,

@@ -32,6 +32,23 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from gpuwatchd.actions.drain.incidents import (
+    Incident,
+    cancel_pending,
+    drained_since,
+    last_resolved,
+    load_incidents,
+    mark_failed,
+    mark_rate_limited,
+    mark_resolved,
+    next_pending_due,
+    oldest_drain_since,
+    open_incident,
+    pending_with_result,
+    schedule_retry,
+    set_notified,
+    unresolved_count,
+)
 from gpuwatchd.actions.drivers import (
     DrainError,
     DrainResult,
@@ -50,15 +67,16 @@ from gpuwatchd.actions.fleet import (
     xid_counts,
     xid_of_reason,
 )
-from gpuwatchd.actions.model import dumps, short_reason, xid_of
-from gpuwatchd.actions.store import Store, loads
+from gpuwatchd.actions.model import short_reason, xid_of
+from gpuwatchd.actions.store import Store
 from gpuwatchd.config.actions import DrainConfig
 from gpuwatchd.core.alerts import AlertSeverity, AlertState, AlertTransition
 from gpuwatchd.core.atomicfile import write_atomic
 from gpuwatchd.core.clock import Clock
 from gpuwatchd.core.families import Families
 
-log = logging.getLogger(__name__)
+# the logger keeps the name it had as one module (docs/config.md names it)
+log = logging.getLogger("gpuwatchd.actions.drain")
 
 PENDING = "pending"
 # Incident states in which gpuwatchd holds (or may hold) the node drained.
@@ -172,38 +190,26 @@ class DrainController:
         # with a fleet budget the first check waits a random moment: a fault seen by every
         # node in the same second reaches the scheduler spread out (docs/fleet.md)
         jitter = self.rng.uniform(0.0, self.cfg.fleet.jitter) if self.cfg.fleet.enabled else 0.0
-        cur = conn.execute(
-            "INSERT OR IGNORE INTO incidents(key, fingerprint, record, reason, state, opened, "
-            "drain_at, closed, next_attempt) VALUES(?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (
-                rec["idempotency_key"],
-                rec["fingerprint"],
-                dumps(rec),
-                short_reason(rec),
-                state,
-                now,
-                now + grace,
-                now if silenced else None,
-                now + grace + jitter,
-            ),
+        opened = open_incident(
+            conn,
+            rec,
+            short_reason(rec),
+            state,
+            now,
+            drain_at=now + grace,
+            closed=now if silenced else None,
+            next_attempt=now + grace + jitter,
         )
-        if cur.rowcount and silenced:
+        if opened and silenced:
             log.warning("drain for %s not done: silenced by %s", short_reason(rec), silenced)
 
     def resolved(self, conn: sqlite3.Connection, fingerprint: str, now: float) -> None:
-        cur = conn.execute(
-            "UPDATE incidents SET state='cancelled', closed=? WHERE fingerprint=? AND state=?",
-            (now, fingerprint, PENDING),
-        )
-        if cur.rowcount:  # the alert cleared within its grace: no drain
+        cancelled = cancel_pending(conn, fingerprint, PENDING, now)
+        if cancelled:  # the alert cleared within its grace: no drain
             with self._count_lock:
-                self.actions[("drain", "cancelled")] += cur.rowcount
+                self.actions[("drain", "cancelled")] += cancelled
             log.warning("drain of %s cancelled: the alert resolved within the grace", self.node)
-        conn.execute(
-            "UPDATE incidents SET resolved=?, closed=COALESCE(closed, ?) "
-            "WHERE fingerprint=? AND resolved IS NULL",
-            (now, now, fingerprint),
-        )
+        mark_resolved(conn, fingerprint, now)
 
     # -- the drain worker ------------------------------------------------------------
     def _backoff(self, attempts: int) -> float:
@@ -211,14 +217,10 @@ class DrainController:
         return base * (0.5 + self.rng.random() / 2)
 
     def _window_count(self, now: float) -> int:
-        row = self.store.query(
-            "SELECT COUNT(*) FROM incidents WHERE drained_at IS NOT NULL AND drained_at > ?",
-            (now - self.cfg.window,),
-        )
-        return int(row[0][0])
+        return drained_since(self.store, now - self.cfg.window)
 
     def _record(
-        self, action: str, inc: dict[str, Any] | None, result: DrainResult | str, detail: str = ""
+        self, action: str, inc: Incident | None, result: DrainResult | str, detail: str = ""
     ) -> None:
         name = result.result if isinstance(result, DrainResult) else result
         text = result.detail if isinstance(result, DrainResult) else detail
@@ -241,18 +243,12 @@ class DrainController:
                 "dry_run": self.cfg.dry_run,
             }
             if inc is not None:
-                out["incident"] = inc["key"]
-                out["reason"] = inc["reason"]
+                out["incident"] = inc.key
+                out["reason"] = inc.reason
             self.on_record(out)
 
-    def _incidents(self, where: str, args: tuple[Any, ...] = ()) -> list[dict[str, Any]]:
-        rows = self.store.query(f"SELECT * FROM incidents WHERE {where} ORDER BY opened, key", args)
-        out = []
-        for r in rows:
-            d = dict(r)
-            d["record"] = loads(d["record"])
-            out.append(d)
-        return out
+    def _incidents(self, where: str, args: tuple[Any, ...] = ()) -> list[Incident]:
+        return load_incidents(self.store, where, args)
 
     def step(self, now: float) -> float | None:
         """Do what is due; returns when there is more to do (None: nothing scheduled)."""
@@ -274,7 +270,7 @@ class DrainController:
             pages.extend(self._failing_resolved(inc, now))
         for inc in self._incidents("state='failed' AND resolved IS NOT NULL AND notified < 2"):
             with self.store.tx() as conn:
-                conn.execute("UPDATE incidents SET notified=2 WHERE key=?", (inc["key"],))
+                set_notified(conn, inc.key, 2)
             summary = f"the fault behind the failed drain of {self.node} has resolved"
             pages.append(self._synthetic(FAILED_RULE, AlertState.RESOLVED, inc, now, summary))
         if self.cfg.resume:
@@ -290,40 +286,40 @@ class DrainController:
         if self.silenced_by is None:
             return
         for inc in self._incidents("state='silenced' AND resolved IS NULL"):
-            if self.silenced_by(inc["record"], now) is not None:
+            if self.silenced_by(inc.record, now) is not None:
                 continue
             with self.store.tx() as conn:
                 conn.execute(
                     "UPDATE incidents SET state=?, closed=NULL, drain_at=?, next_attempt=0 "
                     "WHERE key=? AND state='silenced'",
-                    (PENDING, now + self.grace_for(inc["record"]), inc["key"]),
+                    (PENDING, now + self.grace_for(inc.record), inc.key),
                 )
-            log.warning("drain for %s: the silence is over and it still fires", inc["reason"])
+            log.warning("drain for %s: the silence is over and it still fires", inc.reason)
 
-    def _notify(self, inc: dict[str, Any]) -> None:
+    def _notify(self, inc: Incident) -> None:
         with self.store.tx() as conn:
             # One notice per drain: not when another alert of the cascade gave it already,
             # nor when gpuwatchd holds the node drained (there is no drain to wait for).
             others = conn.execute(
                 "SELECT COUNT(*) FROM incidents WHERE state=? AND notified=1 AND key<>?",
-                (PENDING, inc["key"]),
+                (PENDING, inc.key),
             ).fetchone()[0]
             owned = conn.execute("SELECT owned FROM node_drain WHERE id=1").fetchone()[0]
-            conn.execute("UPDATE incidents SET notified=1 WHERE key=?", (inc["key"],))
+            set_notified(conn, inc.key, 1)
         argv = self.cfg.notify_command
         if not argv:
             return
         if others or owned or self._dry_run_drained():
-            log.info("drain pending for %s: the node's drain is announced already", inc["reason"])
+            log.info("drain pending for %s: the node's drain is announced already", inc.reason)
             return
         if self.cfg.dry_run or not self.run_notify:
-            log.warning("drain pending for %s: would run %s (dry run)", inc["reason"], argv[0])
+            log.warning("drain pending for %s: would run %s (dry run)", inc.reason, argv[0])
             return
         env = {
             **os.environ,
-            **incident_env("drain_pending", self.node, inc, inc["reason"]),
-            "GPUWATCHD_DRAIN_AT": f"{inc['drain_at']:.3f}",
-            "GPUWATCHD_GRACE_SECONDS": f"{inc['drain_at'] - inc['opened']:g}",
+            **incident_env("drain_pending", self.node, inc.as_mapping(), inc.reason),
+            "GPUWATCHD_DRAIN_AT": f"{inc.drain_at:.3f}",
+            "GPUWATCHD_GRACE_SECONDS": f"{inc.drain_at - inc.opened:g}",
         }
         try:
             res = run_argv(argv, timeout=self.cfg.timeout, env=env)
@@ -360,7 +356,7 @@ class DrainController:
 
         return gate
 
-    def _confirm(self, inc: dict[str, Any], result: DrainResult) -> DrainResult:
+    def _confirm(self, inc: Incident, result: DrainResult) -> DrainResult:
         """A drain of ours found without a record of it (a restart between the drain and
         writing it down): re-count; above the budget, release it at once. A release that
         fails is an error: the incident tries again, and re-counts again."""
@@ -369,7 +365,7 @@ class DrainController:
         if verdict.allowed:
             return result
         try:
-            released = self.driver.resume(inc, False)
+            released = self.driver.resume(inc.as_mapping(), False)
         except DrainError as exc:
             raise DrainError(
                 f"over the fleet budget ({verdict.detail}), and the release failed: {exc}"
@@ -385,7 +381,7 @@ class DrainController:
             f"{verdict.detail}",
         )
 
-    def _drain(self, inc: dict[str, Any], now: float) -> list[AlertTransition]:
+    def _drain(self, inc: Incident, now: float) -> list[AlertTransition]:
         owned = self.store.query("SELECT owned, reason FROM node_drain WHERE id=1")[0]
         would = self._dry_run_drained()
         try:
@@ -402,14 +398,16 @@ class DrainController:
                 # Over the limit nothing may change; a driver that can read the node may
                 # still find there is nothing to do (drained already, or by an admin).
                 probe = (
-                    self.driver.drain(inc, inc["reason"], True) if self.driver.reads_state else None
+                    self.driver.drain(inc.as_mapping(), inc.reason, True)
+                    if self.driver.reads_state
+                    else None
                 )
                 if probe is None or probe.counts:
                     return self._rate_limited(inc, now)
                 result = probe
             else:
                 result = self.driver.drain(
-                    inc, inc["reason"], self.cfg.dry_run, gate=self._gate(inc["reason"])
+                    inc.as_mapping(), inc.reason, self.cfg.dry_run, gate=self._gate(inc.reason)
                 )
                 # "already" on a node gpuwatchd has no record of draining: it drained, then
                 # stopped before writing it down (a crash, a restart); re-count now. A drain
@@ -419,16 +417,12 @@ class DrainController:
                     result = self._confirm(inc, result)
         except DrainError as exc:
             self.last_error = str(exc)
-            attempts = inc["attempts"] + 1
-            if attempts >= self.cfg.attempts and xid_of(inc["record"]) is not None:
+            attempts = inc.attempts + 1
+            if attempts >= self.cfg.attempts and xid_of(inc.record) is not None:
                 return self._keep_trying(inc, now, attempts, exc)
             if attempts >= self.cfg.attempts:
                 with self.store.tx() as conn:
-                    conn.execute(
-                        "UPDATE incidents SET state='failed', attempts=?, last_error=?, closed=? "
-                        "WHERE key=?",
-                        (attempts, str(exc), now, inc["key"]),
-                    )
+                    mark_failed(conn, inc.key, attempts, str(exc), now)
                 self._record("drain", inc, "failed", f"gave up after {attempts} attempts: {exc}")
                 return [
                     self._synthetic(
@@ -440,83 +434,75 @@ class DrainController:
                     )
                 ]
             with self.store.tx() as conn:
-                conn.execute(
-                    "UPDATE incidents SET attempts=?, last_error=?, next_attempt=? WHERE key=?",
-                    (attempts, str(exc), now + self._backoff(attempts), inc["key"]),
-                )
+                schedule_retry(conn, inc.key, attempts, str(exc), now + self._backoff(attempts))
             log.warning("drain %s: attempt %d failed: %s", self.node, attempts, exc)
             return []
         pages = self._failing_resolved(inc, now)
         if result.result == OVER_BUDGET:
             return pages + self._over_budget(inc, now, result)
-        self._held_times.pop(inc["key"], None)
+        self._held_times.pop(inc.key, None)
         self._hold_next = now + self.cfg.hold_interval
         with self.store.tx() as conn:
             conn.execute(
                 "UPDATE incidents SET state=?, result=?, attempts=0, next_attempt=0, drained_at=?, "
                 "last_error=NULL WHERE key=?",
-                (result.result, result.detail, now if result.counts else None, inc["key"]),
+                (result.result, result.detail, now if result.counts else None, inc.key),
             )
             if result.owns:
                 conn.execute(
                     "UPDATE node_drain SET owned=1, reason=COALESCE(reason, ?), "
                     "drained_at=COALESCE(drained_at, ?), "
                     "resume_attempts=0, next_attempt=0, last_result=? WHERE id=1",
-                    (inc["reason"], now, result.result),
+                    (inc.reason, now, result.result),
                 )
             if self._pretend and result.result == "dry_run":
-                Store.set_meta(conn, "dry_run_drained", inc["reason"])
+                Store.set_meta(conn, "dry_run_drained", inc.reason)
         self._record("drain", inc, result)
         return pages
 
     def _keep_trying(
-        self, inc: dict[str, Any], now: float, attempts: int, exc: DrainError
+        self, inc: Incident, now: float, attempts: int, exc: DrainError
     ) -> list[AlertTransition]:
         """A drain for an XID is never given up: the scheduler being unreachable for a while
         (a restart, an outage) must not leave a node with a fatal XID in service. After
         ``attempts`` failures it pages once and goes on trying, at most every RETRY_MAX."""
         with self.store.tx() as conn:
-            conn.execute(
-                "UPDATE incidents SET attempts=?, last_error=?, next_attempt=? WHERE key=?",
-                (attempts, str(exc), now + self._backoff(attempts), inc["key"]),
-            )
+            schedule_retry(conn, inc.key, attempts, str(exc), now + self._backoff(attempts))
         log.warning("drain %s: attempt %d failed (trying again): %s", self.node, attempts, exc)
         if attempts != self.cfg.attempts:
             return []
         self._record("drain", inc, "failed", f"{attempts} attempts failed, trying again: {exc}")
         with self.store.tx() as conn:
-            Store.set_meta(conn, f"failing:{inc['key']}", "firing")
+            Store.set_meta(conn, f"failing:{inc.key}", "firing")
         summary = (
             f"gpuwatchd could not drain {self.node} after {attempts} attempts and keeps "
             f"trying: {exc}"
         )
         return [self._synthetic(FAILED_RULE, AlertState.FIRING, inc, now, summary)]
 
-    def _failing_resolved(self, inc: dict[str, Any], now: float) -> list[AlertTransition]:
+    def _failing_resolved(self, inc: Incident, now: float) -> list[AlertTransition]:
         """The drain that kept failing went through (or its fault ended): resolve its page."""
-        if self._meta(f"failing:{inc['key']}") != "firing":
+        if self._meta(f"failing:{inc.key}") != "firing":
             return []
         with self.store.tx() as conn:
-            Store.set_meta(conn, f"failing:{inc['key']}", "")
+            Store.set_meta(conn, f"failing:{inc.key}", "")
         summary = f"the drain of {self.node} that kept failing is no longer failing"
         return [self._synthetic(FAILED_RULE, AlertState.RESOLVED, inc, now, summary)]
 
     # -- the fleet budget -------------------------------------------------------------
-    def _over_budget(
-        self, inc: dict[str, Any], now: float, result: DrainResult
-    ) -> list[AlertTransition]:
+    def _over_budget(self, inc: Incident, now: float, result: DrainResult) -> list[AlertTransition]:
         """Not drained: the incident stays pending and asks again after ``recheck``."""
-        first = not str(inc["result"] or "").startswith(OVER_BUDGET)
+        first = not str(inc.result or "").startswith(OVER_BUDGET)
         # while the budget stays full, ask again less often (up to 8 times recheck), each
         # at a random moment of its interval, so held-back nodes do not ask in step
-        held = 1 if first else self._held_times.get(inc["key"], 1) + 1
-        self._held_times[inc["key"]] = held
+        held = 1 if first else self._held_times.get(inc.key, 1) + 1
+        self._held_times[inc.key] = held
         wait = self.cfg.fleet.recheck * min(2.0 ** (held - 1), RECHECK_MAX_FACTOR)
         wait *= self.rng.uniform(0.75, 1.0)
         with self.store.tx() as conn:
             conn.execute(
                 "UPDATE incidents SET result=?, attempts=0, next_attempt=? WHERE key=?",
-                (f"{OVER_BUDGET}: {result.detail}", now + wait, inc["key"]),
+                (f"{OVER_BUDGET}: {result.detail}", now + wait, inc.key),
             )
         if first:
             self._record("drain", inc, result)
@@ -524,7 +510,7 @@ class DrainController:
             log.info("drain %s: still over the fleet budget: %s", self.node, result.detail)
         return self._budget_page(inc, now)
 
-    def _budget_page(self, inc: dict[str, Any], now: float) -> list[AlertTransition]:
+    def _budget_page(self, inc: Incident, now: float) -> list[AlertTransition]:
         fleet = self.fleet
         if fleet is None or fleet.last is None:
             return []
@@ -540,7 +526,7 @@ class DrainController:
             return []
         verdict = fleet.last
         drains = verdict.census.drains
-        mine = xid_of_reason(inc["reason"])
+        mine = xid_of_reason(inc.reason)
         # other nodes waiting for a place say which XID they want to drain for
         extra = claimed_xids(verdict.census, fleet.wall(), self.node)
         extra += [f"{self.node}|{mine}"] if mine else []
@@ -551,7 +537,7 @@ class DrainController:
         summary = (
             f"fleet drain budget of {verdict.limit} nodes reached: {drained} drained by "
             f"gpuwatchd at the last count ({verdict.nodes} nodes known); not draining "
-            f"{self.node} for {inc['reason']}" + (f" (XIDs: {seen})" if seen else "")
+            f"{self.node} for {inc.reason}" + (f" (XIDs: {seen})" if seen else "")
         )
         notes: dict[str, str] = {"xids": seen, "drained_nodes": str(drained)}
         common = correlated(drains, self.cfg.fleet, fleet.wall(), extra)
@@ -570,20 +556,16 @@ class DrainController:
         return [self._synthetic(BUDGET_RULE, AlertState.FIRING, None, now, summary, notes)]
 
     def _held_back(self) -> int:
-        row = self.store.query(
-            "SELECT COUNT(*) FROM incidents WHERE state=? AND result LIKE ?",
-            (PENDING, OVER_BUDGET + "%"),
-        )
-        return int(row[0][0])
+        return pending_with_result(self.store, PENDING, OVER_BUDGET)
 
-    def _breaker_page(self, inc: dict[str, Any], now: float) -> list[AlertTransition]:
+    def _breaker_page(self, inc: Incident, now: float) -> list[AlertTransition]:
         """This node tripped the breaker (first of those that did): one page for the fleet,
         naming the XIDs and the share of nodes that wanted to drain."""
         fleet = self.fleet
         assert fleet is not None and fleet.last is not None
         verdict = fleet.last
         census = verdict.census
-        mine = xid_of_reason(inc["reason"])
+        mine = xid_of_reason(inc.reason)
         extra = claimed_xids(census, fleet.wall(), self.node)
         extra += [f"{self.node}|{mine}"] if mine else []
         xids = xid_counts(d for d in census.drains if d.node != self.node)
@@ -620,7 +602,7 @@ class DrainController:
         return [*out, self._synthetic(BUDGET_RULE, AlertState.RESOLVED, None, now, summary)]
 
     # -- holding the node out of service ---------------------------------------------
-    def _held(self) -> list[dict[str, Any]]:
+    def _held(self) -> list[Incident]:
         marks = ",".join("?" * len(HELD_STATES))
         return self._incidents(f"state IN ({marks}) AND resolved IS NULL", HELD_STATES)
 
@@ -631,13 +613,13 @@ class DrainController:
             return
         held = self._held()
         if self.silenced_by is not None:
-            held = [i for i in held if self.silenced_by(i["record"], now) is None]
+            held = [i for i in held if self.silenced_by(i.record, now) is None]
         if not held:
             return
         self._hold_next = now + self.cfg.hold_interval
         inc = held[0]
         try:
-            result = self.driver.hold(inc["reason"], gate=self._gate(inc["reason"]))
+            result = self.driver.hold(inc.reason, gate=self._gate(inc.reason))
         except DrainError as exc:
             self.last_error = str(exc)
             self._record("hold", inc, "failed", str(exc))
@@ -650,17 +632,15 @@ class DrainController:
                     "UPDATE node_drain SET owned=1, reason=COALESCE(reason, ?), "
                     "drained_at=COALESCE(drained_at, ?), resume_attempts=0, next_attempt=0, "
                     "last_result=? WHERE id=1",
-                    (inc["reason"], now, result.result),
+                    (inc.reason, now, result.result),
                 )
         self._record("hold", inc, result)
 
-    def _rate_limited(self, inc: dict[str, Any], now: float) -> list[AlertTransition]:
+    def _rate_limited(self, inc: Incident, now: float) -> list[AlertTransition]:
         self.rate_limited += 1
         with self.store.tx() as conn:
-            conn.execute(
-                "UPDATE incidents SET state='rate_limited', result=?, closed=? WHERE key=?",
-                (f"{self.cfg.max_drains} drains in {self.cfg.window:g}s already", now, inc["key"]),
-            )
+            limited = f"{self.cfg.max_drains} drains in {self.cfg.window:g}s already"
+            mark_rate_limited(conn, inc.key, limited, now)
         self._record(
             "drain",
             inc,
@@ -673,14 +653,14 @@ class DrainController:
         self,
         rule: str,
         state: AlertState,
-        inc: dict[str, Any] | None,
+        inc: Incident | None,
         now: float,
         summary: str,
         notes: dict[str, str] | None = None,
     ) -> AlertTransition:
         labels = {"node": self.node}
         if inc is not None:
-            src = inc["record"].get("labels") or {}
+            src = inc.record.get("labels") or {}
             for k in ("gpu", "uuid", "pci_bus_id"):
                 if src.get(k) not in (None, ""):
                     labels[k] = str(src[k])
@@ -702,13 +682,13 @@ class DrainController:
             sequence=seq,
         )
 
-    def _fire_limit(self, inc: dict[str, Any], now: float) -> list[AlertTransition]:
+    def _fire_limit(self, inc: Incident, now: float) -> list[AlertTransition]:
         firing = self.store.query("SELECT value FROM meta WHERE key='limit_alert'")
         if firing and firing[0][0] == "firing":
             return []
         summary = (
             f"drain limit reached on {self.node}: {self.cfg.max_drains} drains within "
-            f"{self.cfg.window:g}s; not draining for {inc['reason']}"
+            f"{self.cfg.window:g}s; not draining for {inc.reason}"
         )
         t = self._synthetic(LIMIT_RULE, AlertState.FIRING, None, now, summary)
         return [t]
@@ -736,14 +716,16 @@ class DrainController:
             or row["resume_attempts"] >= self.cfg.attempts
         ):
             return
-        open_ = self.store.query("SELECT COUNT(*) FROM incidents WHERE resolved IS NULL")[0][0]
-        last = self.store.query("SELECT MAX(resolved) FROM incidents")[0][0]
+        open_ = unresolved_count(self.store)
+        last = last_resolved(self.store)
         if open_ or last is None or now < last + self.cfg.resume_hold:
             return
         drained = self._incidents("state IN ('drained', 'already', 'noted', 'dry_run')")
         inc = drained[-1] if drained else None
         try:
-            result = self.driver.resume(inc, self.cfg.dry_run)
+            result = self.driver.resume(
+                inc.as_mapping() if inc is not None else None, self.cfg.dry_run
+            )
         except DrainError as exc:
             self.last_error = str(exc)
             attempts = row["resume_attempts"] + 1
@@ -776,22 +758,17 @@ class DrainController:
 
     def _next_due(self, now: float) -> float | None:
         times: list[float] = []
-        row = self.store.query(
-            "SELECT MIN(MAX(drain_at, next_attempt)) FROM incidents WHERE state=?", (PENDING,)
-        )
-        if row and row[0][0] is not None:
-            times.append(float(row[0][0]))
+        due = next_pending_due(self.store, PENDING)
+        if due is not None:
+            times.append(due)
         if self.cfg.resume:
-            last = self.store.query("SELECT MAX(resolved) FROM incidents")[0][0]
+            last = last_resolved(self.store)
             if last is not None:
-                times.append(max(float(last) + self.cfg.resume_hold, now + 1.0))
+                times.append(max(last + self.cfg.resume_hold, now + 1.0))
         if self.driver.reads_state and not self.cfg.dry_run and self._held():
             times.append(max(self._hold_next, now + 1.0))
         if self.store.query("SELECT value FROM meta WHERE key='limit_alert'") and self.cfg.window:
-            oldest = self.store.query(
-                "SELECT MIN(drained_at) FROM incidents WHERE drained_at > ?",
-                (now - self.cfg.window,),
-            )[0][0]
+            oldest = oldest_drain_since(self.store, now - self.cfg.window)
             if oldest is not None:
                 times.append(float(oldest) + self.cfg.window)
         return min(times) if times else None
@@ -800,7 +777,7 @@ class DrainController:
     def summary(self, now: float) -> dict[str, Any]:
         node = dict(self.store.query("SELECT * FROM node_drain WHERE id=1")[0])
         incidents = self._incidents("closed IS NULL OR closed > ?", (now - 86400.0,))
-        pending = [i for i in incidents if i["state"] == PENDING]
+        pending = [i for i in incidents if i.state == PENDING]
         if pending:
             state = "drain_pending"
         elif node["owned"]:
@@ -812,8 +789,8 @@ class DrainController:
             "dry_run": self.cfg.dry_run,
             "node": self.node,
             "state": state,
-            "drain_at": min((i["drain_at"] for i in pending), default=None),
-            "reason": (pending[0]["reason"] if pending else node["reason"]) or None,
+            "drain_at": min((i.drain_at for i in pending), default=None),
+            "reason": (pending[0].reason if pending else node["reason"]) or None,
             "owned": bool(node["owned"]),
             "drains_in_window": self._window_count(now),
             "max_drains": self.cfg.max_drains,
@@ -822,16 +799,16 @@ class DrainController:
             "fleet": self._fleet_summary(),
             "incidents": [
                 {
-                    "key": i["key"],
-                    "rule": i["record"]["rule"],
-                    "gpu": (i["record"].get("labels") or {}).get("gpu"),
-                    "reason": i["reason"],
-                    "state": i["state"],
-                    "opened": i["opened"],
-                    "drain_at": i["drain_at"],
-                    "resolved": i["resolved"],
-                    "result": i["result"],
-                    "attempts": i["attempts"],
+                    "key": i.key,
+                    "rule": i.record["rule"],
+                    "gpu": (i.record.get("labels") or {}).get("gpu"),
+                    "reason": i.reason,
+                    "state": i.state,
+                    "opened": i.opened,
+                    "drain_at": i.drain_at,
+                    "resolved": i.resolved,
+                    "result": i.result,
+                    "attempts": i.attempts,
                 }
                 for i in incidents
             ],

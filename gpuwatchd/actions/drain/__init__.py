@@ -1,0 +1,33 @@
+"""The drain stage: one drain per incident, held, resumed, within the node's and fleet's limits.
+
+``controller`` holds the state machine (see its docstring); the names below are the stage's
+public face, importable as ``gpuwatchd.actions.drain`` as before the stage became a package.
+"""
+
+from __future__ import annotations
+
+from gpuwatchd.actions.drain.controller import (
+    DRAINED_STATES,
+    FAILED_RULE,
+    HELD_STATES,
+    HOLD_RESULTS,
+    LIMIT_RULE,
+    OVER_BUDGET,
+    PENDING,
+    RESULTS,
+    RESUME_RESULTS,
+    DrainController,
+)
+
+__all__ = [
+    "DRAINED_STATES",
+    "FAILED_RULE",
+    "HELD_STATES",
+    "HOLD_RESULTS",
+    "LIMIT_RULE",
+    "OVER_BUDGET",
+    "PENDING",
+    "RESULTS",
+    "RESUME_RESULTS",
+    "DrainController",
+]
