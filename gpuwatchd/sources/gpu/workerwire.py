@@ -173,15 +173,19 @@ class SampleDecoder:
                 raise WireError("sample fx is not a list")
             for name in gone:
                 fields.pop(str(name), None)
-            merged = {**data, "f": fields}
-            sample = sample_from_wire(merged, base.links if data.get("lk") else None)
+            sample = sample_from_wire(data, base.links if data.get("lk") else None, fields)
         if sample.gpu in self._last or len(self._last) < self.MAX_GPUS:
             self._last[sample.gpu] = sample
         return sample
 
 
-def sample_from_wire(data: Any, links: tuple[LinkSample, ...] | None = None) -> GpuSample:
-    """A sample from its wire form; ``links``: already decoded (``SampleDecoder``)."""
+def sample_from_wire(
+    data: Any,
+    links: tuple[LinkSample, ...] | None = None,
+    fields: dict[str, float] | None = None,
+) -> GpuSample:
+    """A sample from its wire form; ``links`` and ``fields``: already decoded and checked
+    (``SampleDecoder``: the previous sample's, with this frame's changes applied)."""
     if not isinstance(data, dict):
         raise WireError("sample is not an object")
     try:
@@ -202,7 +206,9 @@ def sample_from_wire(data: Any, links: tuple[LinkSample, ...] | None = None) -> 
             uuid=str(data["uuid"]),
             timestamp=float(data["t"]),
             status=GpuStatus(data.get("status", "ok")),
-            fields=MappingProxyType(_floats(data.get("f", {}), "fields")),
+            fields=MappingProxyType(
+                fields if fields is not None else _floats(data.get("f", {}), "fields")
+            ),
             links=links,
             processes=processes,
             duration_seconds=float(data.get("d", 0.0)),
