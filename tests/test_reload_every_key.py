@@ -106,6 +106,7 @@ CHANGES: dict[str, str] = {
     "rules.defaults": "false",
     "rules.disable": "[GpuPcieDowntrained]",
     "rules.no_drain": "[NvswitchSxidFatal]",
+    "rules.evaluation_interval": "30s",
     "xid.overrides": "{{43: {{text: reset the job}}}}",
     "web.config_file": "{tmp}/web.yml",
     "web.max_request_bytes": "4096",

@@ -643,8 +643,13 @@ def test_a_failing_rule_is_counted_and_the_others_still_run() -> None:
     n.run(290)
     assert n.firing("EccRising") == {("EccRising", "0")}
     text = n.metrics()
-    assert 'gpuwatchd_rule_evaluation_failures_total{rule="Hot"} 30.0' in text
+    # the rule runs again only when the field it reads changes: once so far (its first)
+    assert 'gpuwatchd_rule_evaluation_failures_total{rule="Hot"} 1.0' in text
     assert 'gpuwatchd_rule_evaluation_failures_total{rule="EccRising"} 0.0' in text
+    for temperature in (50.0, 51.0, 52.0):
+        n.set(0, temperature_gpu=temperature)
+        n.step()
+    assert 'gpuwatchd_rule_evaluation_failures_total{rule="Hot"} 4.0' in n.metrics()
 
 
 def test_an_xid_seen_later_than_its_window_still_pages() -> None:

@@ -5,6 +5,7 @@
       defaults: true                           # also load the shipped rules
       disable: [GpuPcieDowntrained]            # rule names to leave out
       no_drain: [NvswitchSxidFatal]            # rules that alert but never drain
+      evaluation_interval: 10s                 # gauge rules at most this often
 
 The rule files themselves are read and validated by ``gpuwatchd.rules`` (at start-up, on
 reload and by ``check-config``), not here.
@@ -19,6 +20,8 @@ from typing import Any
 from gpuwatchd.config.paths import default_rule_files
 from gpuwatchd.config.yamlsrc import Node, Reader
 
+MAX_EVALUATION_INTERVAL = 60.0  # gauges judged at least once a minute
+
 
 @dataclass(frozen=True)
 class RulesConfig:
@@ -26,13 +29,19 @@ class RulesConfig:
     defaults: bool = True
     disable: tuple[str, ...] = ()
     no_drain: tuple[str, ...] = ()
+    # How often the rules are evaluated when nothing urgent arrived (never more often than
+    # the polls): an XID, a lost GPU, a counter that moved or a field that a rule without
+    # a long enough ``for`` reads is judged at once; gauges wait for the next evaluation.
+    evaluation_interval: float = 10.0
 
 
 def read_rules(r: Reader, node: Node | None, base_dir: str | None) -> RulesConfig:
     d = RulesConfig()
     if node is None or node.value is None:
         return d
-    keys = r.mapping(node, ["files", "defaults", "disable", "no_drain"], "rules")
+    keys = r.mapping(
+        node, ["files", "defaults", "disable", "no_drain", "evaluation_interval"], "rules"
+    )
     if keys is None:
         return d
     values: dict[str, Any] = {}
@@ -55,6 +64,12 @@ def read_rules(r: Reader, node: Node | None, base_dir: str | None) -> RulesConfi
         values["files"] = tuple(files)
     if "defaults" in keys:
         values["defaults"] = r.boolean(keys["defaults"], "rules.defaults")
+    if "evaluation_interval" in keys:
+        values["evaluation_interval"] = r.duration(
+            keys["evaluation_interval"],
+            "rules.evaluation_interval",
+            maximum=MAX_EVALUATION_INTERVAL,
+        )
     for key in ("disable", "no_drain"):
         if key in keys and keys[key].value is not None:
             values[key] = _names(r, keys[key], f"rules.{key}")

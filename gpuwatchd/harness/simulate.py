@@ -28,6 +28,9 @@ def iso(ts: float) -> str:
     return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
 
 
+PERIOD_SLACK = 1e-6  # steps land on the period within float error
+
+
 class Simulation:
     """One simulated run: the node the composition root builds, stepped on a virtual clock.
 
@@ -73,6 +76,7 @@ class Simulation:
         self.xids.nvml_events_up = self.node.events is not None
         self.poller = self.node.poller(scenario.step, scenario.step)
         self._next_note = 0
+        self._next_tick: float | None = None  # clock time of the next periodic evaluation
 
     def _out(self, record: dict[str, Any]) -> None:
         now = self.clock.now()
@@ -101,16 +105,30 @@ class Simulation:
             self._evaluate()
 
     def _evaluate(self) -> None:
-        for transition in self.pipeline.evaluate(self.clock.now(), self.state.view()):
+        now = self.clock.now()
+        for transition in self.pipeline.evaluate(now, self.state.view()):
             self._out(transition.as_dict())
         if self.node.actions is not None:  # group windows, retries, drain grace
-            self.node.actions.run_pending(self.clock.now())
+            self.node.actions.run_pending(now)
 
     def step(self) -> None:
+        """One poll of every GPU; the rules judge it when it brought something urgent or
+        an evaluation period has passed, as the daemon's evaluator does."""
         self._notes(self.clock.now() - self.t0)
         self._inputs()
         self.poller.poll_once_sync()
-        self._evaluate()
+        now = self.clock.now()
+        tick = self._next_tick is None or now >= self._next_tick - PERIOD_SLACK
+        if tick:  # keep the phase, as the daemon does, whatever urgent records came
+            period = self.pipeline.period(self.scenario.step)
+            nxt = now if self._next_tick is None else self._next_tick
+            while nxt <= now + PERIOD_SLACK:
+                nxt += period
+            self._next_tick = nxt
+        if tick or self.pipeline.urgent:
+            self._evaluate()
+        elif self.node.actions is not None:
+            self.node.actions.run_pending(now)
 
     def advance_to(self, when: float) -> None:
         """Move the clock to ``when``, stopping at every scripted event on the way."""

@@ -9,11 +9,25 @@ written back, one per 5-minute bucket, by ``flush``.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 
 from gpuwatchd.core.records import GpuInfo, GpuSample
 from gpuwatchd.rules.history import CounterHistory
-from gpuwatchd.rules.snapshot import GpuData
+from gpuwatchd.rules.snapshot import PROCESSES, GpuData
 from gpuwatchd.rules.store import PERSIST_RESOLUTION, CounterRecord, StateStore
+
+
+def _changed_fields(old: Mapping[str, float], new: Mapping[str, float], out: set[str]) -> None:
+    """Add to ``out`` the fields whose value differs between two samples of a GPU."""
+    if old == new:
+        return
+    get = old.get
+    for k, v in new.items():
+        if get(k) != v:
+            out.add(k)
+    gone = old.keys() - new.keys()
+    if gone:
+        out.update(gone)
 
 
 def series_key(uuid: str, field_name: str, link: int = -1) -> str:
@@ -28,6 +42,7 @@ class CounterBank:
         "_restore",
         "_store",
         "_unflushed",
+        "changed",
         "gpu_fields",
         "gpus",
         "link_fields",
@@ -47,6 +62,9 @@ class CounterBank:
         self.links_moved = False  # a GPU's link samples changed (the engine resets it)
         self.meta: dict[CounterHistory, tuple[str, str, int]] = {}  # uuid, field, link
         self.touched: set[CounterHistory] = set()  # changed since the last evaluation
+        # sample fields whose value changed (or came or went) on any GPU since the last
+        # evaluation; PROCESSES stands for the compute-process list (the engine clears it)
+        self.changed: set[str] = set()
         self._unflushed: set[CounterHistory] = set()  # changed since the last flush
         self._persisted: dict[CounterHistory, tuple[str, int, float]] = {}
 
@@ -67,6 +85,16 @@ class CounterBank:
         if g is None:
             g = self.gpus[s.uuid] = GpuData(s.uuid, s.gpu)
         g.index = s.gpu
+        old = g.sample
+        if old is None:
+            self.changed.update(s.fields)
+            if s.processes:
+                self.changed.add(PROCESSES)
+        else:
+            if old.fields is not s.fields:
+                _changed_fields(old.fields, s.fields, self.changed)
+            if old.processes is not s.processes and old.processes != s.processes:
+                self.changed.add(PROCESSES)
         g.sample = s
         t = s.timestamp
         if self.gpu_fields:

@@ -32,7 +32,7 @@ from gpuwatchd.rules.conditions.base import Evaluator, Trigger
 from gpuwatchd.rules.conditions.registry import BY_KEY
 from gpuwatchd.rules.counterbank import CounterBank
 from gpuwatchd.rules.model import Rule, RuleSet
-from gpuwatchd.rules.snapshot import XID_RETENTION_MIN, Snapshot
+from gpuwatchd.rules.snapshot import PROCESSES, XID_RETENTION_MIN, Snapshot
 from gpuwatchd.rules.store import PERSIST_RESOLUTION, StateStore
 from gpuwatchd.xid import catalog as xid_catalog
 
@@ -53,6 +53,7 @@ class _Loaded:
     rule: Rule
     evaluator: Evaluator
     trigger: Trigger
+    fields: frozenset[str] | None  # sample fields whose change also moves it (None: none)
     values: dict[str, Any]
     since_cycle: int  # engine cycles before it was loaded
     fresh: bool = True  # not evaluated since it was loaded
@@ -78,7 +79,22 @@ class EngineStats:
     reload_success: bool = True
     xids_ignored: int = 0
     xids_seen: int = 0  # the XidLog's number at the last evaluation
+    sxids_seen: int = 0  # the SXid log's
     warned: set[str] = field(default_factory=set)  # rules whose failure was logged
+
+
+def _moved_by(
+    trigger: Trigger, reads: frozenset[str] | None, rule: Rule
+) -> tuple[Trigger, frozenset[str] | None]:
+    """What makes a rule run again: its kind's trigger, narrowed to "fields" when the kind
+    knows which sample fields it reads, and a change of its guard's (``when``) field."""
+    fields = reads if trigger == "sample" else None
+    if fields is not None:
+        trigger = "fields"
+    guard = rule.when
+    if guard is not None and trigger != "sample":
+        fields = (fields or frozenset()) | {guard.field}
+    return trigger, fields
 
 
 class Engine:
@@ -101,7 +117,9 @@ class Engine:
         self._lock = threading.RLock()
         self._loaded: dict[str, _Loaded] = {}  # by rule name, in load order
         self._bank = CounterBank(store)
-        self._snap = Snapshot(self._catalog, self._bank.touched, self._bank.meta)
+        self._snap = Snapshot(
+            self._catalog, self._bank.touched, self._bank.meta, self._bank.changed
+        )
         self._book = AlertBook(store)
         self._timers = _Timers()
         self.replace_rules(rules)
@@ -161,10 +179,12 @@ class Engine:
                 before = old.get(rule.name)
                 if before is not None:
                     evaluator.adopt(before.evaluator)
+                trigger, fields = _moved_by(kind.trigger(c), kind.reads(c), rule)
                 loaded[rule.name] = _Loaded(
                     rule=rule,
                     evaluator=evaluator,
-                    trigger="sample" if rule.when is not None else kind.trigger(c),
+                    trigger=trigger,
+                    fields=fields,
                     values={"rule": rule.name, **kind.values(c)},
                     since_cycle=before.since_cycle if before is not None else self.stats.cycles,
                     failures=before.failures if before is not None else 0,
@@ -174,6 +194,22 @@ class Engine:
             self._snap.xids.retention = xid_window
             self._snap.sxids.retention = xid_window
             self._book.adopt(new.rules)
+
+    def urgent_inputs(self, period: float) -> tuple[frozenset[str], bool]:
+        """What in a new sample must be judged before the next periodic evaluation,
+        ``period`` seconds apart: the counters a rule keeps history of, the fields read by
+        rules that would fire or resolve sooner than a period (``for`` shorter than it),
+        and (the bool) the NVLink link samples when a link rule exists."""
+        with self._lock:
+            fields: set[str] = set(self._bank.gpu_fields)
+            links = bool(self._bank.link_fields)
+            for x in self._loaded.values():
+                if x.trigger == "links":
+                    links = True
+                elif x.trigger == "fields" and x.fields is not None and x.rule.for_ < period:
+                    fields |= x.fields
+            fields.discard(PROCESSES)
+            return frozenset(fields), links
 
     # -- observe ------------------------------------------------------------------------
     def observe(self, record: GpuSample | DeviceEvent | XidEvent) -> None:
@@ -220,19 +256,29 @@ class Engine:
             if periodic:
                 timers.periodic = now
             touched = bool(snap.touched)
+            status = snap.status_moved
             moved: dict[Trigger, bool] = {
                 "sample": True,
+                "fields": status,
                 "counter": touched,
                 "periodic": touched or periodic,
                 "xid": snap.xids.seq != self.stats.xids_seen,
-                "status": snap.status_moved,
-                "links": snap.links_moved or snap.status_moved,
+                "sxid": snap.sxids.seq != self.stats.sxids_seen,
+                "status": status,
+                "links": snap.links_moved or status,
             }
             self.stats.xids_seen = snap.xids.seq
+            self.stats.sxids_seen = snap.sxids.seq
+            changed = snap.changed
             active = book.active
             for name, x in self._loaded.items():
                 is_active = bool(active[name])
-                if not moved[x.trigger] and not is_active and not x.fresh:
+                if (
+                    not moved[x.trigger]
+                    and not is_active
+                    and not x.fresh
+                    and (x.fields is None or (not status and changed.isdisjoint(x.fields)))
+                ):
                     continue
                 try:
                     if x.fresh:
@@ -368,7 +414,8 @@ class Engine:
             evals = fams.get(
                 "gpuwatchd_rule_evaluations_total",
                 "counter",
-                "Evaluations of each rule (one per poll interval).",
+                "Evaluation cycles since each rule was loaded (a rule whose inputs did not move "
+                "is skipped in a cycle).",
                 ["rule"],
             )
             fails = fams.get(

@@ -22,6 +22,7 @@ from gpuwatchd.rules.model import Guard, Rule, Selector
 from gpuwatchd.xid import catalog as xid_catalog
 
 XID_RETENTION_MIN = 3600.0
+PROCESSES = "@processes"  # in ``Snapshot.changed``: a GPU's compute-process list changed
 
 OP_FUNCS: Mapping[str, Callable[[float, float], bool]] = MappingProxyType(
     {
@@ -123,6 +124,7 @@ class Snapshot:
         "by_pci",
         "by_uuid",
         "catalog",
+        "changed",
         "gpus",
         "links_moved",
         "meta",
@@ -138,8 +140,11 @@ class Snapshot:
         catalog: xid_catalog.Catalog,
         touched: set[CounterHistory],
         meta: dict[CounterHistory, tuple[str, str, int]],
+        changed: set[str] | None = None,
     ) -> None:
         self.catalog = catalog
+        # sample fields that changed on some GPU since the last evaluation
+        self.changed: set[str] = changed if changed is not None else set()
         self.gpus: list[GpuView] = []
         self.by_index: dict[int, GpuView] = {}
         self.by_uuid: dict[str, int] = {}
@@ -188,6 +193,7 @@ class Snapshot:
     def settled(self, now: float) -> None:
         """The evaluation is over: what moved has been seen."""
         self.touched.clear()
+        self.changed.clear()
         self.links_moved = False
         self.status_moved = False
         self.xids.trim(now)

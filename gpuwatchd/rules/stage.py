@@ -50,6 +50,33 @@ class RulesStage:
         self.settings = settings
         self.engine = engine
         self.extra_files = tuple(extra_files)
+        self._urgent_fields, self._urgent_links = engine.urgent_inputs(self.period)
+
+    @property
+    def period(self) -> float:
+        """Seconds between evaluations when nothing urgent arrives (``rules.evaluation_
+        interval``; the poll interval when that is longer)."""
+        return self.settings.rules.evaluation_interval
+
+    def urgent_sample(self, previous: GpuSample, sample: GpuSample) -> bool:
+        """Whether a GPU's new sample must be judged now rather than at the next periodic
+        evaluation: its status changed, a counter a rule keeps moved, a field read by a
+        rule with a ``for`` shorter than the period changed, or (with link rules) a link
+        sample changed. Called on the source's thread: reads only what a reload swaps
+        whole."""
+        if previous.status is not sample.status:
+            return True
+        old, new = previous.fields, sample.fields
+        if old is not new:
+            for name in self._urgent_fields:
+                a, b = old.get(name), new.get(name)
+                if a != b and (a == a or b == b):  # NaN to NaN is no change
+                    return True
+        return (
+            self._urgent_links
+            and previous.links is not sample.links
+            and previous.links != sample.links
+        )
 
     # -- Stage ----------------------------------------------------------------------------
     def observe(self, record: GpuSample | DeviceEvent | XidEvent) -> None:
@@ -92,6 +119,7 @@ class RulesStage:
             self.engine.replace_rules(rules)
             self.engine.reload_success = True
             self.settings = settings
+            self._urgent_fields, self._urgent_links = self.engine.urgent_inputs(self.period)
             log.info("loaded %d rule(s) from %d file(s)", len(rules.rules), len(rules.files))
 
         return Prepared(commit)

@@ -4,7 +4,9 @@
 worker per GPU and a scheduler (``Poller``), the kernel-log reader and the NVML XID event
 reader (``XidInputs``, ``XidEventReader``), the PCI watcher, the evaluator and the HTTP
 server. The evaluator is the only thread that touches the rule engine: it runs once per
-poll interval and at once when an urgent record (an XID, a lost GPU) arrives.
+evaluation period (``rules.evaluation_interval``, or the poll interval when longer) and
+at once when an urgent record arrives (an XID, a lost GPU, a sample whose change a rule
+must judge now).
 ``simulate`` steps the same ``Node`` on a virtual clock without threads.
 """
 
@@ -154,12 +156,17 @@ class Daemon:
             "restart_required": dict(self.restart_required),
         }
 
+    def evaluation_period(self) -> float:
+        """Seconds between periodic evaluations: the poll interval, or
+        ``rules.evaluation_interval`` when longer."""
+        return self.pipeline.period(self.config.poll.interval)
+
     def _evaluate_loop(self) -> None:
-        """Evaluate once per poll interval (half an interval after each poll) and at once
-        when an urgent record arrives; the only thread that touches the rule engine."""
-        interval = self.config.poll.interval
+        """Evaluate once per evaluation period (half a poll interval after a poll) and at
+        once when an urgent record arrives; the only thread that touches the rule
+        engine."""
         wakeup = self.pipeline.handoff.wakeup
-        next_tick = self.clock.monotonic() + interval / 2
+        next_tick = self.clock.monotonic() + self.config.poll.interval / 2
         while not self._stopped.is_set():
             remaining = next_tick - self.clock.monotonic()
             if remaining > 0 and not wakeup.is_set():
@@ -168,7 +175,8 @@ class Daemon:
                 return
             now_m = self.clock.monotonic()
             if now_m >= next_tick:  # periodic: keep the phase, skip ticks missed
-                next_tick += interval * max(1, int((now_m - next_tick) // interval) + 1)
+                period = self.evaluation_period()
+                next_tick += period * max(1, int((now_m - next_tick) // period) + 1)
             try:
                 self.node.evaluate()
             except Exception:  # the evaluator must outlive one bad evaluation
@@ -215,9 +223,7 @@ class Daemon:
             target=self._evaluate_loop, name="evaluate", daemon=True
         )
         self._eval_thread.start()
-        self.heartbeats.watch(
-            "evaluator", lambda: self.evaluations, 3 * self.config.poll.interval + 1.0
-        )
+        self._watch_evaluator()
         if self.poller is not None:
             self._start_polling()
         else:
@@ -267,6 +273,13 @@ class Daemon:
                 log.info("GPU backend %s opened after a retry", self.backend.name)
                 self._start_polling()
                 return
+
+    def _watch_evaluator(self) -> None:
+        """Register the evaluator with the liveness registry: it evaluates at least once
+        per evaluation period."""
+        self.heartbeats.watch(
+            "evaluator", lambda: self.evaluations, 3 * self.evaluation_period() + 1.0
+        )
 
     def _watch_workers(self) -> None:
         """Register the poll scheduler with the liveness registry."""
@@ -323,6 +336,8 @@ class Daemon:
         self.config = dataclasses.replace(new, **kept)
         for apply in plan.applies:
             apply()
+        if self._eval_thread is not None:  # the evaluation period may have changed
+            self._watch_evaluator()
         for after in self.after_reload:
             after(self.config)
         self.restart_required = dict(plan.refused)

@@ -51,8 +51,11 @@ class Handoff:
         self.dropped = 0
         self.received = 0
 
-    def put(self, record: Record) -> None:
-        urgent = self._urgent_test(record)
+    def put(self, record: Record, urgent: bool | None = None) -> None:
+        """Queue a record; ``urgent`` (when the caller judged it) or the urgency test
+        decides whether the evaluator is woken now."""
+        if urgent is None:
+            urgent = self._urgent_test(record)
         with self._lock:
             self.received += 1
             if isinstance(record, GpuSample):

@@ -16,11 +16,12 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from gpuwatchd.core.alerts import AlertTransition
 from gpuwatchd.core.families import Families
 from gpuwatchd.core.nodestate import NodeView
+from gpuwatchd.core.records import GpuSample
 from gpuwatchd.service.handoff import Handoff, Record
 
 log = logging.getLogger(__name__)
@@ -34,6 +35,17 @@ class Stage(Protocol):
     def families(self, view: NodeView, fams: Families) -> None: ...
 
     def close(self) -> None: ...
+
+
+@runtime_checkable
+class JudgesSamples(Protocol):
+    """A stage that can tell which new samples must be judged before its next periodic
+    evaluation (the rule engine), and how far apart those evaluations are."""
+
+    @property
+    def period(self) -> float: ...
+
+    def urgent_sample(self, previous: GpuSample, sample: GpuSample) -> bool: ...
 
 
 class Sink(Protocol):
@@ -56,13 +68,29 @@ class Pipeline:
         self.sinks: list[Sink] = sinks or []
         self.on_transition = on_transition
         self.handoff = handoff or Handoff()
+        self._judges = [s for s in self.stages if isinstance(s, JudgesSamples)]
+        self._last: dict[int, GpuSample] = {}  # each GPU's sample last observed
         self.evaluations = 0
         self.urgent_evaluations = 0
         self.evaluation_seconds = 0.0  # wall time spent evaluating, all evaluations
 
     def observe(self, record: Record) -> None:
-        """Called by sources on their own threads; never waits for an evaluation."""
-        self.handoff.put(record)
+        """Called by sources on their own threads; never waits for an evaluation. A
+        sample wakes the evaluator only when a stage says it must be judged now."""
+        if not isinstance(record, GpuSample):
+            self.handoff.put(record)
+            return
+        previous = self._last.get(record.gpu)
+        self._last[record.gpu] = record  # one source thread per GPU (or one for all)
+        urgent = previous is not None and any(
+            j.urgent_sample(previous, record) for j in self._judges
+        )
+        self.handoff.put(record, urgent)
+
+    def period(self, poll_interval: float) -> float:
+        """Seconds between periodic evaluations: the poll interval, or the longest period
+        a stage asks for."""
+        return max([poll_interval, *(j.period for j in self._judges)])
 
     @property
     def urgent(self) -> bool:

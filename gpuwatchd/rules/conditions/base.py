@@ -30,9 +30,20 @@ NO_HITS: Hits = {}
 Result = tuple[Hits, set[int]]  # what holds, and the GPUs that cannot be told (hold)
 
 # What can change a rule's answer between two evaluations; a rule whose trigger did not
-# move and that has no pending or firing alert is not evaluated again.
+# move and that has no pending or firing alert is not evaluated again. "sample": any new
+# sample (every evaluation); "fields": a change of one of the sample fields the condition
+# ``reads`` (or of a GPU's status); "sxid": a new NVSwitch SXid.
 Trigger = str
-TRIGGERS: tuple[Trigger, ...] = ("sample", "counter", "periodic", "xid", "status", "links")
+TRIGGERS: tuple[Trigger, ...] = (
+    "sample",
+    "fields",
+    "counter",
+    "periodic",
+    "xid",
+    "sxid",
+    "status",
+    "links",
+)
 
 C = TypeVar("C", bound=Condition)
 
@@ -126,6 +137,12 @@ class ConditionKind(ABC):
 
     def trigger(self, c: Condition) -> Trigger:
         return "sample"
+
+    def reads(self, c: Condition) -> frozenset[str] | None:
+        """The sample fields (``counterbank.PROCESSES`` for the compute-process list) the
+        answer depends on, when it depends on nothing else of a sample: then the rule runs
+        only when one of them changed on some GPU (trigger "fields"). None: unknown."""
+        return None
 
     def values(self, c: Condition) -> dict[str, Any]:
         """Template values fixed by the condition (``{field}``, ``{window}``, ...)."""

@@ -65,6 +65,16 @@ class _Evaluator(SampleEvaluator):
 
 
 class PcieDowntrainedKind(ConditionKind):
+    def reads(self, c: Condition) -> frozenset[str] | None:
+        return frozenset(
+            {
+                "pcie_link_generation",
+                "pcie_link_generation_max",
+                "pcie_link_width",
+                "pcie_link_width_max",
+            }
+        )
+
     key = "pcie_downtrained"
     keys = ("generation", "width")
     placeholders = frozenset({"generation", "generation_max", "width", "width_max"})

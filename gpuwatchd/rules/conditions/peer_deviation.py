@@ -238,6 +238,10 @@ class PeerDeviationKind(ConditionKind):
     def trigger(self, c: Condition) -> Trigger:
         return "sample"
 
+    def reads(self, c: Condition) -> frozenset[str] | None:
+        assert isinstance(c, PeerDeviation)
+        return frozenset({c.field} if c.similar_field is None else {c.field, c.similar_field})
+
     def values(self, c: Condition) -> dict[str, Any]:
         assert isinstance(c, PeerDeviation)
         return {"field": c.field}

@@ -170,6 +170,10 @@ class PeerOutlierKind(ConditionKind):
         assert isinstance(c, PeerOutlier)
         return "periodic" if c.window is not None else "sample"
 
+    def reads(self, c: Condition) -> frozenset[str] | None:
+        assert isinstance(c, PeerOutlier)
+        return frozenset({c.field})
+
     def values(self, c: Condition) -> dict[str, Any]:
         assert isinstance(c, PeerOutlier)
         out: dict[str, Any] = {"field": c.field}

@@ -18,7 +18,7 @@ from gpuwatchd.rules.conditions.base import (
 )
 from gpuwatchd.rules.conditions.reading import BodyReader
 from gpuwatchd.rules.model import Condition, Rule
-from gpuwatchd.rules.snapshot import Snapshot
+from gpuwatchd.rules.snapshot import PROCESSES, Snapshot
 
 
 @dataclass(frozen=True)
@@ -49,6 +49,9 @@ class _Evaluator(SampleEvaluator):
 
 
 class StuckWorkloadKind(ConditionKind):
+    def reads(self, c: Condition) -> frozenset[str] | None:
+        return frozenset({"utilization_gpu", "compute_processes", PROCESSES})
+
     key = "stuck_workload"
     keys = ("max_utilization", "min_processes")
     placeholders = frozenset({"utilization", "processes"})

@@ -192,7 +192,7 @@ class SxidKind(ConditionKind):
         return Needs(xid_window=c.window)
 
     def trigger(self, c: Condition) -> Trigger:
-        return "sample"  # the SXid log has its own numbering: looked at every cycle
+        return "sxid"  # a new SXid; without one a window's count can only fall
 
     def values(self, c: Condition) -> dict[str, Any]:
         assert isinstance(c, SxidMatch)

@@ -107,6 +107,10 @@ class ThresholdKind(ConditionKind):
     def trigger(self, c: Condition) -> Trigger:
         return "links" if c.link else "sample"
 
+    def reads(self, c: Condition) -> frozenset[str] | None:
+        assert isinstance(c, Threshold)
+        return None if c.link else frozenset({c.field})
+
     def values(self, c: Condition) -> dict[str, Any]:
         assert isinstance(c, Threshold)
         return {"field": c.field, "threshold": c.value}

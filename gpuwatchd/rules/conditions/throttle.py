@@ -50,6 +50,9 @@ class _Evaluator(SampleEvaluator):
 
 
 class ThrottleKind(ConditionKind):
+    def reads(self, c: Condition) -> frozenset[str] | None:
+        return frozenset({"clock_event_reasons"})
+
     key = "throttle"
     keys = ("reasons", "match")
     placeholders = frozenset({"reasons"})
