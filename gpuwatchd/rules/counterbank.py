@@ -85,17 +85,14 @@ class CounterBank:
         if g is None:
             g = self.gpus[s.uuid] = GpuData(s.uuid, s.gpu)
         g.index = s.gpu
-        old = g.sample
-        if old is None:
+        if g.fields is None:
             self.changed.update(s.fields)
-            if s.processes:
-                self.changed.add(PROCESSES)
-        else:
-            if old.fields is not s.fields:
-                _changed_fields(old.fields, s.fields, self.changed)
-            if old.processes is not s.processes and old.processes != s.processes:
-                self.changed.add(PROCESSES)
-        g.sample = s
+        elif g.fields is not s.fields:
+            _changed_fields(g.fields, s.fields, self.changed)
+        if g.processes is not s.processes and g.processes != s.processes:
+            self.changed.add(PROCESSES)
+        g.fields = s.fields
+        g.processes = s.processes
         t = s.timestamp
         if self.gpu_fields:
             fields = s.fields

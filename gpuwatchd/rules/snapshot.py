@@ -15,8 +15,8 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
-from gpuwatchd.core.nodestate import NodeView
-from gpuwatchd.core.records import GpuInfo, GpuSample, GpuStatus, LinkSample, XidEvent
+from gpuwatchd.core.nodestate import GpuState, NodeView
+from gpuwatchd.core.records import GpuInfo, GpuStatus, LinkSample, ProcessInfo, XidEvent
 from gpuwatchd.rules.history import CounterHistory
 from gpuwatchd.rules.model import Guard, Rule, Selector
 from gpuwatchd.xid import catalog as xid_catalog
@@ -37,30 +37,35 @@ OP_FUNCS: Mapping[str, Callable[[float, float], bool]] = MappingProxyType(
 
 
 class GpuData:
-    """What the engine keeps of one GPU (by UUID, so it survives index changes)."""
+    """What the engine keeps of one GPU (by UUID, so it survives index changes): counter
+    histories, and what it last observed of the GPU's samples to tell what changed (the
+    latest sample itself is the node view's)."""
 
-    __slots__ = ("hist", "index", "link_hist", "links", "sample", "uuid")
+    __slots__ = ("fields", "hist", "index", "link_hist", "links", "processes", "uuid")
 
     def __init__(self, uuid: str, index: int) -> None:
         self.uuid = uuid
         self.index = index
-        self.sample: GpuSample | None = None
+        self.fields: Mapping[str, float] | None = None  # of the last sample observed
+        self.processes: tuple[ProcessInfo, ...] = ()
         self.hist: dict[str, CounterHistory] = {}
         self.link_hist: dict[str, dict[int, CounterHistory]] = {}
         self.links: tuple[LinkSample, ...] | None = None
 
 
 class GpuView:
-    """One GPU as seen by one evaluation (no sample unless its status is ok)."""
+    """One GPU as seen by one evaluation: ``latest`` is its last good sample (from the
+    node view), ``sample`` the same only while its status is ok."""
 
-    __slots__ = ("data", "index", "info", "sample", "status")
+    __slots__ = ("data", "index", "info", "latest", "sample", "status")
 
-    def __init__(self, info: GpuInfo, status: GpuStatus, data: GpuData) -> None:
-        self.index = info.index
-        self.info = info
-        self.status = status
+    def __init__(self, gs: GpuState, data: GpuData) -> None:
+        self.index = gs.info.index
+        self.info = gs.info
+        self.status = gs.status
         self.data = data
-        self.sample = data.sample if status is GpuStatus.OK else None
+        self.latest = gs.sample
+        self.sample = gs.sample if gs.status is GpuStatus.OK else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,7 +178,7 @@ class Snapshot:
         if len(cur) != len(gpus) or any(
             g.info is not gs.info for g, gs in zip(cur, gpus, strict=True)
         ):
-            cur = [GpuView(gs.info, gs.status, data_of(gs.info)) for gs in gpus]
+            cur = [GpuView(gs, data_of(gs.info)) for gs in gpus]
             self.gpus = cur
             self.by_index = {g.index: g for g in cur}
             self.by_uuid = {g.info.uuid: g.index for g in cur}
@@ -185,7 +190,8 @@ class Snapshot:
         for g, gs in zip(cur, gpus, strict=True):
             status = gs.status
             g.status = status
-            g.sample = g.data.sample if status is ok else None
+            g.latest = gs.sample
+            g.sample = gs.sample if status is ok else None
         if statuses != self._statuses:
             self._statuses = statuses
             self.status_moved = True

@@ -197,7 +197,7 @@ def certified(certs: Certificates, g: GpuView, field: str, window: float, now: f
                 return "a second correctable row remap"
             # A pending remap waits for a GPU reset, and until then the weak row keeps
             # logging: only errors an hour after the first look that found it applied count.
-            sample = g.data.sample
+            sample = g.latest
             pending = sample.fields.get(PENDING_FIELD, 0.0) if sample is not None else 0.0
             applied = certs.applied.get(g.index)
             if applied is None or applied < first * BUCKET:

@@ -109,7 +109,7 @@ def _corroboration(c: MemoryTrend, g: GpuView, snap: Snapshot, now: float) -> st
     remaps = g.data.hist.get(REMAP_FIELD)
     if remaps is not None and remaps.increase(now - c.window, now) > 0:
         return "a correctable row remap"
-    sample = g.data.sample
+    sample = g.latest
     if sample is not None and any(sample.fields.get(f, 0.0) > 0 for f in SPARE_ROWS_SHORT):
         return "a bank with low or no spare rows left"
     start = now - c.window
