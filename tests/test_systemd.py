@@ -205,7 +205,8 @@ def test_pings_stop_when_a_worker_is_wedged(tmp_path: Path, notify_socket: Notif
     )
     try:
         notify_socket.wait_for("READY=1")
-        stalled = notify_socket.wait_for("STATUS=STALLED: evaluator made no progress", timeout=15)
+        # three evaluations (one per evaluation period, 10 s) before the wedge
+        stalled = notify_socket.wait_for("STATUS=STALLED: evaluator made no progress", timeout=60)
         stalled_at = notify_socket.messages[stalled][0]
         time.sleep(2.0)
         late = [t for t in notify_socket.times("WATCHDOG=1") if t > stalled_at]

@@ -106,6 +106,8 @@ class Daemon:
         self.on_stop: list[Callable[[], None]] = []
         self._eval_thread: threading.Thread | None = None
         self.evaluations = 0
+        self._evaluating = False  # the evaluator is inside an evaluation
+        self._idle_beats = 0  # the evaluator's liveness while it waits for work
         self._trim_due = threading.Event()  # a reload freed memory: trim after the next
         self.pci: PciWatcher | None = None  # NVIDIA GPUs on the PCI bus (nvml backend)
         self.heartbeats = HeartbeatRegistry(clock)  # worker liveness (watchdog, /healthz)
@@ -177,10 +179,13 @@ class Daemon:
             if now_m >= next_tick:  # periodic: keep the phase, skip ticks missed
                 period = self.evaluation_period()
                 next_tick += period * max(1, int((now_m - next_tick) // period) + 1)
+            self._evaluating = True
             try:
                 self.node.evaluate()
             except Exception:  # the evaluator must outlive one bad evaluation
                 log.exception("rule evaluation failed")
+            finally:
+                self._evaluating = False
             self.evaluations += 1
             if self.evaluations == 1 or self._trim_due.is_set():
                 self._trim_due.clear()
@@ -274,11 +279,20 @@ class Daemon:
                 self._start_polling()
                 return
 
+    def _evaluator_progress(self) -> int:
+        """The evaluator's liveness for the watchdog: it moves while the evaluator waits
+        for its next tick or an urgent record (a wait always ends), and stands still
+        inside an evaluation, so one that never returns is caught within three poll
+        intervals whatever the evaluation period."""
+        if self._evaluating:
+            return -1 - self.evaluations
+        self._idle_beats += 1
+        return self._idle_beats
+
     def _watch_evaluator(self) -> None:
-        """Register the evaluator with the liveness registry: it evaluates at least once
-        per evaluation period."""
+        """Register the evaluator with the liveness registry."""
         self.heartbeats.watch(
-            "evaluator", lambda: self.evaluations, 3 * self.evaluation_period() + 1.0
+            "evaluator", self._evaluator_progress, 3 * self.config.poll.interval + 1.0
         )
 
     def _watch_workers(self) -> None:
@@ -336,8 +350,6 @@ class Daemon:
         self.config = dataclasses.replace(new, **kept)
         for apply in plan.applies:
             apply()
-        if self._eval_thread is not None:  # the evaluation period may have changed
-            self._watch_evaluator()
         for after in self.after_reload:
             after(self.config)
         self.restart_required = dict(plan.refused)
