@@ -9,6 +9,13 @@ our code, and the wire encoding; the calls made and every error a call raised, b
 function. A poll that raises the same error every second is work to remember.
 
     PYTHONPATH=. python3 bench/nvml_sample_breakdown.py --seconds 40 --nccl --out "$OUT"
+
+``--fake N`` runs the same on this VM over the shipped fake pynvml (two fake H100s with
+18 NVLinks each), N poll rounds back to back with a clock that steps 1 s a round (so
+the slow cadences come as they would): the fake answers in microseconds, so what is left
+is our Python per poll, the wire encoding, and the daemon's decoding, as CPU time::
+
+    PYTHONPATH=. python3 bench/nvml_sample_breakdown.py --fake 20000
 """
 
 from __future__ import annotations
@@ -63,12 +70,79 @@ class Counted:
         return timed
 
 
+class _SteppedClock:
+    """Wall and monotonic time that move only when told (1 s a poll round)."""
+
+    def __init__(self) -> None:
+        self.t = 1_700_000_000.0
+
+    def now(self) -> float:
+        return self.t
+
+    def monotonic(self) -> float:
+        return self.t
+
+    def wait(self, event: threading.Event, seconds: float) -> bool:
+        self.t += seconds
+        return event.is_set()
+
+
+def fake_run(rounds: int) -> list[str]:
+    """Our Python, encode and decode per GPU poll on the fake NVML (CPU time)."""
+    from gpuwatchd.testing.fake_pynvml import FakeNvml, h100
+
+    fake = FakeNvml([h100(0, nvlink=True), h100(1, nvlink=True)])
+    counted = Counted(fake)
+    clock = _SteppedClock()
+    backend = NvmlBackend(clock, nvml=counted)
+    infos = backend.open()
+    for info in infos:  # the first poll reads everything once: not what a poll costs
+        backend.sample(info.index)
+    encoder = wire.SampleEncoder()
+    decoder = wire.SampleDecoder()
+    for info in infos:  # each GPU's first, whole sample
+        first = wire.dumps_message({"id": 0, "sample": encoder.encode(backend.sample(info.index))})
+        decoder.decode(json.loads(first)["sample"])
+    counted.counting = True
+    polls, total, encode, decode = 0, 0.0, 0.0, 0.0
+    for _ in range(rounds):
+        clock.t += 1.0
+        for info in infos:
+            t0 = time.thread_time()
+            sample = backend.sample(info.index)
+            t1 = time.thread_time()
+            data = wire.dumps_message({"id": 1, "sample": encoder.encode(sample)})
+            t2 = time.thread_time()
+            decoded = decoder.decode(json.loads(data)["sample"])
+            t3 = time.thread_time()
+            total += t1 - t0
+            encode += t2 - t1
+            decode += t3 - t2
+            polls += 1
+    counted.counting = False
+    assert decoded == sample, "the decoded sample differs from the one read"
+    backend.close()
+    return [
+        f"fake NVML: {len(infos)} GPUs, {polls} polls (one thread, 1 s a round, default cadences)",
+        f"per GPU poll: sample() {total / polls * 1e6:.1f} us CPU, of which "
+        f"{counted.cpu / polls * 1e6:.1f} us inside the fake pynvml and "
+        f"{(total - counted.cpu) / polls * 1e6:.1f} us our Python; "
+        f"encode {encode / polls * 1e6:.1f} us; decode {decode / polls * 1e6:.1f} us",
+        "calls per poll: "
+        + ", ".join(f"{k} {v / polls:.2f}" for k, v in sorted(counted.calls.items())),
+    ]
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--seconds", type=float, default=40.0)
     ap.add_argument("--nccl", action="store_true")
     ap.add_argument("--out", default=".")
+    ap.add_argument("--fake", type=int, metavar="ROUNDS", help="on the fake NVML (this VM)")
     args = ap.parse_args()
+    if args.fake:
+        print("\n".join(fake_run(args.fake)))
+        return 0
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     import pynvml

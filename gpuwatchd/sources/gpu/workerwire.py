@@ -28,8 +28,13 @@ class WireError(Exception):
     """A frame that is too large, truncated or not the expected JSON shape."""
 
 
+def dumps_message(message: dict[str, Any]) -> bytes:
+    """A message's frame body: compact JSON as UTF-8."""
+    return json.dumps(message, separators=(",", ":")).encode()
+
+
 def write_frame(out: IO[bytes], message: dict[str, Any]) -> None:
-    data = json.dumps(message, separators=(",", ":")).encode()
+    data = dumps_message(message)
     if len(data) > MAX_FRAME:
         raise WireError(f"frame of {len(data)} bytes exceeds {MAX_FRAME}")
     out.write(_HEAD.pack(len(data)) + data)
