@@ -104,7 +104,7 @@ def fake_run(rounds: int) -> list[str]:
         first = wire.dumps_message({"id": 0, "sample": encoder.encode(backend.sample(info.index))})
         decoder.decode(json.loads(first)["sample"])
     counted.counting = True
-    polls, total, encode, decode = 0, 0.0, 0.0, 0.0
+    polls, total, encode, decode, size = 0, 0.0, 0.0, 0.0, 0
     for _ in range(rounds):
         clock.t += 1.0
         for info in infos:
@@ -118,6 +118,7 @@ def fake_run(rounds: int) -> list[str]:
             total += t1 - t0
             encode += t2 - t1
             decode += t3 - t2
+            size += len(data)
             polls += 1
     counted.counting = False
     assert decoded == sample, "the decoded sample differs from the one read"
@@ -127,7 +128,8 @@ def fake_run(rounds: int) -> list[str]:
         f"per GPU poll: sample() {total / polls * 1e6:.1f} us CPU, of which "
         f"{counted.cpu / polls * 1e6:.1f} us inside the fake pynvml and "
         f"{(total - counted.cpu) / polls * 1e6:.1f} us our Python; "
-        f"encode {encode / polls * 1e6:.1f} us; decode {decode / polls * 1e6:.1f} us",
+        f"encode {encode / polls * 1e6:.1f} us; decode {decode / polls * 1e6:.1f} us; "
+        f"{size / polls:.0f} bytes a frame",
         "calls per poll: "
         + ", ".join(f"{k} {v / polls:.2f}" for k, v in sorted(counted.calls.items())),
     ]
