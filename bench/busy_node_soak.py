@@ -82,7 +82,16 @@ def plain_loop(
 
     nv.nvmlInit()
     handles = [nv.nvmlDeviceGetHandleByIndex(i) for i in range(nv.nvmlDeviceGetCount())]
-    ids = [(f, 0) for f in (82, 3, 4, 11, 12, 5, 6, 142, 143, 144, 145, 230)]
+    # The daemon's GPU-wide field ids: every poll, and energy (83) and PCIe replays (94)
+    # on the slow cadence. It drops an id the GPU answers NOT_SUPPORTED for and asks
+    # nvmlDeviceGetMemoryErrorCounter instead of the HBM ECC ids 11/12 (H200 answers
+    # NOT_SUPPORTED for them), and nvmlDeviceGetTotalEnergyConsumption instead of 83:
+    # so does this loop, per GPU, from one probe.
+    wanted = (82, 83, 3, 4, 11, 12, 5, 6, 142, 143, 144, 145, 94, 230)
+    kept: list[set[int]] = []
+    for h in handles:
+        answers = nv.nvmlDeviceGetFieldValues(h, [(f, 0) for f in wanted])
+        kept.append({f for f, a in zip(wanted, answers, strict=True) if a.nvmlReturn != 3})
     links = []
     for h in handles:
         n = 0
@@ -106,8 +115,8 @@ def plain_loop(
         threading.Thread(target=wait_events, daemon=True).start()
     started = time.monotonic()
 
-    def read(h: Any, n: int, state: bool, slow: bool, counters: bool) -> None:
-        for fn, args in (
+    def read(h: Any, n: int, ok: set[int], state: bool, slow: bool, counters: bool) -> None:
+        calls: list[tuple[Any, tuple[Any, ...]]] = [
             (nv.nvmlDeviceGetTemperature, (0,)),
             (nv.nvmlDeviceGetPowerUsage, ()),
             (nv.nvmlDeviceGetClockInfo, (1,)),
@@ -116,10 +125,16 @@ def plain_loop(
             (nv.nvmlDeviceGetMemoryInfo, ()),
             (nv.nvmlDeviceGetCurrentClocksEventReasons, ()),
             (nv.nvmlDeviceGetRowRemapperHistogram, ()),
-            (nv.nvmlDeviceGetMemoryErrorCounter, (0, 0, 2)),
-            (nv.nvmlDeviceGetMemoryErrorCounter, (1, 0, 2)),
-            (nv.nvmlDeviceGetFieldValues, (ids,)),
-        ):
+        ]
+        calls += [
+            (nv.nvmlDeviceGetMemoryErrorCounter, (kind, 0, 2))
+            for kind, fid in ((0, 11), (1, 12))
+            if fid not in ok
+        ]
+        batch = [(f, 0) for f in wanted if f in ok and (slow or f not in (83, 94))]
+        if batch:
+            calls.append((nv.nvmlDeviceGetFieldValues, (batch,)))
+        for fn, args in calls:
             with contextlib.suppress(nv.NVMLError):
                 fn(h, *args)
         if state:  # the daemon's poll.state_interval
@@ -133,27 +148,28 @@ def plain_loop(
             for link in range(n):
                 nv.nvmlDeviceGetNvLinkState(h, link)
         if slow:
-            for fn, args in (
-                (nv.nvmlDeviceGetTotalEnergyConsumption, ()),
+            slow_calls: list[tuple[Any, tuple[Any, ...]]] = [
                 (nv.nvmlDeviceGetViolationStatus, (0,)),
                 (nv.nvmlDeviceGetViolationStatus, (1,)),
                 (nv.nvmlDeviceGetMarginTemperature, ()),
-                (nv.nvmlDeviceGetPcieReplayCounter, ()),
-            ):
+            ]
+            if 83 not in ok:
+                slow_calls.append((nv.nvmlDeviceGetTotalEnergyConsumption, ()))
+            for fn, args in slow_calls:
                 with contextlib.suppress(nv.NVMLError):
                     fn(h, *args)
         if counters and n:
             per_link = [(f, link) for link in range(n) for f in (161, 162, 163)]
             nv.nvmlDeviceGetFieldValues(h, per_link)
 
-    def loop(gpus: list[tuple[Any, int]]) -> None:
+    def loop(gpus: list[tuple[Any, int, set[int]]]) -> None:
         end = started + seconds
         next_slow = next_links = next_state = started
         tick = started
         while time.monotonic() < end:
             now = time.monotonic()
-            for h, n in gpus:
-                read(h, n, now >= next_state, now >= next_slow, now >= next_links)
+            for h, n, ok in gpus:
+                read(h, n, ok, now >= next_state, now >= next_slow, now >= next_links)
             if now >= next_state:
                 next_state = now + 15.0
             if now >= next_slow:
@@ -163,7 +179,7 @@ def plain_loop(
             tick += interval  # every thread on the same grid: they read at the same moments
             time.sleep(max(0.0, tick - time.monotonic()))
 
-    pairs = list(zip(handles, links, strict=True))
+    pairs = list(zip(handles, links, kept, strict=True))
     if not threads:
         loop(pairs)
         return

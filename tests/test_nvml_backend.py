@@ -314,6 +314,44 @@ def test_slowly_changing_state_is_read_on_its_cadence_and_carried() -> None:
     assert fake.calls["nvmlDeviceGetComputeRunningProcesses"] == 2
 
 
+def test_a_poll_that_reads_no_link_reuses_the_links_before() -> None:
+    """Between the link cadences a poll hands on the poll before's links, the same tuple
+    (no 18 link records rebuilt per poll; the wire sees they did not move), and a poll
+    that reads them builds new ones with what it read."""
+    backend, fake, clock = make(True)
+    backend.open()
+    first = backend.sample(0)
+    clock.advance(1.0)
+    second = backend.sample(0)
+    assert second.links is first.links and len(first.links) == 18
+    fake.gpus[0].set_field(165, 0, scope=2, value_type=1)  # link 2 goes down
+    clock.advance(DEFAULT_STATE_INTERVAL_S)
+    third = backend.sample(0)
+    assert third.links is not first.links
+    assert third.links[2].fields["nvlink_up"] == 0.0 and third.links[1].fields["nvlink_up"] == 1
+    assert third.links[17].fields["nvlink_crc_errors"] == 0  # the counters carried
+    clock.advance(1.0)
+    assert backend.sample(0).links is third.links
+
+
+def test_a_link_state_read_that_failed_carries_the_last_state_next_poll() -> None:
+    """A state getter that fails reports the error in that poll's sample; the polls after
+    it carry the link's last known state, as before the links were reused."""
+    backend, fake, clock = make(True)
+    backend.open()
+    backend.sample(0)
+    fake.gpus[0].call_errors["nvmlDeviceGetNvLinkState"] = 999  # NVML_ERROR_UNKNOWN
+    clock.advance(DEFAULT_STATE_INTERVAL_S)
+    failed = backend.sample(0)
+    assert "nvlink_up" not in failed.links[0].fields and "nvlink_up[link 0]" in failed.errors
+    del fake.gpus[0].call_errors["nvmlDeviceGetNvLinkState"]
+    clock.advance(1.0)
+    after = backend.sample(0)
+    assert after.links[0].fields["nvlink_up"] == 1.0 and not after.errors
+    clock.advance(1.0)
+    assert backend.sample(0).links is after.links
+
+
 def test_poll_nvlink_and_processes_off_are_not_read() -> None:
     gpus = [h100(0, nvlink=True)]
     fake = FakeNvml(gpus)

@@ -3,6 +3,7 @@ same samples from them."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from types import MappingProxyType
 
@@ -87,3 +88,28 @@ def test_a_change_of_the_wrong_type_is_refused() -> None:
     for bad in ({"f": {"temperature_gpu": "hot"}}, {"fx": "temperature_gpu"}):
         with pytest.raises(WireError):
             decoder.decode({**delta, **bad})
+
+
+def test_processes_status_and_errors_cross_as_they_change() -> None:
+    """Processes (read every 15 s) cross only when they changed; a status, error and
+    errors other than the usual ones cross, and their going away is seen too."""
+    encoder, decoder = SampleEncoder(), SampleDecoder()
+    base = _sample(0, 1.0, {"temperature_gpu": 40.0})
+    none = dataclasses.replace(base, timestamp=2.0, processes=())
+    two = dataclasses.replace(
+        base, timestamp=3.0, processes=(ProcessInfo(7, 1 << 20), ProcessInfo(9, None))
+    )
+    failing = dataclasses.replace(
+        two,
+        timestamp=4.0,
+        status=GpuStatus.ERROR,
+        error="reset required",
+        errors=MappingProxyType({"power": "GPU 0: timeout"}),
+    )
+    for s in (base, none, two, two, failing, dataclasses.replace(two, timestamp=5.0)):
+        got = _over_the_wire(encoder, decoder, s)
+        assert got.as_dict() == s.as_dict()
+        assert got.processes == s.processes and got.status is s.status
+        assert got.error == s.error and dict(got.errors) == dict(s.errors)
+    same = encoder.encode(dataclasses.replace(two, timestamp=6.0))
+    assert same["pk"] is True and "p" not in same and "errors" not in same

@@ -469,6 +469,7 @@ class _Gpu:
         self.links_due: float | None = None
         self.sentinels: dict[str, float] = {}
         self.link_values: list[dict[str, float]] = []
+        self.links: tuple[LinkSample, ...] | None = None  # as last sampled
         # XID events
         self.events_registered = False
         self.events_unsupported = False
@@ -826,6 +827,7 @@ class NvmlBackend:
             gpu.state_due = None
             gpu.sentinels.clear()
             gpu.link_values = []
+            gpu.links = None
             return handle
         assert last is not None
         if isinstance(last, (GpuLost, ResetRequired)):
@@ -842,7 +844,7 @@ class NvmlBackend:
         nv = self._nvml
         fields: dict[str, float] = {}
         errors: dict[str, str] = {}
-        link_fields: list[dict[str, float]] = [{} for _ in range(gpu.nvlink_count)]
+        links: tuple[LinkSample, ...] = ()
 
         now = self._clock.monotonic()
         full = gpu.slow_due is None or now >= gpu.slow_due or self._slow_interval <= 0
@@ -854,9 +856,9 @@ class NvmlBackend:
         ids, specs = (gpu.full_ids, gpu.full_specs) if full else (gpu.fast_ids, gpu.fast_specs)
         sentinels: dict[str, float] = {}
         if ids:
-            self._read_batch(gpu, handle, ids, specs, fields, link_fields, errors, sentinels)
+            self._read_batch(gpu, handle, ids, specs, fields, [], errors, sentinels)
         if gpu.nvlink_count:
-            self._read_links(gpu, handle, now, state, sentinels, link_fields, errors)
+            links = self._read_links(gpu, handle, now, state, sentinels, errors)
 
         # 2. The rest: one getter each; a NOT_SUPPORTED getter is never called again.
         def call(key: str, names: tuple[str, ...], fn: Callable[..., Any], *args: Any) -> Any:
@@ -1027,9 +1029,6 @@ class NvmlBackend:
             fields.update(gpu.slow_values)
 
         add_derived_fields(fields, gpu.info.memory_max_temperature)
-        links = tuple(
-            LinkSample(link=i, fields=MappingProxyType(f)) for i, f in enumerate(link_fields)
-        )
         return fields, links, processes, errors
 
     def _read_fabric(
@@ -1162,12 +1161,26 @@ class NvmlBackend:
         now: float,
         state: bool,
         sentinels: dict[str, float],
-        link_fields: list[dict[str, float]],
         errors: dict[str, str],
-    ) -> None:
+    ) -> tuple[LinkSample, ...]:
         """Link state on the state cadence (one getter per link, carried between); the
         per-link error counters when due: first poll, a GPU-wide total moved, or the link
-        cadence came round."""
+        cadence came round. A poll that reads neither returns the poll before's links (the
+        same tuple: the wire sees at once that they did not move)."""
+        moved = bool(sentinels) and bool(gpu.sentinels) and sentinels != gpu.sentinels
+        if sentinels:
+            gpu.sentinels = sentinels
+        due = (
+            gpu.links_due is None
+            or now >= gpu.links_due
+            or moved
+            or self._link_interval <= 0
+            or len(gpu.link_values) != gpu.nvlink_count
+        )
+        if not state and not (due and gpu.link_ids) and gpu.links is not None:
+            return gpu.links  # nothing read: the same links as the poll before
+        link_fields: list[dict[str, float]] = [{} for _ in range(gpu.nvlink_count)]
+        failed = False  # a link's state not read: the next poll carries its last known one
         nv = self._nvml
         for link in range(gpu.nvlink_count):
             if link in gpu.bad_link_state:
@@ -1187,19 +1200,10 @@ class NvmlBackend:
                 if isinstance(err, (GpuLost, ResetRequired)):
                     raise err from exc
                 errors[f"nvlink_up[link {link}]"] = str(err)
+                failed = True
                 continue
             up = gpu.link_up[link] = 1.0 if answer == NVLINK_STATE_ACTIVE else 0.0
             link_fields[link]["nvlink_up"] = up
-        moved = bool(sentinels) and bool(gpu.sentinels) and sentinels != gpu.sentinels
-        if sentinels:
-            gpu.sentinels = sentinels
-        due = (
-            gpu.links_due is None
-            or now >= gpu.links_due
-            or moved
-            or self._link_interval <= 0
-            or len(gpu.link_values) != gpu.nvlink_count
-        )
         if due and gpu.link_ids:
             read: list[dict[str, float]] = [{} for _ in range(gpu.nvlink_count)]
             self._read_batch(gpu, handle, gpu.link_ids, gpu.link_specs, {}, read, errors)
@@ -1207,6 +1211,11 @@ class NvmlBackend:
             gpu.links_due = now + self._link_interval
         for lf, kept in zip(link_fields, gpu.link_values, strict=False):
             lf.update(kept)
+        links = tuple(
+            LinkSample(link=i, fields=MappingProxyType(f)) for i, f in enumerate(link_fields)
+        )
+        gpu.links = None if failed else links
+        return links
 
     # -- XID events -----------------------------------------------------------------------
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import struct
+from collections.abc import Mapping
 from types import MappingProxyType
 from typing import IO, Any
 
@@ -28,8 +29,13 @@ class WireError(Exception):
     """A frame that is too large, truncated or not the expected JSON shape."""
 
 
+def dumps_message(message: dict[str, Any]) -> bytes:
+    """A message's frame body: compact JSON as UTF-8."""
+    return json.dumps(message, separators=(",", ":")).encode()
+
+
 def write_frame(out: IO[bytes], message: dict[str, Any]) -> None:
-    data = json.dumps(message, separators=(",", ":")).encode()
+    data = dumps_message(message)
     if len(data) > MAX_FRAME:
         raise WireError(f"frame of {len(data)} bytes exceeds {MAX_FRAME}")
     out.write(_HEAD.pack(len(data)) + data)
@@ -119,30 +125,55 @@ def _floats(data: Any, what: str) -> dict[str, float]:
 class SampleEncoder:
     """The worker's side of the sample wire: a GPU's first sample whole (``"full"``), then
     only what changed since the one before: the fields whose values moved (``"f"``), the
-    names of fields that went away (``"fx"``), and the links only when they moved (else
-    ``"lk"``: keep). Most of a sample (18 links, the ECC and remap counters) is the same
-    every second; encoding and decoding it again cost more CPU than the NVML calls that
-    read the rest (145 us of JSON per sample on a busy H200, where NVML took 283 us)."""
+    names of fields that went away (``"fx"``), the links and the processes only when they
+    moved (else ``"lk"``, ``"pk"``: keep), and the status, error and errors only when they
+    are not the usual "ok", none and none. Most of a sample (18 links, the ECC and remap
+    counters) is the same every second; encoding and decoding it again cost more CPU than
+    the NVML calls that read the rest (145 us of JSON per sample on a busy H200, where
+    NVML took 283 us)."""
 
     def __init__(self) -> None:
-        self._last: dict[int, tuple[dict[str, float], list[Any]]] = {}
+        # each GPU's last fields, links and processes, as sampled (a sample never changes)
+        self._last: dict[
+            int, tuple[Mapping[str, float], tuple[LinkSample, ...], tuple[ProcessInfo, ...]]
+        ] = {}
 
     def encode(self, sample: GpuSample) -> dict[str, Any]:
-        out = sample_to_wire(sample)
-        fields, links = out["f"], out["l"]
+        fields, links, processes = sample.fields, sample.links, sample.processes
         last = self._last.get(sample.gpu)
-        self._last[sample.gpu] = (fields, links)
+        self._last[sample.gpu] = (fields, links, processes)
+        out: dict[str, Any] = {
+            "gpu": sample.gpu,
+            "uuid": sample.uuid,
+            "t": sample.timestamp,
+            "d": sample.duration_seconds,
+        }
+        # the usual values are left out: the decoder's defaults
+        if sample.status is not GpuStatus.OK:
+            out["status"] = sample.status.value
+        if sample.error is not None:
+            out["e"] = sample.error
+        if sample.errors:
+            out["errors"] = dict(sample.errors)
         if last is None:
+            out["f"] = dict(fields)
+            out["l"] = [[ls.link, dict(ls.fields)] for ls in links]
+            out["p"] = [[p.pid, p.used_memory_bytes] for p in processes]
             out["full"] = True
             return out
-        old_fields, old_links = last
-        out["f"] = {k: v for k, v in fields.items() if old_fields.get(k) != v}
-        gone = [k for k in old_fields if k not in fields]
-        if gone:
-            out["fx"] = gone
-        if links == old_links:
-            del out["l"]
+        old_fields, old_links, old_processes = last
+        get = old_fields.get
+        out["f"] = {k: v for k, v in fields.items() if get(k) != v}
+        if not fields.keys() >= old_fields.keys():
+            out["fx"] = [k for k in old_fields if k not in fields]
+        if links is old_links or links == old_links:  # the backend reuses unmoved links
             out["lk"] = True
+        else:
+            out["l"] = [[ls.link, dict(ls.fields)] for ls in links]
+        if processes is old_processes or processes == old_processes:  # read every 15 s
+            out["pk"] = True
+        elif processes:
+            out["p"] = [[p.pid, p.used_memory_bytes] for p in processes]
         return out
 
 
@@ -173,7 +204,12 @@ class SampleDecoder:
                 raise WireError("sample fx is not a list")
             for name in gone:
                 fields.pop(str(name), None)
-            sample = sample_from_wire(data, base.links if data.get("lk") else None, fields)
+            sample = sample_from_wire(
+                data,
+                base.links if data.get("lk") else None,
+                fields,
+                base.processes if data.get("pk") else None,
+            )
         if sample.gpu in self._last or len(self._last) < self.MAX_GPUS:
             self._last[sample.gpu] = sample
         return sample
@@ -183,9 +219,11 @@ def sample_from_wire(
     data: Any,
     links: tuple[LinkSample, ...] | None = None,
     fields: dict[str, float] | None = None,
+    processes: tuple[ProcessInfo, ...] | None = None,
 ) -> GpuSample:
-    """A sample from its wire form; ``links`` and ``fields``: already decoded and checked
-    (``SampleDecoder``: the previous sample's, with this frame's changes applied)."""
+    """A sample from its wire form; ``links``, ``fields`` and ``processes``: already decoded
+    and checked (``SampleDecoder``: the previous sample's, with this frame's changes
+    applied)."""
     if not isinstance(data, dict):
         raise WireError("sample is not an object")
     try:
@@ -194,10 +232,11 @@ def sample_from_wire(
                 LinkSample(link=int(link), fields=MappingProxyType(_floats(f, "link fields")))
                 for link, f in data.get("l", [])
             )
-        processes = tuple(
-            ProcessInfo(pid=int(pid), used_memory_bytes=None if mem is None else int(mem))
-            for pid, mem in data.get("p", [])
-        )
+        if processes is None:
+            processes = tuple(
+                ProcessInfo(pid=int(pid), used_memory_bytes=None if mem is None else int(mem))
+                for pid, mem in data.get("p", [])
+            )
         errors = data.get("errors", {})
         if not isinstance(errors, dict):
             raise WireError("sample errors is not an object")
