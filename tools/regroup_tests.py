@@ -16,7 +16,9 @@ What moving would break, and what the script does about it:
   golden/, vm/ stay in tests/; the tests import helpers by bare name (``from conftest
   import ROOT``), which pytest makes work from every sub-folder through the ``pythonpath``
   setting this script adds to pyproject.toml (no ``__init__.py``: module names stay the
-  file's name, and TABLE keeps them unique);
+  file's name, and the script refuses two files of one name); a test that imports from
+  another test file (``from test_systemd import NotifySocket``) still finds it: that file's
+  folder goes on the same ``pythonpath``, with a note;
 - ``Path(__file__)...parent`` and ``os.path.dirname(...(__file__))`` in a moved file get one
   more level; any other use of ``__file__`` is reported;
 - every mention of ``tests/test_NAME.py`` in a tracked text file (docs, scripts, packaging,
@@ -306,17 +308,31 @@ def rewrite_mentions(text: str, moves: dict[str, str]) -> str:
     return re.sub(r"(?<![\w/.-])tests/(test_\w+\.py)\b", new_path, text)
 
 
-_PYTHONPATH = 'pythonpath = ["tests"]\n'
+def test_imports(tests: Path) -> dict[Path, set[str]]:
+    """Test modules that other tests import helpers from (``from test_systemd import ...``)."""
+    names = {p.stem for p in tests.rglob("test_*.py")}
+    found: dict[Path, set[str]] = {}
+    for path in sorted(tests.rglob("test_*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ImportFrom) and node.module in names and node.level == 0:
+                found.setdefault(path, set()).add(node.module)
+            elif isinstance(node, ast.Import):
+                found.setdefault(path, set()).update(a.name for a in node.names if a.name in names)
+    return {path: mods for path, mods in found.items() if mods}
 
 
-def fix_pyproject(text: str) -> str:
-    """Helpers import by bare name from every folder: tests/ on pytest's sys.path."""
-    if re.search(r"^pythonpath\s*=", text, re.M):
-        return text
+def fix_pyproject(text: str, paths: list[str]) -> str:
+    """Helpers import by bare name from every folder: these folders on pytest's sys.path."""
+    line = re.search(r"^pythonpath\s*=\s*\[(.*)\]\s*$", text, re.M)
+    have = re.findall(r'"([^"]+)"', line.group(1)) if line else []
+    want = have + [p for p in paths if p not in have]
+    new = "pythonpath = [" + ", ".join(f'"{p}"' for p in want) + "]"
+    if line:
+        return text[: line.start()] + new + text[line.end() :]
     head = "[tool.pytest.ini_options]\n"
     if head not in text:
         raise SystemExit("pyproject.toml has no [tool.pytest.ini_options]: add pythonpath by hand")
-    return text.replace(head, head + _PYTHONPATH, 1)
+    return text.replace(head, head + new + "\n", 1)
 
 
 def git(*args: str) -> str:
@@ -353,12 +369,26 @@ def apply(moves: dict[str, str]) -> list[str]:
         if unhandled:
             problems.append(f"tests/{folder}/{name}: {unhandled} use(s) of __file__ left as is")
         moved.write_text(text)
+    # A test that imports helpers from another test file finds it wherever it now lives.
+    paths = ["tests"]
+    for path, modules in test_imports(TESTS).items():
+        for module in sorted(modules):
+            (home,) = TESTS.rglob(f"{module}.py")
+            folder = home.parent.relative_to(ROOT).as_posix()
+            if home.parent == path.parent:
+                continue
+            if folder not in paths:
+                paths.append(folder)
+            print(
+                f"note: {path.relative_to(ROOT)} imports from {module}, so {folder} goes on"
+                " pytest's pythonpath (better: move what it shares to a helper in tests/)"
+            )
     changed = 0
     for path in tracked_text_files():
         text = path.read_text()
         new = rewrite_mentions(text, moves)
         if path == ROOT / "pyproject.toml":
-            new = fix_pyproject(new)
+            new = fix_pyproject(new, paths)
         if new != text:
             path.write_text(new)
             changed += 1
