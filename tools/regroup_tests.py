@@ -383,7 +383,7 @@ def apply(moves: dict[str, str]) -> list[str]:
                 f"note: {path.relative_to(ROOT)} imports from {module}, so {folder} goes on"
                 " pytest's pythonpath (better: move what it shares to a helper in tests/)"
             )
-    changed = 0
+    changed: list[str] = []
     for path in tracked_text_files():
         text = path.read_text()
         new = rewrite_mentions(text, moves)
@@ -391,9 +391,9 @@ def apply(moves: dict[str, str]) -> list[str]:
             new = fix_pyproject(new, paths)
         if new != text:
             path.write_text(new)
-            changed += 1
-    git("add", "-A", "tests", "pyproject.toml")
-    print(f"rewrote the test paths written in {changed} file(s)")
+            changed.append(path.relative_to(ROOT).as_posix())
+    git("add", "-A", "tests", *changed)
+    print(f"rewrote the test paths written in {len(changed)} file(s); all staged, not committed")
     return problems
 
 
