@@ -36,5 +36,7 @@ fi
 .venv/bin/ruff check gpuwatchd tests bench tools
 .venv/bin/ruff format --check gpuwatchd tests bench tools
 .venv/bin/mypy
-if [ "$#" -eq 0 ]; then set -- -m "not gpu"; fi
+# Tests marked `speed` assert a wall-clock budget (how fast, not what): a loaded CI host
+# misses those, so they are left out here; `scripts/test.sh -m speed` on a quiet host.
+if [ "$#" -eq 0 ]; then set -- -m "not gpu and not speed"; fi
 exec .venv/bin/pytest "$@"

@@ -3,68 +3,24 @@
 
 from __future__ import annotations
 
-import json
 import time
-import urllib.request
 from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
-from typing import Any
 
+import alertmanager_support
 import pytest
 from actions_support import HttpReceiver, make_config, sink_for, transition
-from conftest import Proc, free_port, need_binary, wait_http
+from alertmanager_support import am_alerts, webhook_route
+from conftest import Proc, free_port
 
 from gpuwatchd.core.alerts import AlertState
 from gpuwatchd.core.clock import SystemClock
 
-AM_CONFIG = """\
-route:
-  receiver: hook
-  group_by: [alertname, node]
-  group_wait: 0s
-  group_interval: 1s
-  repeat_interval: 1h
-receivers:
-  - name: hook
-    webhook_configs:
-      - url: {url}
-        send_resolved: true
-"""
-
 
 def start_alertmanager(tmp_path: Path, name: str, hook_url: str) -> tuple[Proc, str]:
-    binary = need_binary("prometheus-alertmanager")
-    port = free_port()
-    work = tmp_path / name
-    (work / "data").mkdir(parents=True)
-    (work / "am.yml").write_text(AM_CONFIG.format(url=hook_url))
-    proc = Proc(
-        [
-            binary,
-            f"--config.file={work / 'am.yml'}",
-            f"--storage.path={work / 'data'}",
-            f"--web.listen-address=127.0.0.1:{port}",
-            "--cluster.listen-address=",
-            "--log.level=warn",
-        ],
-        work / "am.log",
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_http(url + "/-/ready", timeout=20)
-    except AssertionError as exc:
-        proc.stop()
-        pytest.fail(f"Alertmanager did not start: {exc}\n{proc.output()}")
-    return proc, url
-
-
-def am_alerts(url: str) -> list[dict[str, Any]]:
-    with urllib.request.urlopen(
-        url + "/api/v2/alerts?active=true&silenced=true&inhibited=true"
-    ) as r:
-        out: list[dict[str, Any]] = json.load(r)
-    return out
+    """Alertmanager in ``tmp_path/name``, sending every alert at once to ``hook_url``."""
+    return alertmanager_support.start_alertmanager(tmp_path / name, webhook_route(hook_url))
 
 
 def parse_time(text: str) -> float:

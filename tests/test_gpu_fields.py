@@ -102,6 +102,7 @@ def test_sram_status_agrees_with_total_minus_device_memory(backend: NvmlBackend)
         assert f["ecc_corrected_volatile_sram"] == status.volatileCor
 
 
+@pytest.mark.speed  # a cost budget per call: bench/nvml_call_cost.py measures it too
 def test_what_the_new_getters_cost(backend: NvmlBackend) -> None:
     """What each new getter costs. On an H100 (driver 580.159.04) the margin temperature
     took 1.0 ms of CPU per call, the histogram 0.8 us: both are read on the slow cadence

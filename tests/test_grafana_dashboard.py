@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import ROOT, Proc, free_port, need_binary, wait_http
-from test_prometheus import query
+from conftest import ROOT, Proc
+from prometheus_support import Prometheus, query, scrape_config
 
 pytestmark = pytest.mark.slow
 
@@ -86,31 +86,14 @@ def test_dashboard_is_well_formed() -> None:
 def prometheus_on_simulated_node(
     tmp_path: Path, daemon_factory: Callable[..., tuple[Proc, str]]
 ) -> Iterator[str]:
-    prometheus = need_binary("prometheus")
     config = tmp_path / "gpuwatchd.yaml"
     config.write_text(
         "node_name: dash-node\npoll:\n  interval: 1s\nmetrics:\n  dcgm_compat: true\n"
     )
     scenario = ROOT / "tests" / "data" / "dashboard-node.yaml"
     _, daemon_url = daemon_factory("-c", str(config), "--backend", f"scenario:{scenario}")
-    port = free_port()
-    (tmp_path / "prometheus.yml").write_text(
-        "global:\n  scrape_interval: 1s\n"
-        "scrape_configs:\n  - job_name: gpuwatchd\n"
-        f"    static_configs:\n      - targets: ['{daemon_url.removeprefix('http://')}']\n"
-    )
-    prom = Proc(
-        [
-            prometheus,
-            f"--config.file={tmp_path / 'prometheus.yml'}",
-            f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-            f"--web.listen-address=127.0.0.1:{port}",
-        ],
-        tmp_path / "prometheus.log",
-    )
-    base = f"http://127.0.0.1:{port}"
-    try:
-        wait_http(base + "/-/ready", timeout=20)
+    with Prometheus(tmp_path, scrape_config(gpuwatchd=daemon_url)) as prom:
+        base = prom.url
         # rate() needs two scrapes; the XID counter exists from the scenario's XID on
         deadline = time.monotonic() + 40
         while time.monotonic() < deadline:
@@ -118,12 +101,8 @@ def prometheus_on_simulated_node(
                 break
             time.sleep(0.5)
         else:
-            raise AssertionError(
-                "Prometheus never saw the scenario's XID:\n" + prom.output()[-2000:]
-            )
+            raise AssertionError("Prometheus never saw the scenario's XID:\n" + prom.output())
         yield base
-    finally:
-        prom.stop()
 
 
 def test_every_query_returns_data(prometheus_on_simulated_node: str) -> None:

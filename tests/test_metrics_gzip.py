@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import ROOT, Proc, free_port, need_binary, wait_http
-from test_prometheus import query, wait_query
+from conftest import ROOT, Proc
+from prometheus_support import Prometheus, query, scrape_config, wait_query
 
 from gpuwatchd.config.loader import load_config
 from gpuwatchd.core.families import CONTENT_TYPE, OPENMETRICS_CONTENT_TYPE, Families
@@ -170,27 +170,9 @@ def test_a_real_prometheus_scrapes_gzip(
 ) -> None:
     """Prometheus (which asks for OpenMetrics and gzip) gets the compressed OpenMetrics body,
     decodes it and ingests every series: the daemon counts what it answered."""
-    prometheus = need_binary("prometheus")
     _, daemon_url = daemon_factory("--backend", f"scenario:{NODE}")
-    port = free_port()
-    (tmp_path / "prometheus.yml").write_text(
-        "global:\n  scrape_interval: 1s\n"
-        "scrape_configs:\n"
-        "  - job_name: gpuwatchd\n"
-        f"    static_configs: [{{targets: ['{daemon_url.removeprefix('http://')}']}}]\n"
-    )
-    prom = Proc(
-        [
-            prometheus,
-            f"--config.file={tmp_path / 'prometheus.yml'}",
-            f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-            f"--web.listen-address=127.0.0.1:{port}",
-        ],
-        tmp_path / "prometheus.log",
-    )
-    base = f"http://127.0.0.1:{port}"
-    try:
-        wait_http(base + "/-/ready", timeout=20)
+    with Prometheus(tmp_path, scrape_config(gpuwatchd=daemon_url)) as prom:
+        base = prom.url
         wait_query(base, 'gpuwatchd_http_metrics_responses_total{encoding="gzip"} >= 2')
         answered = {
             (r["metric"]["format"], r["metric"]["encoding"]): float(r["value"][1])
@@ -204,6 +186,4 @@ def test_a_real_prometheus_scrapes_gzip(
         assert float(scraped[0]["value"][1]) > 1000  # 8 GPUs x 18 links: the whole body
         links = query(base, "count(gpuwatchd_nvlink_up)")
         assert float(links[0]["value"][1]) == 144.0
-    finally:
-        prom_rc = prom.stop()
-    assert prom_rc == 0, prom.output()[-2000:]
+    assert prom.returncode == 0, prom.output()

@@ -14,7 +14,6 @@ and GpuLost), no inhibit rules."""
 
 from __future__ import annotations
 
-import json
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -24,7 +23,9 @@ from typing import Any
 import pytest
 import yaml
 from actions_support import HttpReceiver, make_config, sink_for, transition
-from conftest import ROOT, Proc, free_port, need_binary, wait_http
+from alertmanager_support import am_alerts, start_alertmanager
+from conftest import ROOT, need_binary
+from prometheus_support import Prometheus, scrape_config
 
 from gpuwatchd.core.alerts import AlertSeverity
 from gpuwatchd.core.clock import SystemClock
@@ -46,9 +47,9 @@ def hook() -> Iterator[HttpReceiver]:
     rx.stop()
 
 
-def start_alertmanager(tmp_path: Path, hook_url: str) -> tuple[Proc, str]:
-    binary = need_binary("prometheus-alertmanager")
-    config = {
+def am_config(hook_url: str) -> dict[str, Any]:
+    """The shipped inhibit rules under one route to the test's webhook."""
+    return {
         "route": {
             "receiver": "hook",
             "group_by": ["alertname", "node", "gpu"],
@@ -59,33 +60,6 @@ def start_alertmanager(tmp_path: Path, hook_url: str) -> tuple[Proc, str]:
         "receivers": [{"name": "hook", "webhook_configs": [{"url": hook_url + "/hook"}]}],
         **yaml.safe_load(INHIBIT.read_text()),
     }
-    (tmp_path / "am").mkdir()
-    (tmp_path / "am.yml").write_text(yaml.safe_dump(config))
-    port = free_port()
-    proc = Proc(
-        [
-            binary,
-            f"--config.file={tmp_path / 'am.yml'}",
-            f"--storage.path={tmp_path / 'am'}",
-            f"--web.listen-address=127.0.0.1:{port}",
-            "--cluster.listen-address=",
-            "--log.level=warn",
-        ],
-        tmp_path / "am.log",
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_http(url + "/-/ready", timeout=20)
-    except AssertionError as exc:
-        proc.stop()
-        pytest.fail(f"Alertmanager did not start: {exc}\n{proc.output()}")
-    return proc, url
-
-
-def am_alerts(url: str) -> list[dict[str, Any]]:
-    with urllib.request.urlopen(url + "/api/v2/alerts", timeout=5) as resp:
-        alerts: list[dict[str, Any]] = json.load(resp)
-    return alerts
 
 
 def wait_for(what: str, check: Callable[[], Any], timeout: float = 60.0) -> Any:
@@ -106,7 +80,7 @@ def states(url: str) -> dict[tuple[str, str], str]:
 
 
 def test_shipped_inhibit_rules_on_a_real_alertmanager(tmp_path: Path, hook: HttpReceiver) -> None:
-    am, url = start_alertmanager(tmp_path, hook.url)
+    am, url = start_alertmanager(tmp_path / "am", am_config(hook.url))
     config = make_config(
         tmp_path, f"receivers:\n  - {{name: am, type: alertmanager, urls: ['{url}']}}\n"
     )
@@ -174,9 +148,8 @@ def test_node_alerts_and_prometheus_twins_merge_into_one_page(
     """A daemon on a node with a lost GPU and a GPU asking for a reset pushes to
     Alertmanager; a real Prometheus scrapes it, runs the shipped twins with the shipped
     relabelling and sends to the same Alertmanager: one alert per fault, one message."""
-    prometheus = need_binary("prometheus")
-    am, am_url = start_alertmanager(tmp_path, hook.url)
-    prom: Proc | None = None
+    am, am_url = start_alertmanager(tmp_path / "am", am_config(hook.url))
+    prom: Prometheus | None = None
     try:
         cfg = tmp_path / "gpuwatchd.yaml"
         cfg.write_text(
@@ -188,7 +161,7 @@ def test_node_alerts_and_prometheus_twins_merge_into_one_page(
         wait_for("the node's pages", lambda: faults <= set(states(am_url)))
         relabel = yaml.safe_load(RELABEL.read_text())["alert_relabel_configs"]
         prom_cfg = {
-            "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+            **scrape_config(gpuwatchd=daemon_url),
             "rule_files": [str(RULES)],
             "alerting": {
                 "alert_relabel_configs": relabel,
@@ -196,26 +169,9 @@ def test_node_alerts_and_prometheus_twins_merge_into_one_page(
                     {"static_configs": [{"targets": [am_url.removeprefix("http://")]}]}
                 ],
             },
-            "scrape_configs": [
-                {
-                    "job_name": "gpuwatchd",
-                    "static_configs": [{"targets": [daemon_url.removeprefix("http://")]}],
-                }
-            ],
         }
-        (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(prom_cfg))
-        port = free_port()
-        prom = Proc(
-            [
-                prometheus,
-                f"--config.file={tmp_path / 'prometheus.yml'}",
-                f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-                f"--web.listen-address=127.0.0.1:{port}",
-            ],
-            tmp_path / "prometheus.log",
-        )
-        prom_url = f"http://127.0.0.1:{port}"
-        wait_http(prom_url + "/-/ready", timeout=20)
+        prom = Prometheus(tmp_path, prom_cfg).wait_ready()
+        prom_url = prom.url
 
         def prometheus_sent() -> bool:  # the twins fired and Prometheus sent them
             with urllib.request.urlopen(prom_url + "/metrics", timeout=5) as resp:

@@ -17,10 +17,10 @@ from typing import Any
 
 import pytest
 from actions_support import HttpReceiver, Received, make_config
-from conftest import ROOT, Proc, free_port, need_binary, wait_http
+from conftest import ROOT, Proc
 from prometheus_client.openmetrics.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector, CollectorRegistry
-from test_prometheus import query, wait_query
+from prometheus_support import Prometheus, query, scrape_config, wait_query
 
 from gpuwatchd.core.families import OPENMETRICS_CONTENT_TYPE, to_client_metric
 from gpuwatchd.harness.simulate import Simulation
@@ -115,7 +115,6 @@ def test_a_real_prometheus_scrape_takes_the_openmetrics_path(
     """A real Prometheus scrapes the daemon and a recorder: the recorder shows the Accept
     header Prometheus sends (OpenMetrics first); the daemon answers that header with its
     OpenMetrics body, and Prometheus ingests every series of it."""
-    prometheus = need_binary("prometheus")
     _, daemon_url = daemon_factory("--backend", f"scenario:{ROOT / 'tests/data/steady-4gpu.yaml'}")
 
     def empty(req: Received) -> tuple[int, dict[str, str], bytes]:
@@ -124,42 +123,24 @@ def test_a_real_prometheus_scrape_takes_the_openmetrics_path(
     recorder = HttpReceiver(0, respond=empty).start()
     assert recorder.server is not None
     recorder.port = int(recorder.server.server_address[1])
-    port = free_port()
-    (tmp_path / "prometheus.yml").write_text(
-        "global:\n  scrape_interval: 1s\n"
-        "scrape_configs:\n"
-        "  - job_name: gpuwatchd\n"
-        f"    static_configs: [{{targets: ['{daemon_url.removeprefix('http://')}']}}]\n"
-        "  - job_name: recorder\n"
-        f"    static_configs: [{{targets: ['127.0.0.1:{recorder.port}']}}]\n"
-    )
-    prom = Proc(
-        [
-            prometheus,
-            f"--config.file={tmp_path / 'prometheus.yml'}",
-            f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-            f"--web.listen-address=127.0.0.1:{port}",
-        ],
-        tmp_path / "prometheus.log",
-    )
-    base = f"http://127.0.0.1:{port}"
+    jobs = scrape_config(gpuwatchd=daemon_url, recorder=f"127.0.0.1:{recorder.port}")
     try:
-        wait_http(base + "/-/ready", timeout=20)
-        assert len(wait_query(base, 'up{job="gpuwatchd"} == 1')) == 1
-        wait_query(base, 'up{job="recorder"} == 1')
-        accept = recorder.requests[0].headers["accept"]
-        assert accept.startswith("application/openmetrics-text"), accept
-        req = urllib.request.Request(daemon_url + "/metrics", headers={"Accept": accept})
-        with urllib.request.urlopen(req, timeout=5) as resp:
-            assert resp.headers["Content-Type"] == OPENMETRICS_CONTENT_TYPE
-            body = resp.read()
-        samples = sum(len(f.samples) for f in text_string_to_metric_families(body.decode()))
-        scraped = wait_query(base, 'scrape_samples_scraped{job="gpuwatchd"}')
-        assert float(scraped[0]["value"][1]) == samples
-        temps = query(base, 'gpuwatchd_gpu_temperature_celsius{gpu="2"}')
-        assert float(temps[0]["value"][1]) == 71.0
-        xids = query(base, "gpuwatchd_xid_errors_total")
-        assert xids is not None
+        with Prometheus(tmp_path, jobs) as prom:
+            base = prom.url
+            assert len(wait_query(base, 'up{job="gpuwatchd"} == 1')) == 1
+            wait_query(base, 'up{job="recorder"} == 1')
+            accept = recorder.requests[0].headers["accept"]
+            assert accept.startswith("application/openmetrics-text"), accept
+            req = urllib.request.Request(daemon_url + "/metrics", headers={"Accept": accept})
+            with urllib.request.urlopen(req, timeout=5) as resp:
+                assert resp.headers["Content-Type"] == OPENMETRICS_CONTENT_TYPE
+                body = resp.read()
+            samples = sum(len(f.samples) for f in text_string_to_metric_families(body.decode()))
+            scraped = wait_query(base, 'scrape_samples_scraped{job="gpuwatchd"}')
+            assert float(scraped[0]["value"][1]) == samples
+            temps = query(base, 'gpuwatchd_gpu_temperature_celsius{gpu="2"}')
+            assert float(temps[0]["value"][1]) == 71.0
+            xids = query(base, "gpuwatchd_xid_errors_total")
+            assert xids is not None
     finally:
-        prom.stop()
         recorder.stop()

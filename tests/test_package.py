@@ -116,7 +116,9 @@ def test_build_lint_install_run_purge(
     build_seconds = time.monotonic() - start
     assert build.stdout.strip().endswith(f"dist/gpuwatchd_{VERSION}_all.deb")
     assert DEB.exists()
-    assert build_seconds < 60, f"build took {build_seconds:.1f}s"
+    # a hung build, not a slow one: the build's speed (well under a minute on a quiet host)
+    # is no test's business on a loaded one
+    assert build_seconds < 600, f"build took {build_seconds:.1f}s"
 
     # -- lintian: no errors; every warning is one docs/install.md lists ---------------------
     lint = sh("lintian", "--no-tag-display-limit", str(DEB), check=False)

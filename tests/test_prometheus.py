@@ -2,65 +2,27 @@
 
 from __future__ import annotations
 
-import json
 import subprocess
 import time
 import urllib.parse
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
-from conftest import ROOT, Proc, free_port, need_binary, wait_http
+from conftest import ROOT, Proc, need_binary
+from prometheus_support import Prometheus, query, scrape_config, wait_query
 
 pytestmark = pytest.mark.slow
-
-
-def query(base: str, promql: str) -> list[dict[str, Any]]:
-    url = f"{base}/api/v1/query?" + urllib.parse.urlencode({"query": promql})
-    with urllib.request.urlopen(url, timeout=5) as resp:
-        body = json.load(resp)
-    assert body["status"] == "success", body
-    result: list[dict[str, Any]] = body["data"]["result"]
-    return result
-
-
-def wait_query(base: str, promql: str, timeout: float = 40.0) -> list[dict[str, Any]]:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        result = query(base, promql)
-        if result:
-            return result
-        time.sleep(0.25)
-    raise AssertionError(f"Prometheus returned nothing for {promql!r} within {timeout}s")
 
 
 def test_real_prometheus_scrapes_the_daemon(
     tmp_path: Path, daemon_factory: Callable[..., tuple[Proc, str]]
 ) -> None:
-    prometheus = need_binary("prometheus")
     scenario = ROOT / "tests" / "data" / "steady-4gpu.yaml"
     daemon, daemon_url = daemon_factory("--backend", f"scenario:{scenario}")
-    target = daemon_url.removeprefix("http://")
-    port = free_port()
-    (tmp_path / "prometheus.yml").write_text(
-        "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
-        "scrape_configs:\n  - job_name: gpuwatchd\n"
-        f"    static_configs:\n      - targets: ['{target}']\n"
-    )
-    prom = Proc(
-        [
-            prometheus,
-            f"--config.file={tmp_path / 'prometheus.yml'}",
-            f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-            f"--web.listen-address=127.0.0.1:{port}",
-        ],
-        tmp_path / "prometheus.log",
-    )
-    base = f"http://127.0.0.1:{port}"
-    try:
-        wait_http(base + "/-/ready", timeout=20)
+    with Prometheus(tmp_path, scrape_config(gpuwatchd=daemon_url)) as prom:
+        base = prom.url
         up = wait_query(base, 'up{job="gpuwatchd"} == 1')
         assert len(up) == 1
         temps = wait_query(base, "gpuwatchd_gpu_temperature_celsius")
@@ -80,10 +42,8 @@ def test_real_prometheus_scrapes_the_daemon(
         # No scrape errors or sample limits hit: Prometheus accepted every series.
         scraped = query(base, 'scrape_samples_scraped{job="gpuwatchd"}')
         assert float(scraped[0]["value"][1]) > 100
-    finally:
-        prom_rc = prom.stop()
-        daemon.stop()
-    assert prom_rc == 0, prom.output()[-2000:]
+    daemon.stop()
+    assert prom.returncode == 0, prom.output()
 
 
 def test_promtool_accepts_live_exposition(daemon_factory: Callable[..., tuple[Proc, str]]) -> None:
