@@ -115,3 +115,38 @@ def test_simulate_judges_as_the_daemon_does(tmp_path: Path) -> None:
     sim = Simulation(sc, every)
     sim.run()
     assert sim.pipeline.evaluations == sim.poller.cycles
+
+
+XIDS = """name: xid-every-8s
+duration: 90s
+step: 5s
+gpus: {count: 2, model: NVIDIA H100 80GB HBM3}
+timeline:
+""" + "".join(f"  - {{at: {8 * i + 3}s, gpu: 1, nvml_xid: 31}}\n" for i in range(10))
+
+QUIET_1S = """rules:
+- name: EveryXid31
+  severity: page
+  condition: {xid: {codes: [31], quiet: 1s}}
+  annotations: {summary: 'XID {xid} on GPU {gpu}'}
+"""
+
+
+def test_an_xid_alert_ends_on_time_so_the_next_xid_pages_again(tmp_path: Path) -> None:
+    """Found on 4 x H200 (issue 21): with 5 s polls and the 10 s period, an XID alert that
+    ends after a 1 s quiet window was resolved only at the next period, so an XID every
+    8 s found it still firing and 4 of 118 faults never paged. While an XID alert is
+    active the evaluator keeps the poll's pace."""
+    (tmp_path / "site.yaml").write_text(QUIET_1S)
+    path = tmp_path / "c.yaml"
+    path.write_text(f"state_dir: {tmp_path}\nrules: {{files: [site.yaml]}}\n")
+    config = load_config(str(path), must_exist=True, environ={})
+    sim = Simulation(parse_scenario(XIDS, "xids.yaml"), config)
+    fired: list[float] = []
+    sim.pipeline.on_transition = lambda t: (
+        fired.append(sim.clock.now())
+        if t.rule == "EveryXid31" and t.state.value == "firing"
+        else None
+    )
+    sim.run()
+    assert len(fired) == 10, fired

@@ -127,6 +127,10 @@ class Simulation:
             self._next_tick = nxt
         if tick or self.pipeline.urgent:
             self._evaluate()
+            # the period can shrink with what the evaluation found (an XID alert active)
+            if self._next_tick is not None:
+                soon = now + self.pipeline.period(self.scenario.step)
+                self._next_tick = min(self._next_tick, soon)
         elif self.node.actions is not None:
             self.node.actions.run_pending(now)
 

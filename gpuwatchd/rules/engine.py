@@ -44,6 +44,7 @@ FLUSH_INTERVAL = 60.0  # seconds of clock time between writes of counter history
 TRIM_INTERVAL = 86400.0
 PERIODIC = 60.0  # seconds between evaluations of "periodic" rules when nothing moved
 ALERT_STATES = ("pending", "firing")
+HURRY_TRIGGERS = frozenset({"xid", "sxid"})  # rules whose alerts end on a quiet window
 
 
 @dataclass
@@ -122,6 +123,7 @@ class Engine:
         )
         self._book = AlertBook(store)
         self._timers = _Timers()
+        self.hurry = False  # an event rule's alert is active: evaluate at every poll
         self.replace_rules(rules)
 
     # -- rules ------------------------------------------------------------------------
@@ -293,6 +295,12 @@ class Engine:
                         log.exception("rule %s failed to evaluate", name)
                 x.fresh = False
             snap.settled(now)
+            # An alert of an event rule (XID, SXid) resolves when its quiet window ends and
+            # a new event then pages anew: while one is pending or firing, the evaluator
+            # keeps the poll's pace so that resolve is not held back by the period.
+            self.hurry = any(
+                active[name] and x.trigger in HURRY_TRIGGERS for name, x in self._loaded.items()
+            )
             self._persist(now)
             self.stats.cycles += 1
             self.stats.last_duration = max(self.clock.monotonic() - started, 0.0)

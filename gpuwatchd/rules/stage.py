@@ -55,8 +55,10 @@ class RulesStage:
     @property
     def period(self) -> float:
         """Seconds between evaluations when nothing urgent arrives (``rules.evaluation_
-        interval``; the poll interval when that is longer)."""
-        return self.settings.rules.evaluation_interval
+        interval``; the poll interval when that is longer), or 0 (every poll) while an
+        XID or SXid alert is pending or firing: its end is a matter of time, and the next
+        event pages anew only once it ended."""
+        return 0.0 if self.engine.hurry else self.settings.rules.evaluation_interval
 
     def urgent_sample(self, previous: GpuSample, sample: GpuSample) -> bool:
         """Whether a GPU's new sample must be judged now rather than at the next periodic

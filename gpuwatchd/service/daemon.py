@@ -187,6 +187,8 @@ class Daemon:
             finally:
                 self._evaluating = False
             self.evaluations += 1
+            # the period can shrink with what the evaluation found (an XID alert active)
+            next_tick = min(next_tick, now_m + self.evaluation_period())
             if self.evaluations == 1 or self._trim_due.is_set():
                 self._trim_due.clear()
                 memtrim.trim()  # start-up's (or a reload's) freed memory back to the kernel
