@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from gpuwatchd.actions import ActionsSink, build_actions
-from gpuwatchd.config.loader import Config, load_config
-from gpuwatchd.config.stages import for_actions
+from gpuwatchd.configfile.loader import Config, load_config
+from gpuwatchd.configfile.stages import for_actions
 from gpuwatchd.core.alerts import AlertSeverity, AlertState, AlertTransition
 from gpuwatchd.core.clock import Clock
 

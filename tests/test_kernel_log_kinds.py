@@ -10,7 +10,7 @@ from pathlib import Path
 
 from conftest import ROOT
 
-from gpuwatchd.config.loader import KERNEL_LOG_CHOICES, SourcesConfig
+from gpuwatchd.configfile.loader import KERNEL_LOG_CHOICES, SourcesConfig
 from gpuwatchd.core.clock import SystemClock
 from gpuwatchd.sources.kernel.registry import BY_NAME, KINDS
 from gpuwatchd.sources.xid_inputs import XidInputs, choose_kernel_log
