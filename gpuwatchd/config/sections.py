@@ -17,7 +17,7 @@ import math
 import os
 import re
 import socket
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -108,9 +108,6 @@ class MetricsConfig:
     dcgm_compat: bool = False
     hostname_label: bool = True
     per_link: bool = True
-
-
-KERNEL_LOG_CHOICES = ("auto", "journald", "kmsg", "none")
 
 
 @dataclass(frozen=True)
@@ -407,19 +404,39 @@ def read_metrics(r: Reader, node: Node | None, ctx: ReadContext) -> MetricsConfi
     )
 
 
-def read_sources(r: Reader, node: Node | None, ctx: ReadContext) -> SourcesConfig:
+SourceOptionReader = Callable[[Reader, Node, str, str | None], Any]
+"""A kernel-log kind's reader of one of its ``sources`` keys: ``(reader, node, where,
+base_dir)`` -> the value, or ``None`` after recording a problem (``base_dir``: the config
+file's directory, for relative paths)."""
+
+
+def read_path(r: Reader, node: Node, what: str, base_dir: str | None) -> str | None:
+    """A file or directory path; a relative one is taken from the config file's directory."""
+    text = r.string(node, what)
+    if text is not None and base_dir is not None and not os.path.isabs(text):
+        text = os.path.normpath(os.path.join(base_dir, text))
+    return text
+
+
+def read_sources(
+    r: Reader,
+    node: Node | None,
+    ctx: ReadContext,
+    kinds: Sequence[str],
+    options: Mapping[str, SourceOptionReader],
+) -> SourcesConfig:
+    """The ``sources`` section. ``kinds``: the values ``kernel_log`` may name besides
+    ``auto`` and ``none``; ``options``: each kernel-log kind's own keys and their readers
+    (both from the kernel-log kinds' registry, which owns them)."""
     keys = _section_keys(r, node, SourcesConfig, "sources")
     values: dict[str, Any] = {}
     if "kernel_log" in keys:
         values["kernel_log"] = r.string(
-            keys["kernel_log"], "sources.kernel_log", KERNEL_LOG_CHOICES
+            keys["kernel_log"], "sources.kernel_log", ("auto", *kinds, "none")
         )
-    for name in ("journal_dir", "kmsg_path"):
+    for name, read in options.items():
         if name in keys and keys[name].value is not None:
-            text = r.string(keys[name], f"sources.{name}")
-            if text is not None and ctx.base_dir is not None and not os.path.isabs(text):
-                text = os.path.normpath(os.path.join(ctx.base_dir, text))
-            values[name] = text
+            values[name] = read(r, keys[name], f"sources.{name}", ctx.base_dir)
     if "nvml_events" in keys:
         values["nvml_events"] = r.boolean(keys["nvml_events"], "sources.nvml_events")
     if "merge_window" in keys:

@@ -32,7 +32,6 @@ from gpuwatchd.config.sections import (
     DEFAULT_CONFIG_PATH,
     DEFAULT_PORT,
     DEFAULT_STATE_DIR,
-    KERNEL_LOG_CHOICES,
     LOG_FORMATS,
     LOG_LEVELS,
     SECRET_PLACEHOLDER,
@@ -65,6 +64,7 @@ from gpuwatchd.config.sections import (
 from gpuwatchd.config.yamlsrc import Node, Reader
 from gpuwatchd.core.errors import ConfigError
 from gpuwatchd.core.fields import ExtraField
+from gpuwatchd.sources.kernel import registry as kernel_log
 
 T = TypeVar("T")
 
@@ -133,7 +133,12 @@ _ENTRIES: dict[str, _Entry[Any]] = {
     "poll": _section_entry(PollConfig, read_poll),
     "gpus": _section_entry(GpusConfig, read_gpus),
     "metrics": _section_entry(MetricsConfig, read_metrics),
-    "sources": _section_entry(SourcesConfig, read_sources),
+    "sources": _section_entry(
+        SourcesConfig,
+        lambda r, n, ctx: read_sources(
+            r, n, ctx, kernel_log.KERNEL_LOG_CHOICES[1:-1], kernel_log.OPTIONS
+        ),
+    ),
     "receivers": _Entry(lambda r, n, ctx: read_receivers(r, n, READERS), _const(())),
     "routing": _section_entry(
         RoutingConfig,
@@ -205,7 +210,6 @@ __all__ = [
     "DEFAULT_CONFIG_PATH",
     "DEFAULT_PORT",
     "DEFAULT_STATE_DIR",
-    "KERNEL_LOG_CHOICES",
     "LOG_FORMATS",
     "LOG_LEVELS",
     "SECRET_PLACEHOLDER",
