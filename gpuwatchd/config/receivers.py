@@ -152,7 +152,7 @@ def common_key(r: Reader, key: str, node: Node, where: str) -> Any:
     """The keys every kind has (``timeout``, ``send_resolved``) and the ones several share
     (``severity_labels``, ``external_url``)."""
     if key == "timeout":
-        return _duration(r, node, where, positive=True)
+        return duration(r, node, where, positive=True)
     if key == "send_resolved":
         return r.boolean(node, where)
     if key == "severity_labels":
@@ -161,6 +161,11 @@ def common_key(r: Reader, key: str, node: Node, where: str) -> Any:
         value = http_url(r, node, where, secret=False)
         return value.rstrip("/") if value else None
     raise AssertionError(key)  # pragma: no cover - a kind's fields are all read
+
+
+def duration(r: Reader, node: Node, what: str, *, positive: bool = False) -> float | None:
+    """A finite duration (``30s``, ``5m``); ``positive``: more than 0s."""
+    return _duration(r, node, what, positive=positive)
 
 
 def http_url(r: Reader, node: Node, what: str, *, secret: bool) -> str | None:

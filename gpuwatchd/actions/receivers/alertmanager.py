@@ -20,8 +20,13 @@ from gpuwatchd.actions.receivers.base import (
     json_body,
     starts_at,
 )
-from gpuwatchd.config.actions import _duration
-from gpuwatchd.config.receivers import DEFAULT_SEVERITY_LABELS, ReceiverReader, common_key, http_url
+from gpuwatchd.config.receivers import (
+    DEFAULT_SEVERITY_LABELS,
+    ReceiverReader,
+    common_key,
+    duration,
+    http_url,
+)
 from gpuwatchd.config.yamlsrc import Node, Reader
 
 
@@ -93,7 +98,7 @@ def _read_key(r: Reader, key: str, node: Node, where: str) -> Any:
             r.error(node.loc, f"{where}: needs at least one Alertmanager URL")
         return None if items is None or None in urls or not urls else tuple(urls)
     if key == "resend_interval":
-        return _duration(r, node, where, positive=True)
+        return duration(r, node, where, positive=True)
     return common_key(r, key, node, where)
 
 

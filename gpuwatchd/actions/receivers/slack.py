@@ -22,10 +22,10 @@ from gpuwatchd.actions.receivers.base import (
     starts_at,
 )
 from gpuwatchd.actions.secrets import url_secrets
-from gpuwatchd.config.actions import _duration
 from gpuwatchd.config.receivers import (
     ReceiverReader,
     common_key,
+    duration,
     http_url,
     one_of,
     secret,
@@ -198,7 +198,7 @@ def _read_key(r: Reader, key: str, node: Node, where: str) -> Any:
     if key == "url_file":
         return secret_ref(r, node, where)
     if key == "min_interval":
-        return _duration(r, node, where)
+        return duration(r, node, where)
     return common_key(r, key, node, where)
 
 
