@@ -90,6 +90,33 @@ class Proc:
         return self.popen.returncode
 
 
+def start_alertmanager(work: Path, config_text: str) -> tuple[Proc, str]:
+    """A real Alertmanager with ``config_text`` as its config, its files under ``work``;
+    returns the process and its URL once it answers ``/-/ready``."""
+    binary = need_binary("prometheus-alertmanager")
+    port = free_port()
+    (work / "data").mkdir(parents=True)
+    (work / "am.yml").write_text(config_text)
+    proc = Proc(
+        [
+            binary,
+            f"--config.file={work / 'am.yml'}",
+            f"--storage.path={work / 'data'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+            "--cluster.listen-address=",
+            "--log.level=warn",
+        ],
+        work / "am.log",
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_http(url + "/-/ready", timeout=20)
+    except AssertionError as exc:
+        proc.stop()
+        pytest.fail(f"Alertmanager did not start: {exc}\n{proc.output()}")
+    return proc, url
+
+
 @pytest.fixture
 def daemon_factory(tmp_path: Path) -> Iterator[object]:
     procs: list[Proc] = []

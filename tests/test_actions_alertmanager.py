@@ -13,7 +13,8 @@ from typing import Any
 
 import pytest
 from actions_support import HttpReceiver, make_config, sink_for, transition
-from conftest import Proc, free_port, need_binary, wait_http
+from conftest import Proc, free_port
+from conftest import start_alertmanager as start_real_alertmanager
 
 from gpuwatchd.core.alerts import AlertState
 from gpuwatchd.core.clock import SystemClock
@@ -34,29 +35,7 @@ receivers:
 
 
 def start_alertmanager(tmp_path: Path, name: str, hook_url: str) -> tuple[Proc, str]:
-    binary = need_binary("prometheus-alertmanager")
-    port = free_port()
-    work = tmp_path / name
-    (work / "data").mkdir(parents=True)
-    (work / "am.yml").write_text(AM_CONFIG.format(url=hook_url))
-    proc = Proc(
-        [
-            binary,
-            f"--config.file={work / 'am.yml'}",
-            f"--storage.path={work / 'data'}",
-            f"--web.listen-address=127.0.0.1:{port}",
-            "--cluster.listen-address=",
-            "--log.level=warn",
-        ],
-        work / "am.log",
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_http(url + "/-/ready", timeout=20)
-    except AssertionError as exc:
-        proc.stop()
-        pytest.fail(f"Alertmanager did not start: {exc}\n{proc.output()}")
-    return proc, url
+    return start_real_alertmanager(tmp_path / name, AM_CONFIG.format(url=hook_url))
 
 
 def am_alerts(url: str) -> list[dict[str, Any]]:

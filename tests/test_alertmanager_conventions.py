@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 from actions_support import HttpReceiver, make_config, sink_for, transition
-from conftest import Proc, free_port, need_binary, wait_http
+from conftest import Proc, free_port
+from conftest import start_alertmanager as start_real_alertmanager
 
 from gpuwatchd.actions.receivers import external_labels
 from gpuwatchd.core.alerts import AlertSeverity
@@ -52,28 +53,7 @@ def hook() -> Iterator[HttpReceiver]:
 
 
 def start_alertmanager(tmp_path: Path, hook_url: str) -> tuple[Proc, str]:
-    binary = need_binary("prometheus-alertmanager")
-    port = free_port()
-    (tmp_path / "am").mkdir()
-    (tmp_path / "am.yml").write_text(AM_ROUTES.format(hook=hook_url))
-    proc = Proc(
-        [
-            binary,
-            f"--config.file={tmp_path / 'am.yml'}",
-            f"--storage.path={tmp_path / 'am'}",
-            f"--web.listen-address=127.0.0.1:{port}",
-            "--cluster.listen-address=",
-            "--log.level=warn",
-        ],
-        tmp_path / "am.log",
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_http(url + "/-/ready", timeout=20)
-    except AssertionError as exc:
-        proc.stop()
-        pytest.fail(f"Alertmanager did not start: {exc}\n{proc.output()}")
-    return proc, url
+    return start_real_alertmanager(tmp_path / "am", AM_ROUTES.format(hook=hook_url))
 
 
 def test_severity_routes_of_a_real_alertmanager_match(tmp_path: Path, hook: HttpReceiver) -> None:

@@ -25,6 +25,7 @@ import pytest
 import yaml
 from actions_support import HttpReceiver, make_config, sink_for, transition
 from conftest import ROOT, Proc, free_port, need_binary, wait_http
+from conftest import start_alertmanager as start_real_alertmanager
 
 from gpuwatchd.core.alerts import AlertSeverity
 from gpuwatchd.core.clock import SystemClock
@@ -47,7 +48,6 @@ def hook() -> Iterator[HttpReceiver]:
 
 
 def start_alertmanager(tmp_path: Path, hook_url: str) -> tuple[Proc, str]:
-    binary = need_binary("prometheus-alertmanager")
     config = {
         "route": {
             "receiver": "hook",
@@ -59,27 +59,7 @@ def start_alertmanager(tmp_path: Path, hook_url: str) -> tuple[Proc, str]:
         "receivers": [{"name": "hook", "webhook_configs": [{"url": hook_url + "/hook"}]}],
         **yaml.safe_load(INHIBIT.read_text()),
     }
-    (tmp_path / "am").mkdir()
-    (tmp_path / "am.yml").write_text(yaml.safe_dump(config))
-    port = free_port()
-    proc = Proc(
-        [
-            binary,
-            f"--config.file={tmp_path / 'am.yml'}",
-            f"--storage.path={tmp_path / 'am'}",
-            f"--web.listen-address=127.0.0.1:{port}",
-            "--cluster.listen-address=",
-            "--log.level=warn",
-        ],
-        tmp_path / "am.log",
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_http(url + "/-/ready", timeout=20)
-    except AssertionError as exc:
-        proc.stop()
-        pytest.fail(f"Alertmanager did not start: {exc}\n{proc.output()}")
-    return proc, url
+    return start_real_alertmanager(tmp_path / "am", yaml.safe_dump(config))
 
 
 def am_alerts(url: str) -> list[dict[str, Any]]:
