@@ -21,7 +21,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
-from gpuwatchd.actions.receivers.registry import READERS
 from gpuwatchd.config import yamlsrc
 from gpuwatchd.config.actions import DrainConfig, RoutingConfig, read_drain, read_routing
 from gpuwatchd.config.fields import read_fields
@@ -64,7 +63,6 @@ from gpuwatchd.config.sections import (
 from gpuwatchd.config.yamlsrc import Node, Reader
 from gpuwatchd.core.errors import ConfigError
 from gpuwatchd.core.fields import ExtraField
-from gpuwatchd.sources.kernel import registry as kernel_log
 
 T = TypeVar("T")
 
@@ -124,6 +122,23 @@ def _const(value: T) -> Callable[[ReadContext], T]:
     return lambda ctx: value
 
 
+# The kinds' registries are imported when the file has their section: the registry lives
+# in its stage's package, and a default daemon must not load the actions stage (httpx,
+# OpenSSL; tests/test_daemon_imports.py) to learn that there are no receivers.
+def _read_receivers(r: Reader, node: Node, ctx: ReadContext) -> tuple[ReceiverConfig, ...]:
+    from gpuwatchd.actions.receivers.registry import READERS
+
+    return read_receivers(r, node, READERS)
+
+
+def _read_sources(r: Reader, node: Node | None, ctx: ReadContext) -> SourcesConfig:
+    if node is None:
+        return read_sources(r, None, ctx, (), {})
+    from gpuwatchd.sources.kernel import registry
+
+    return read_sources(r, node, ctx, registry.KERNEL_LOG_CHOICES[1:-1], registry.OPTIONS)
+
+
 _ENTRIES: dict[str, _Entry[Any]] = {
     "node_name": _Entry(read_node_name, default_node_name),
     "listen": _Entry(read_listen, _const(ListenAddress("127.0.0.1", DEFAULT_PORT))),
@@ -133,13 +148,8 @@ _ENTRIES: dict[str, _Entry[Any]] = {
     "poll": _section_entry(PollConfig, read_poll),
     "gpus": _section_entry(GpusConfig, read_gpus),
     "metrics": _section_entry(MetricsConfig, read_metrics),
-    "sources": _section_entry(
-        SourcesConfig,
-        lambda r, n, ctx: read_sources(
-            r, n, ctx, kernel_log.KERNEL_LOG_CHOICES[1:-1], kernel_log.OPTIONS
-        ),
-    ),
-    "receivers": _Entry(lambda r, n, ctx: read_receivers(r, n, READERS), _const(())),
+    "sources": _section_entry(SourcesConfig, _read_sources),
+    "receivers": _Entry(_read_receivers, _const(())),
     "routing": _section_entry(
         RoutingConfig,
         lambda r, n, ctx: read_routing(r, n, [rc.name for rc in ctx.seen.get("receivers", ())]),
