@@ -55,8 +55,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from gpuwatchd.config.loader import default_config, load_config
-from gpuwatchd.config.stages import for_rules
+from gpuwatchd.configfile.loader import default_config, load_config
+from gpuwatchd.configfile.stages import for_rules
 from gpuwatchd.core.alerts import AlertSeverity
 from gpuwatchd.harness import backtest as bt
 from gpuwatchd.harness.simulate import SIM_EPOCH

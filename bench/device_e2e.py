@@ -32,7 +32,7 @@ from typing import Any
 
 from benchlib import XID31_PROGRAM, pct, rss_mib
 
-from gpuwatchd.config.loader import ListenAddress, default_config
+from gpuwatchd.configfile.loader import ListenAddress, default_config
 from gpuwatchd.core.clock import SystemClock
 from gpuwatchd.core.records import XidEvent
 from gpuwatchd.service.daemon import Daemon

@@ -37,7 +37,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from gpuwatchd.config.loader import load_config  # noqa: E402
+from gpuwatchd.configfile.loader import load_config  # noqa: E402
 from gpuwatchd.harness.simulate import run_simulation  # noqa: E402
 from gpuwatchd.scenario.model import load_scenario  # noqa: E402
 

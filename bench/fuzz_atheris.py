@@ -48,8 +48,8 @@ def target(name: str) -> Callable[[bytes], None]:
 
     with atheris.instrument_imports():
         from gpuwatchd.config import yamlsrc
-        from gpuwatchd.config.loader import _build, _Context
         from gpuwatchd.config.web import parse_web_config
+        from gpuwatchd.configfile.loader import ReadContext, _build
         from gpuwatchd.core.errors import ConfigError
         from gpuwatchd.rules.loader import parse_rules
         from gpuwatchd.scenario.model import parse_scenario
@@ -78,7 +78,7 @@ def target(name: str) -> Callable[[bytes], None]:
     return {
         "xid": xid,
         "kmsg": kmsg,
-        "config": loader(lambda t: _build(yamlsrc.parse(t, "f.yaml"), _Context({}, None), "f")),
+        "config": loader(lambda t: _build(yamlsrc.parse(t, "f.yaml"), ReadContext({}, None), "f")),
         "rules": loader(lambda t: parse_rules(t, "f.yaml")),
         "scenario": loader(lambda t: parse_scenario(t, "f.yaml")),
         "webconfig": loader(lambda t: parse_web_config(yamlsrc.parse(t, "/tmp/f.yaml"), "/tmp/f")),

@@ -48,8 +48,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import httpx
 
 from gpuwatchd.actions import build_actions
-from gpuwatchd.config.loader import load_config
-from gpuwatchd.config.stages import for_actions
+from gpuwatchd.configfile.loader import load_config
+from gpuwatchd.configfile.stages import for_actions
 from gpuwatchd.core.alerts import AlertSeverity, AlertState, AlertTransition
 from gpuwatchd.core.clock import SystemClock
 

@@ -27,8 +27,8 @@ from types import MappingProxyType
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from gpuwatchd.config.loader import load_config
-from gpuwatchd.config.stages import for_rules
+from gpuwatchd.configfile.loader import load_config
+from gpuwatchd.configfile.stages import for_rules
 from gpuwatchd.core.clock import VirtualClock
 from gpuwatchd.core.nodestate import NodeState
 from gpuwatchd.core.records import GpuSample, LinkSample

@@ -41,7 +41,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
-from gpuwatchd.config.loader import load_config  # noqa: E402
+from gpuwatchd.configfile.loader import load_config  # noqa: E402
 from gpuwatchd.harness.simulate import Simulation  # noqa: E402
 from gpuwatchd.scenario.model import load_scenario  # noqa: E402
 

@@ -29,8 +29,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from gpuwatchd.config.loader import default_config
-from gpuwatchd.config.stages import for_rules
+from gpuwatchd.configfile.loader import default_config
+from gpuwatchd.configfile.stages import for_rules
 from gpuwatchd.core.clock import VirtualClock
 from gpuwatchd.core.units import parse_duration
 from gpuwatchd.harness.simulate import SIM_EPOCH, Simulation

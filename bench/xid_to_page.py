@@ -34,7 +34,7 @@ from typing import Any
 
 from benchlib import BENCH_XID31_RULE, XID31_PROGRAM, pct
 
-from gpuwatchd.config.loader import ListenAddress, default_config, load_config
+from gpuwatchd.configfile.loader import ListenAddress, default_config, load_config
 from gpuwatchd.core.clock import SystemClock
 from gpuwatchd.core.records import XidEvent
 from gpuwatchd.service.daemon import Daemon

@@ -17,7 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from actions_support import sink_for, transition
 
-from gpuwatchd.config.loader import load_config
+from gpuwatchd.configfile.loader import load_config
 from gpuwatchd.core.alerts import AlertState
 from gpuwatchd.core.clock import SystemClock
 

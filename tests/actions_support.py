@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from gpuwatchd.actions import ActionsSink, build_actions
-from gpuwatchd.config.loader import Config, load_config
-from gpuwatchd.config.stages import for_actions
+from gpuwatchd.configfile.loader import Config, load_config
+from gpuwatchd.configfile.stages import for_actions
 from gpuwatchd.core.alerts import AlertSeverity, AlertState, AlertTransition
 from gpuwatchd.core.clock import Clock
 
@@ -52,7 +52,7 @@ def ok(req: Received) -> tuple[int, dict[str, str], bytes]:
 class HttpReceiver:
     """A real HTTP server on 127.0.0.1 that records every request it answers."""
 
-    port: int
+    port: int  # 0: one the OS picks; start() sets the real one
     respond: Responder = ok
     requests: list[Received] = field(default_factory=list)
     rejected: list[Received] = field(default_factory=list)  # answered with a non-2xx
@@ -114,6 +114,7 @@ class HttpReceiver:
 
         ThreadingHTTPServer.allow_reuse_address = True
         self.server = BackloggedServer(("127.0.0.1", self.port), Handler)
+        self.port = int(self.server.server_address[1])  # port 0: the one the OS picked
         self.server.daemon_threads = True
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self.thread.start()

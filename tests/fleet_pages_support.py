@@ -24,7 +24,7 @@ import yaml
 from actions_support import HttpReceiver
 from conftest import ROOT, Proc, free_port, need_binary, wait_http
 
-from gpuwatchd.config.loader import load_config
+from gpuwatchd.configfile.loader import load_config
 from gpuwatchd.core.clock import VirtualClock
 from gpuwatchd.harness.simulate import Simulation
 from gpuwatchd.scenario.model import load_scenario

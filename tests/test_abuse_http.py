@@ -24,7 +24,7 @@ from fault_support import Daemon, metric, report, wait_until
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gpuwatchd.config.loader import default_config, load_config
+from gpuwatchd.configfile.loader import default_config, load_config
 from gpuwatchd.core.clock import SystemClock
 from gpuwatchd.service.daemon import Daemon as InProcessDaemon
 from gpuwatchd.testing.fake_backend import FakeBackend

@@ -16,7 +16,7 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpuwatchd.config.loader import load_config
+from gpuwatchd.configfile.loader import load_config
 from gpuwatchd.core.errors import ConfigError
 from gpuwatchd.rules.loader import load_rule_set, parse_rules
 from gpuwatchd.scenario.model import load_scenario

@@ -9,18 +9,13 @@ import pytest
 import yaml
 
 from gpuwatchd.actions import ActionsError, build_actions
-from gpuwatchd.config.actions import (
-    AlertmanagerReceiver,
-    DrainConfig,
-    KubernetesDrainConfig,
-    PagerDutyReceiver,
-    RouteConfig,
-    RoutingConfig,
-    SlackReceiver,
-    WebhookReceiver,
-)
-from gpuwatchd.config.loader import ConfigError, load_config
-from gpuwatchd.config.stages import for_actions
+from gpuwatchd.actions.receivers.alertmanager import AlertmanagerReceiver
+from gpuwatchd.actions.receivers.pagerduty import PagerDutyReceiver
+from gpuwatchd.actions.receivers.slack import SlackReceiver
+from gpuwatchd.actions.receivers.webhook import WebhookReceiver
+from gpuwatchd.config.actions import DrainConfig, KubernetesDrainConfig, RouteConfig, RoutingConfig
+from gpuwatchd.configfile.loader import ConfigError, load_config
+from gpuwatchd.configfile.stages import for_actions
 from gpuwatchd.core.clock import VirtualClock
 
 DURATION_HELP = (

@@ -99,7 +99,7 @@ _ATTEMPT = r"""
 import json, resource, sys, time
 from gpuwatchd.actions.receivers import HttpRequest, build_receiver
 from gpuwatchd.actions.transport import HttpSender, Outgoing
-from gpuwatchd.config.actions import WebhookReceiver
+from gpuwatchd.actions.receivers.webhook import WebhookReceiver
 url, timeout = sys.argv[1], float(sys.argv[2])
 rcv = build_receiver(WebhookReceiver(name="hook", url=url, timeout=timeout))
 request = HttpRequest("POST", url, {"Content-Type": "application/json"}, b'{"alerts": []}')

@@ -12,7 +12,7 @@ from pathlib import Path
 from actions_support import make_config, sink_for, transition
 
 from gpuwatchd.actions import RecordingSender, build_actions
-from gpuwatchd.config.stages import for_actions
+from gpuwatchd.configfile.stages import for_actions
 from gpuwatchd.core.clock import SystemClock, VirtualClock
 
 
@@ -68,7 +68,7 @@ def test_start_builds_the_http_clients_so_the_first_page_does_not_pay_for_them(
     target's client so that the first page leaves as fast as the others."""
     from gpuwatchd.actions import build_actions
     from gpuwatchd.actions.transport import HttpSender
-    from gpuwatchd.config.loader import load_config
+    from gpuwatchd.configfile.loader import load_config
     from gpuwatchd.core.clock import VirtualClock
 
     cfg = tmp_path / "c.yaml"

@@ -11,7 +11,7 @@ from actions_support import HttpReceiver, make_config, sink_for, transition
 from conftest import free_port
 
 from gpuwatchd.actions import RestartRequired, prepare_reload
-from gpuwatchd.config.stages import for_actions
+from gpuwatchd.configfile.stages import for_actions
 from gpuwatchd.core.clock import VirtualClock
 from gpuwatchd.core.errors import ConfigError
 from gpuwatchd.core.families import Families

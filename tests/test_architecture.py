@@ -23,6 +23,7 @@ RANKS = {
     "actions": 4,
     "exposition": 4,
     "testing": 5,
+    "configfile": 5,
     "service": 6,
     "harness": 7,
     "cli": 8,
@@ -135,7 +136,7 @@ def test_stage_package_has_a_docstring(stage: str) -> None:
 
 # The stages the composition root builds: each from its own sections, never the whole config.
 BUILT_STAGES = ("sources", "scenario", "rules", "actions", "exposition")
-WHOLE_CONFIG = {"Config", "load_config", "default_config"}
+WHOLE_CONFIG = {"Config", "load_config", "default_config", "for_rules", "for_actions"}
 
 
 def whole_config_imports(path: Path) -> list[str]:
@@ -143,7 +144,9 @@ def whole_config_imports(path: Path) -> list[str]:
     tree = ast.parse(path.read_text(), str(path))
     found = []
     for node in ast.walk(tree):
-        if isinstance(node, ast.ImportFrom) and (node.module or "").endswith("config.loader"):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith(
+            "gpuwatchd.configfile"
+        ):
             found += [f"line {node.lineno}: {a.name}" for a in node.names if a.name in WHOLE_CONFIG]
     return found
 
@@ -162,5 +165,53 @@ def test_no_stage_is_built_from_the_whole_config() -> None:
 
 def test_the_whole_config_check_sees_an_offender(tmp_path: Path) -> None:
     bad = tmp_path / "bad.py"
-    bad.write_text("def f():\n    from gpuwatchd.config.loader import Config, XidConfig\n")
+    bad.write_text("def f():\n    from gpuwatchd.configfile.loader import Config, XidConfig\n")
     assert whole_config_imports(bad) == ["line 2: Config"]
+
+
+def whole_config_parameters(path: Path) -> list[str]:
+    """Functions in ``path`` with a parameter typed as the whole ``Config`` (also when
+    named in a string or under another module's name)."""
+    tree = ast.parse(path.read_text(), str(path))
+    found = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            continue
+        args = node.args
+        for arg in [*args.posonlyargs, *args.args, *args.kwonlyargs]:
+            if arg.annotation is None:
+                continue
+            text = ast.unparse(arg.annotation).strip("'\"")
+            if any(part.strip("'\" ").split(".")[-1] == "Config" for part in text.split("|")):
+                found.append(f"line {node.lineno}: {node.name}({arg.arg})")
+    return found
+
+
+def test_no_stage_constructor_takes_the_whole_config() -> None:
+    """A stage's constructor (or any of its functions) takes its own settings, never the
+    whole ``Config``: the config is assembled above the stages (``configfile``)."""
+    offenders = [
+        f"{module} ({where})"
+        for module, path in sorted(all_modules().items())
+        if stage_of(module) in (*BUILT_STAGES, "config")
+        for where in whole_config_parameters(path)
+    ]
+    assert offenders == [], "stage functions that take the whole Config:\n" + "\n".join(offenders)
+
+
+def test_the_constructor_check_sees_an_offender(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.py"
+    bad.write_text(
+        "class Stage:\n"
+        "    def __init__(self, config: 'loader.Config', other: XidConfig) -> None: ...\n"
+        "def build(c: Config | None) -> None: ...\n"
+    )
+    assert sorted(whole_config_parameters(bad)) == ["line 2: __init__(config)", "line 3: build(c)"]
+
+
+def test_the_config_loader_sits_above_the_stages_it_asks() -> None:
+    """The loader asks the stages' registries for their readers: it imports them, and
+    no module below it imports the loader."""
+    loader = all_modules()["gpuwatchd.configfile.loader"]
+    assert "gpuwatchd.actions.receivers.registry" in imports_of(loader)
+    assert RANKS["configfile"] > max(RANKS[s] for s in BUILT_STAGES)

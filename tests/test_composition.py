@@ -18,7 +18,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from gpuwatchd.config.loader import Config, GpusConfig, ListenAddress, default_config
+from gpuwatchd.configfile.loader import Config, GpusConfig, ListenAddress, default_config
 from gpuwatchd.core.alerts import AlertState, AlertTransition
 from gpuwatchd.core.clock import ScaledClock, SystemClock
 from gpuwatchd.core.families import Families
@@ -280,7 +280,7 @@ def test_sighup_applies_new_receivers_to_the_running_daemon(tmp_path: Path) -> N
     path.write_text(
         head + "receivers:\n  - {name: old, type: webhook, url: 'http://127.0.0.1:9/'}\n"
     )
-    from gpuwatchd.config.loader import load_config
+    from gpuwatchd.configfile.loader import load_config
 
     config = load_config(str(path), must_exist=True)
     daemon = Daemon(config, FakeBackend(count=1), SystemClock(), serve_http=False)

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gpuwatchd.config import loader as config
-from gpuwatchd.config.loader import (
+from gpuwatchd.configfile import loader as config
+from gpuwatchd.configfile.loader import (
     BackendSpec,
     Config,
     ConfigError,

@@ -19,7 +19,7 @@ import threading
 import time
 from pathlib import Path
 
-from gpuwatchd.config.loader import load_config
+from gpuwatchd.configfile.loader import load_config
 from gpuwatchd.core.clock import SystemClock
 from gpuwatchd.core.records import XidEvent
 from gpuwatchd.rules.stage import RulesStage

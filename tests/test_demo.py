@@ -23,7 +23,7 @@ import threading
 import time
 from types import MappingProxyType
 
-from gpuwatchd.config.loader import ListenAddress
+from gpuwatchd.configfile.loader import ListenAddress
 from gpuwatchd.core.alerts import AlertSeverity, AlertState, AlertTransition
 from gpuwatchd.core.records import GpuSample, XidEvent
 from gpuwatchd.harness.demo import (

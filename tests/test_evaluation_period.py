@@ -9,8 +9,8 @@ import dataclasses
 from pathlib import Path
 from types import MappingProxyType
 
-from gpuwatchd.config.loader import load_config
-from gpuwatchd.config.stages import for_rules
+from gpuwatchd.configfile.loader import load_config
+from gpuwatchd.configfile.stages import for_rules
 from gpuwatchd.core.clock import VirtualClock
 from gpuwatchd.core.records import GpuSample, GpuStatus
 from gpuwatchd.harness.simulate import Simulation

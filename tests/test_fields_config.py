@@ -13,7 +13,7 @@ import yaml
 from conftest import GPUWATCHD, ROOT, need_binary
 from rulekit import Node
 
-from gpuwatchd.config.loader import load_config
+from gpuwatchd.configfile.loader import load_config
 from gpuwatchd.core.errors import ConfigError
 from gpuwatchd.core.fields import ExtraField
 from gpuwatchd.rules.loader import parse_rules
@@ -348,7 +348,7 @@ def test_a_bank_low_on_spare_rows_corroborates_hbm_activity() -> None:
 def test_a_reload_keeps_the_running_fields(tmp_path: Path) -> None:
     """The backend builds its poll batches at start-up: a rule on a field that only the
     reloaded config declares would never see a value, so the reload refuses it."""
-    from gpuwatchd.config.stages import for_rules
+    from gpuwatchd.configfile.stages import for_rules
     from gpuwatchd.core.clock import VirtualClock
     from gpuwatchd.rules.stage import rules_stage
 

@@ -9,7 +9,7 @@ import pytest
 
 from gpuwatchd.actions.fleet import FleetDrain, correlated, counted, limit_for
 from gpuwatchd.config.actions import FleetDrainConfig
-from gpuwatchd.config.loader import ConfigError, load_config
+from gpuwatchd.configfile.loader import ConfigError, load_config
 
 
 def load(tmp_path: Path, text: str) -> object:

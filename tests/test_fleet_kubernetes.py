@@ -27,7 +27,7 @@ from gpuwatchd.actions import ActionsSink
 from gpuwatchd.actions.fleet import BUDGET_RULE
 from gpuwatchd.actions.kube import ANNOTATION, LEASE, PLACES, KubeClient, KubeFleetView
 from gpuwatchd.config.actions import FleetDrainConfig, KubernetesDrainConfig
-from gpuwatchd.config.loader import load_config
+from gpuwatchd.configfile.loader import load_config
 from gpuwatchd.core.alerts import AlertState
 from gpuwatchd.core.clock import VirtualClock
 
@@ -325,7 +325,7 @@ def test_fifty_daemons_take_exactly_the_budget_through_the_lease(
 def test_a_reload_that_sets_a_budget_applies_it(api: tuple[Cluster, int], tmp_path: Path) -> None:
     """SIGHUP's reload swaps the drain settings and driver: the budget follows them."""
     from gpuwatchd.actions.reload import prepare_reload
-    from gpuwatchd.config.stages import for_actions
+    from gpuwatchd.configfile.stages import for_actions
 
     cluster, port = api
     CLOCK.advance(max(0.0, time.time() - CLOCK.now()))

@@ -8,11 +8,13 @@ import ast
 import dataclasses
 from pathlib import Path
 
+import pytest
 from conftest import ROOT
 
-from gpuwatchd.config.loader import KERNEL_LOG_CHOICES, SourcesConfig
+from gpuwatchd.config.sections import SourcesConfig
+from gpuwatchd.configfile.loader import ConfigError, load_config
 from gpuwatchd.core.clock import SystemClock
-from gpuwatchd.sources.kernel.registry import BY_NAME, KINDS
+from gpuwatchd.sources.kernel.registry import BY_NAME, KERNEL_LOG_CHOICES, KINDS, OPTIONS
 from gpuwatchd.sources.xid_inputs import XidInputs, choose_kernel_log
 
 
@@ -46,3 +48,40 @@ def test_xid_inputs_names_no_kind() -> None:
     text = (ROOT / "gpuwatchd" / "sources" / "xid_inputs.py").read_text()
     names = {n.id for n in ast.walk(ast.parse(text)) if isinstance(n, ast.Name)}
     assert not names & {"JournaldSource", "KmsgSource", "journal_available", "kmsg_available"}
+
+
+def test_each_kind_reads_its_own_keys() -> None:
+    """A kind's ``sources`` keys are read by the reader its ``KIND`` names; every one is a
+    key of the section, and the config loader names none of them."""
+    assert dict(OPTIONS) == {
+        "journal_dir": BY_NAME["journald"].options["journal_dir"],
+        "kmsg_path": BY_NAME["kmsg"].options["kmsg_path"],
+    }
+    fields = {f.name for f in dataclasses.fields(SourcesConfig)}
+    assert set(OPTIONS) <= fields
+    loader = (ROOT / "gpuwatchd" / "configfile" / "loader.py").read_text()
+    sections = (ROOT / "gpuwatchd" / "config" / "sections.py").read_text()
+    for text in (loader, sections):
+        for word in ('"journal_dir"', '"kmsg_path"', '"journald"', '"kmsg"'):
+            assert word not in text
+
+
+def test_a_kinds_key_is_read_with_its_location(tmp_path: Path) -> None:
+    cfg = tmp_path / "g.yaml"
+    cfg.write_text("sources:\n  kernel_log: kmsg\n  kmsg_path: rel/kmsg\n  journal_dir: [1]\n")
+    with pytest.raises(ConfigError) as bad:
+        load_config(str(cfg), must_exist=True)
+    assert bad.value.lines() == [f"{cfg}:4:16: sources.journal_dir: expected a string, got list"]
+    cfg.write_text("sources:\n  kernel_log: kmsg\n  kmsg_path: rel/kmsg\n")
+    sources = load_config(str(cfg), must_exist=True).sources
+    assert sources.kmsg_path == str(tmp_path / "rel" / "kmsg")  # relative to the file
+
+
+def test_kernel_log_names_only_the_registrys_kinds(tmp_path: Path) -> None:
+    cfg = tmp_path / "g.yaml"
+    cfg.write_text("sources:\n  kernel_log: scenario\n")
+    with pytest.raises(ConfigError) as bad:
+        load_config(str(cfg), must_exist=True)
+    assert bad.value.lines() == [
+        f"{cfg}:2:15: sources.kernel_log: 'scenario' is not one of auto, journald, kmsg, none"
+    ]

@@ -13,7 +13,7 @@ from typing import Any
 import yaml
 from conftest import ROOT
 
-from gpuwatchd.config.loader import load_config
+from gpuwatchd.configfile.loader import load_config
 
 K8S = ROOT / "packaging" / "kubernetes"
 

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 from conftest import ROOT, free_port
 
-from gpuwatchd.config.loader import Config, default_config
+from gpuwatchd.configfile.loader import Config, default_config
 from gpuwatchd.service import logsetup
 
 STEADY = ROOT / "tests" / "data" / "steady-4gpu.yaml"

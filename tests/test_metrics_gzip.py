@@ -18,7 +18,7 @@ import pytest
 from conftest import ROOT, Proc
 from prometheus_support import Prometheus, query, scrape_config, wait_query
 
-from gpuwatchd.config.loader import load_config
+from gpuwatchd.configfile.loader import load_config
 from gpuwatchd.core.families import CONTENT_TYPE, OPENMETRICS_CONTENT_TYPE, Families
 from gpuwatchd.core.nodestate import NodeView
 from gpuwatchd.exposition.httpd import HttpServer, accepts_gzip

@@ -16,7 +16,7 @@ import httpx
 from conftest import ROOT
 
 from gpuwatchd.actions.receivers import pagerduty_dedup_key, pagerduty_events
-from gpuwatchd.config.loader import load_config
+from gpuwatchd.configfile.loader import load_config
 from gpuwatchd.harness.simulate import Simulation
 from gpuwatchd.scenario.model import load_scenario
 from gpuwatchd.service.assembly import Wiring

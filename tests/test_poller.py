@@ -7,7 +7,7 @@ import time
 import urllib.request
 from collections.abc import Callable
 
-from gpuwatchd.config.loader import default_config
+from gpuwatchd.configfile.loader import default_config
 from gpuwatchd.core.clock import SystemClock
 from gpuwatchd.core.nodestate import NodeState
 from gpuwatchd.core.records import DeviceEvent, DeviceEventKind, GpuInfo, GpuStatus

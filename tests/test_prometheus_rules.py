@@ -17,9 +17,9 @@ import yaml
 from conftest import ROOT, need_binary
 from promseries import INSTANCE, input_series, node_firing, simulate_snapshots
 
-from gpuwatchd.config.actions import DEFAULT_SEVERITY_LABELS
-from gpuwatchd.config.loader import default_config
-from gpuwatchd.config.stages import for_rules
+from gpuwatchd.config.receivers import DEFAULT_SEVERITY_LABELS
+from gpuwatchd.configfile.loader import default_config
+from gpuwatchd.configfile.stages import for_rules
 from gpuwatchd.core.units import parse_duration
 from gpuwatchd.rules import rules_from_settings
 

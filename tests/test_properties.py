@@ -100,12 +100,12 @@ YAMLISH = st.lists(
 @settings(max_examples=300, deadline=None)
 @given(YAMLISH)
 def test_config_loader_raises_only_config_error(text: str) -> None:
-    from gpuwatchd.config.loader import _build, _Context
     from gpuwatchd.config.yamlsrc import parse
+    from gpuwatchd.configfile.loader import ReadContext, _build
 
     try:
         root = parse(text, "fuzz.yaml")
-        _build(root, _Context({}, None), "fuzz.yaml")
+        _build(root, ReadContext({}, None), "fuzz.yaml")
     except ConfigError as exc:
         assert all(line.startswith("fuzz.yaml:") for line in exc.lines())
 

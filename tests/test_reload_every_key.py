@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 from conftest import ROOT
 
-from gpuwatchd.config.loader import Config, config_keys, load_config
+from gpuwatchd.configfile.loader import Config, config_keys, load_config
 from gpuwatchd.core.clock import VirtualClock
 from gpuwatchd.core.families import Families
 from gpuwatchd.service.daemon import Daemon

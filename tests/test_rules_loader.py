@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gpuwatchd.config.loader import load_config
-from gpuwatchd.config.stages import for_rules
 from gpuwatchd.config.yamlsrc import MAX_NODES
+from gpuwatchd.configfile.loader import load_config
+from gpuwatchd.configfile.stages import for_rules
 from gpuwatchd.core.errors import ConfigError
 from gpuwatchd.core.fields import CLOCK_EVENT_REASON_BITS
 from gpuwatchd.rules import default_rule_files, load_rule_set, parse_rules, rules_from_settings

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from conftest import GPUWATCHD, ROOT, Proc
 
-from gpuwatchd.config.loader import default_config
+from gpuwatchd.configfile.loader import default_config
 from gpuwatchd.harness.ruletest import run_file
 from gpuwatchd.harness.simulate import Simulation
 from gpuwatchd.scenario.model import format_duration, load_scenario

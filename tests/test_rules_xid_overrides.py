@@ -14,8 +14,8 @@ import pytest
 from rulekit import Node, rules
 
 from gpuwatchd.actions.receivers import slack_alert_fields
-from gpuwatchd.config.loader import Config, load_config
 from gpuwatchd.config.yamlsrc import parse
+from gpuwatchd.configfile.loader import Config, load_config
 from gpuwatchd.core.errors import ConfigError
 from gpuwatchd.harness.simulate import Simulation
 from gpuwatchd.rules.conditions.xid import XidMatch

@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 from conftest import GPUWATCHD, ROOT, free_port, need_binary
 
-from gpuwatchd.config.loader import default_config, load_config
+from gpuwatchd.configfile.loader import default_config, load_config
 from gpuwatchd.core.clock import VirtualClock
 from gpuwatchd.core.heartbeat import HeartbeatRegistry
 from gpuwatchd.service.daemon import Daemon

@@ -134,7 +134,7 @@ def test_the_expirer_thread_reports_a_mismatch_at_the_window_end_without_ticking
     import dataclasses
     import time
 
-    from gpuwatchd.config.loader import default_config
+    from gpuwatchd.configfile.loader import default_config
     from gpuwatchd.core.clock import SystemClock
     from gpuwatchd.sources.xid_inputs import XidInputs
 

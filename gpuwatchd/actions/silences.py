@@ -17,7 +17,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from gpuwatchd.config.loader import normalize_gpu_id
+from gpuwatchd.config.sections import normalize_gpu_id
 from gpuwatchd.core.atomicfile import open_directory, write_atomic_at
 from gpuwatchd.core.statefile import open_state_file, read_state_file
 

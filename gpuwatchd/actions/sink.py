@@ -36,7 +36,8 @@ from gpuwatchd.actions.silences import SilenceView
 from gpuwatchd.actions.store import Store, loads
 from gpuwatchd.actions.transport import HttpSender, Sender
 from gpuwatchd.actions.workers import TargetKey, Workers
-from gpuwatchd.config.actions import DrainConfig, ReceiverConfig
+from gpuwatchd.config.actions import DrainConfig
+from gpuwatchd.config.receivers import ReceiverConfig
 from gpuwatchd.config.stages import ActionsSettings
 from gpuwatchd.core.alerts import AlertTransition
 from gpuwatchd.core.clock import Clock

@@ -14,7 +14,7 @@ import sys
 import time
 from collections.abc import Callable
 
-from gpuwatchd.config.loader import Config, default_config, load_config
+from gpuwatchd.configfile.loader import Config, default_config, load_config
 from gpuwatchd.core.errors import ConfigError
 from gpuwatchd.core.health import EXIT_USAGE
 from gpuwatchd.harness import backtest as bt

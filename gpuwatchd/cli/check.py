@@ -32,8 +32,8 @@ import threading
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from gpuwatchd.config.loader import Config, load_config
 from gpuwatchd.config.paths import default_config_path
+from gpuwatchd.configfile.loader import Config, load_config
 from gpuwatchd.core.errors import BackendUnavailable, ConfigError
 from gpuwatchd.core.health import (
     DEGRADED,
@@ -243,7 +243,7 @@ def ask_daemon(client: Any) -> Report:
 # -- polling once ourselves ------------------------------------------------------------------
 def poll_once(config: Config) -> Report:
     """One sample of every GPU through the configured backend, judged by the rules."""
-    from gpuwatchd.config.stages import for_rules
+    from gpuwatchd.configfile.stages import for_rules
     from gpuwatchd.core.alerts import AlertState
     from gpuwatchd.core.clock import SystemClock
     from gpuwatchd.core.nodestate import NodeState
@@ -345,7 +345,7 @@ def cmd_check(args: argparse.Namespace) -> int:
         if args.backend:
             import dataclasses
 
-            from gpuwatchd.config.loader import BackendSpec
+            from gpuwatchd.configfile.loader import BackendSpec
 
             config = dataclasses.replace(config, backend=BackendSpec.parse(args.backend))
     except ConfigError as exc:

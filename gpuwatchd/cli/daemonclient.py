@@ -23,7 +23,7 @@ import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from gpuwatchd.config.loader import Config
+from gpuwatchd.configfile.loader import Config
 
 if TYPE_CHECKING:  # ssl and urllib load only when the daemon is really asked
     import ssl

@@ -22,8 +22,8 @@ import time
 from dataclasses import replace
 from typing import Any
 
-from gpuwatchd.config.loader import Config, load_config
 from gpuwatchd.config.paths import default_config_path
+from gpuwatchd.configfile.loader import Config, load_config
 from gpuwatchd.core.errors import ConfigError, GpuwatchdError
 from gpuwatchd.core.health import EXIT_USAGE
 

@@ -12,13 +12,13 @@ from collections.abc import Sequence
 from typing import Any, NoReturn
 
 from gpuwatchd import __version__
-from gpuwatchd.config.loader import (
+from gpuwatchd.config.paths import default_config_path
+from gpuwatchd.configfile.loader import (
     BackendSpec,
     Config,
     ListenAddress,
     load_config,
 )
-from gpuwatchd.config.paths import default_config_path
 from gpuwatchd.core.clock import SystemClock
 from gpuwatchd.core.errors import BackendUnavailable, ConfigError, GpuwatchdError
 from gpuwatchd.core.health import (
@@ -234,7 +234,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 # -- check-config / status ---------------------------------------------------------------
 def cmd_check_config(args: argparse.Namespace) -> int:
-    from gpuwatchd.config.stages import for_rules
+    from gpuwatchd.configfile.stages import for_rules
     from gpuwatchd.rules import rules_from_settings
 
     try:

@@ -63,9 +63,9 @@ def cmd_fmt(args: argparse.Namespace) -> int:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    from gpuwatchd.config.loader import load_config
     from gpuwatchd.config.paths import default_config_path
-    from gpuwatchd.config.stages import for_rules
+    from gpuwatchd.configfile.loader import load_config
+    from gpuwatchd.configfile.stages import for_rules
     from gpuwatchd.rules.loader import rules_from_settings
 
     try:

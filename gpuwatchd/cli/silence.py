@@ -17,8 +17,8 @@ import sys
 import time
 from datetime import UTC, datetime
 
-from gpuwatchd.config.loader import Config, load_config
 from gpuwatchd.config.paths import default_config_path
+from gpuwatchd.configfile.loader import Config, load_config
 from gpuwatchd.core.errors import ConfigError
 from gpuwatchd.core.health import EXIT_USAGE
 from gpuwatchd.core.units import duration_or_seconds

@@ -88,7 +88,7 @@ def _catalog(args: argparse.Namespace) -> Catalog:
         return catalog
     path = getattr(args, "config", None)
     if path:
-        from gpuwatchd.config.loader import load_config
+        from gpuwatchd.configfile.loader import load_config
 
         config_catalog = load_config(path, must_exist=True).xid.catalog()
         assert isinstance(config_catalog, Catalog)
@@ -100,8 +100,8 @@ def answering_rules(code: int, args: argparse.Namespace, catalog: Catalog) -> li
     """The loaded rules a report of XID ``code`` reaches, in words: ``GpuXidFatal (page,
     drains)``. The shipped rules, or those of ``--config``; every code reaches at least one
     of the shipped rules (GpuXidUnclassified takes what no bucket answers)."""
-    from gpuwatchd.config.loader import default_config, load_config
-    from gpuwatchd.config.stages import for_rules
+    from gpuwatchd.configfile.loader import default_config, load_config
+    from gpuwatchd.configfile.stages import for_rules
     from gpuwatchd.rules import rules_from_settings
 
     path = getattr(args, "config", None)

@@ -1,10 +1,10 @@
-"""Config sections of the actions stage: ``receivers``, ``routing`` and ``drain``.
+"""Config sections of the actions stage that no kind owns: ``routing`` and ``drain``, and
+the small value readers they share with the receiver kinds.
 
-Kept apart from ``config.py`` so that the sections other engineers add do not collide;
-``config.py`` registers the three readers in its ``_ENTRIES`` table. Every value is checked
-here and every problem is reported as ``PATH:LINE:COL: message``. A secret given inline
-(``url``, ``routing_key``, ``hmac_secret``) is never echoed in an error message: errors
-about it name the key, not the value. The schema is documented in docs/config.md and
+Each receiver kind's config type and reader live in its own module
+(``actions/receivers/<kind>.py``), what the kinds share in ``config/receivers.py``;
+``configfile/loader.py`` lists the readers. Every value is checked and every problem is
+reported as ``PATH:LINE:COL: message``. The schema is documented in docs/config.md and
 docs/actions.md.
 """
 
@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-import urllib.parse
+from collections.abc import Collection
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -21,19 +21,9 @@ from gpuwatchd.config.saferegex import regex_problem
 from gpuwatchd.config.yamlsrc import Node, Reader, type_name
 
 SEVERITIES = ("page", "ticket", "info")
-RECEIVER_TYPES = ("webhook", "slack", "pagerduty", "alertmanager")
 DRAIN_MODES = ("none", "exec", "slurm", "kubernetes")
 TAINT_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
-PAGERDUTY_URL = "https://events.pagerduty.com/v2/enqueue"
-SIGNATURE_HEADER = "X-Gpuwatchd-Signature"
 DEFAULT_STATE_FILE = "/run/gpuwatchd/health.json"
-DEFAULT_SEVERITY_LABELS: dict[str, str] = {"page": "critical", "ticket": "warning", "info": "info"}
-"""The ``severity`` label Alertmanager and webhook receivers see for each gpuwatchd severity
-(Alertmanager's and most routing trees' convention); ``severity_labels`` changes it."""
-
-_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
-_CREDENTIAL_RE = re.compile(r"[A-Za-z0-9_.@-]{1,255}")
-_HEADER_RE = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
 _LABEL_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _TAINT_KEY_RE = re.compile(
     r"(?:[a-z0-9]([-a-z0-9]*[a-z0-9])?(?:\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
@@ -42,82 +32,6 @@ _TAINT_KEY_RE = re.compile(
 _NAMESPACE_RE = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 _SELECTOR_RE = re.compile(r"[A-Za-z0-9_./=!,() -]{1,1024}")
 _CONDITION_RE = re.compile(r"[A-Z][A-Za-z0-9]{0,62}")
-# Headers gpuwatchd sets itself; a configured header must not replace them.
-_RESERVED_HEADERS = {"content-type", "content-length", "host", "idempotency-key"}
-
-
-# -- receivers -----------------------------------------------------------------------------
-def _secret() -> Any:
-    return field(default=None, metadata={"secret": True})
-
-
-@dataclass(frozen=True)
-class WebhookReceiver:
-    """POSTs Alertmanager webhook v4 JSON to ``url``."""
-
-    name: str
-    type: str = "webhook"
-    url: str | None = _secret()
-    url_file: str | None = None
-    headers: dict[str, str] = field(default_factory=dict)
-    header_files: dict[str, str] = field(default_factory=dict)
-    hmac_secret: str | None = _secret()
-    hmac_secret_file: str | None = None
-    signature_header: str = SIGNATURE_HEADER
-    timeout: float = 10.0
-    send_resolved: bool = True
-    severity_labels: dict[str, str] = field(default_factory=lambda: dict(DEFAULT_SEVERITY_LABELS))
-    external_url: str | None = None
-
-
-@dataclass(frozen=True)
-class SlackReceiver:
-    """A Slack incoming webhook: text fallback plus Block Kit blocks."""
-
-    name: str
-    type: str = "slack"
-    url: str | None = _secret()
-    url_file: str | None = None
-    min_interval: float = 1.0
-    timeout: float = 10.0
-    send_resolved: bool = True
-
-
-@dataclass(frozen=True)
-class PagerDutyReceiver:
-    """PagerDuty Events API v2: trigger and resolve with a stable ``dedup_key``."""
-
-    name: str
-    type: str = "pagerduty"
-    routing_key: str | None = _secret()
-    routing_key_file: str | None = None
-    url: str = PAGERDUTY_URL
-    timeout: float = 10.0
-    send_resolved: bool = True
-
-
-@dataclass(frozen=True)
-class AlertmanagerReceiver:
-    """Pushes alerts to every Alertmanager in ``urls`` (POST /api/v2/alerts)."""
-
-    name: str
-    type: str = "alertmanager"
-    urls: tuple[str, ...] = ()
-    resend_interval: float = 60.0
-    timeout: float = 10.0
-    send_resolved: bool = True
-    severity_labels: dict[str, str] = field(default_factory=lambda: dict(DEFAULT_SEVERITY_LABELS))
-    external_url: str | None = None
-
-
-ReceiverConfig = WebhookReceiver | SlackReceiver | PagerDutyReceiver | AlertmanagerReceiver
-
-_RECEIVER_CLASSES: dict[str, type] = {
-    "webhook": WebhookReceiver,
-    "slack": SlackReceiver,
-    "pagerduty": PagerDutyReceiver,
-    "alertmanager": AlertmanagerReceiver,
-}
 
 
 # -- routing -------------------------------------------------------------------------------
@@ -285,221 +199,6 @@ def _string_map(
     return out if ok else None
 
 
-def _http_url(r: Reader, node: Node, what: str, *, secret: bool) -> str | None:
-    if not isinstance(node.value, str):
-        r.error(node.loc, f"{what}: expected a string, got {type_name(node.value)}")
-        return None
-    text = node.value.strip()
-    parsed = urllib.parse.urlsplit(text)
-    if parsed.scheme not in ("http", "https") or not parsed.hostname:
-        shown = "the value" if secret else repr(text)
-        r.error(node.loc, f"{what}: {shown} is not an http:// or https:// URL")
-        return None
-    return text
-
-
-def _secret_ref(r: Reader, node: Node, what: str) -> str | None:
-    """An absolute file path, or the name of a systemd credential (no ``/``)."""
-    text = r.string(node, what)
-    if text is None:
-        return None
-    if text.startswith("/") or _CREDENTIAL_RE.fullmatch(text):
-        return text
-    r.error(
-        node.loc,
-        f"{what}: {text!r} is neither an absolute path nor a credential name "
-        "(a file in $CREDENTIALS_DIRECTORY: letters, digits, '_', '.', '@', '-')",
-    )
-    return None
-
-
-def _one_of(
-    r: Reader,
-    node: Node,
-    keys: dict[str, Node],
-    inline: str,
-    file_key: str,
-    what: str,
-) -> None:
-    """Exactly one of ``inline`` and ``file_key`` must be given."""
-    if inline in keys and file_key in keys:
-        r.error(keys[file_key].loc, f"{what}: give either {inline!r} or {file_key!r}, not both")
-    elif inline not in keys and file_key not in keys:
-        r.error(node.loc, f"{what}: missing {inline!r} or {file_key!r}")
-
-
-# -- receivers -----------------------------------------------------------------------------
-def _read_receiver(r: Reader, node: Node, what: str) -> ReceiverConfig | None:
-    if not node.is_mapping():
-        r.error(node.loc, f"{what}: expected a mapping, got {type_name(node.value)}")
-        return None
-    type_node = node.get("type")
-    if type_node is None:
-        r.error(node.loc, f"{what}: missing required key 'type' ({', '.join(RECEIVER_TYPES)})")
-        return None
-    kind = r.string(type_node, f"{what}.type", RECEIVER_TYPES)
-    if kind is None:
-        return None
-    cls = _RECEIVER_CLASSES[kind]
-    allowed = [f.name for f in dataclasses.fields(cls)]
-    keys = r.mapping(node, allowed, f"{what} ({kind})", required=("name",))
-    if keys is None:
-        return None
-    # An explicit null means "not set" (what `check-config --print` writes for unset keys).
-    keys = {k: v for k, v in keys.items() if v.value is not None or k in ("name", "type")}
-    values: dict[str, Any] = {}
-    bad = False
-    if "name" in keys:
-        name = r.string(keys["name"], f"{what}.name")
-        if name is not None and not _NAME_RE.fullmatch(name):
-            r.error(
-                keys["name"].loc,
-                f"{what}.name: {name!r} is not a receiver name "
-                "(letters, digits, '_', '.', '-'; at most 63; starts with a letter or digit)",
-            )
-            name = None
-        if name is None:
-            bad = True
-        values["name"] = name
-    else:
-        bad = True
-    for key, value_node in keys.items():
-        where = f"{what}.{key}"
-        value: Any
-        if key in ("name", "type"):
-            continue
-        if key in ("url",) and kind in ("webhook", "slack"):
-            value = _http_url(r, value_node, where, secret=True)
-        elif key == "url":  # pagerduty: the endpoint (EU accounts use another one)
-            value = _http_url(r, value_node, where, secret=False)
-        elif key == "urls":
-            items = r.sequence(value_node, where)
-            urls = [_http_url(r, i, where, secret=False) for i in items or []]
-            if items is not None and not items:
-                r.error(value_node.loc, f"{where}: needs at least one Alertmanager URL")
-            value = None if items is None or None in urls or not urls else tuple(urls)
-        elif key in ("url_file", "routing_key_file", "hmac_secret_file"):
-            value = _secret_ref(r, value_node, where)
-        elif key in ("routing_key", "hmac_secret"):
-            value = value_node.value if isinstance(value_node.value, str) else None
-            if value is None or not value.strip():
-                r.error(value_node.loc, f"{where}: expected a non-empty string")
-                value = None
-            else:
-                value = value.strip()
-        elif key == "headers":
-            value = _string_map(r, value_node, where, _HEADER_RE, "an HTTP header name")
-            value = _no_reserved(r, value_node, where, value)
-        elif key == "header_files":
-            value = _string_map(r, value_node, where, _HEADER_RE, "an HTTP header name")
-            value = _no_reserved(r, value_node, where, value)
-            for hname, ref in (value or {}).items():
-                if not (ref.startswith("/") or _CREDENTIAL_RE.fullmatch(ref)):
-                    r.error(
-                        value_node.loc,
-                        f"{where}.{hname}: {ref!r} is neither an absolute path nor a "
-                        "credential name",
-                    )
-                    value = None
-        elif key == "signature_header":
-            value = r.string(value_node, where)
-            if value is not None and not _HEADER_RE.fullmatch(value):
-                r.error(value_node.loc, f"{where}: {value!r} is not an HTTP header name")
-                value = None
-        elif key in ("timeout", "min_interval", "resend_interval"):
-            value = _duration(r, value_node, where, positive=key != "min_interval")
-        elif key == "send_resolved":
-            value = r.boolean(value_node, where)
-        elif key == "severity_labels":
-            value = read_severity_labels(r, value_node, where)
-        elif key == "external_url":
-            value = _http_url(r, value_node, where, secret=False)
-            value = value.rstrip("/") if value else None
-        else:  # pragma: no cover - every dataclass field is handled above
-            raise AssertionError(key)
-        if value is None:
-            bad = True
-        else:
-            values[key] = value
-    if kind in ("webhook", "slack"):
-        _one_of(r, node, keys, "url", "url_file", what)
-    elif kind == "pagerduty":
-        _one_of(r, node, keys, "routing_key", "routing_key_file", what)
-    elif kind == "alertmanager" and "urls" not in keys:
-        r.error(node.loc, f"{what}: missing required key 'urls'")
-    if kind == "webhook" and "hmac_secret" in keys and "hmac_secret_file" in keys:
-        r.error(
-            keys["hmac_secret_file"].loc,
-            f"{what}: give either 'hmac_secret' or 'hmac_secret_file', not both",
-        )
-    if bad:
-        return None
-    values["type"] = kind
-    result: ReceiverConfig = cls(**values)
-    return result
-
-
-_SEVERITY_VALUE_RE = re.compile(r"[A-Za-z0-9_.-]{1,63}")
-
-
-def read_severity_labels(r: Reader, node: Node, what: str) -> dict[str, str] | None:
-    """``{page: critical, ...}``: gpuwatchd severity -> the ``severity`` label value sent.
-
-    Severities left out keep their default (``DEFAULT_SEVERITY_LABELS``)."""
-    given = _string_map(r, node, what)
-    if given is None:
-        return None
-    bad = False
-    for key_node, value_node in node.items() if node.is_mapping() else ():
-        key = str(key_node.value)
-        if key not in SEVERITIES:
-            r.error(
-                key_node.loc,
-                f"{what}: {key!r} is not a gpuwatchd severity ({', '.join(SEVERITIES)})",
-            )
-            bad = True
-        elif not _SEVERITY_VALUE_RE.fullmatch(given[key]):
-            r.error(
-                value_node.loc,
-                f"{what}.{key}: {given[key]!r} is not a severity label value "
-                "(letters, digits, '_', '.', '-'; at most 63)",
-            )
-            bad = True
-    return None if bad else {**DEFAULT_SEVERITY_LABELS, **given}
-
-
-def _no_reserved(
-    r: Reader, node: Node, what: str, headers: dict[str, str] | None
-) -> dict[str, str] | None:
-    if headers is None:
-        return None
-    for name in headers:
-        if name.lower() in _RESERVED_HEADERS:
-            r.error(node.loc, f"{what}: {name!r} is set by gpuwatchd and cannot be configured")
-            return None
-    return headers
-
-
-def read_receivers(r: Reader, node: Node | None) -> tuple[ReceiverConfig, ...]:
-    if node is None or node.value is None:
-        return ()
-    items = r.sequence(node, "receivers")
-    out: list[ReceiverConfig] = []
-    seen: set[str] = set()
-    for i, item in enumerate(items or []):
-        what = f"receivers[{i}]"
-        rc = _read_receiver(r, item, what)
-        if rc is None:
-            continue
-        if rc.name in seen:
-            name_node = item.get("name")
-            r.error((name_node or item).loc, f"{what}.name: {rc.name!r} is used twice")
-            continue
-        seen.add(rc.name)
-        out.append(rc)
-    return tuple(out)
-
-
 # -- routing -------------------------------------------------------------------------------
 def _label_list(r: Reader, node: Node, what: str) -> tuple[str, ...] | None:
     names = _strings(r, node, what)
@@ -565,12 +264,11 @@ def _read_route(r: Reader, node: Node, what: str, known: set[str]) -> RouteConfi
     return RouteConfig(receivers=receivers, **values)
 
 
-def read_routing(
-    r: Reader, node: Node | None, receivers: tuple[ReceiverConfig, ...]
-) -> RoutingConfig:
+def read_routing(r: Reader, node: Node | None, receivers: Collection[str]) -> RoutingConfig:
+    """The ``routing`` section; ``receivers``: the names of the configured receivers."""
     allowed = list(RoutingConfig.__dataclass_fields__)
     keys = _keys(r, node, allowed, "routing")
-    known = {rc.name for rc in receivers}
+    known = set(receivers)
     d = RoutingConfig()
     values: dict[str, Any] = {}
     if "receivers" in keys and keys["receivers"].value is not None:

@@ -1,18 +1,20 @@
 """Each stage's part of the config: what the composition root hands a stage to build it.
 
 No stage is built from the whole ``Config`` (tests/test_architecture.py checks that no
-stage module imports it): the composition root (``service.assembly``) cuts out the
-sections a stage reads with the functions here, so what a stage depends on is written in
-one type, and a reload can ask each stage about its own sections only.
+stage module imports it, and that no stage constructor takes one): the composition root
+(``service.assembly``) cuts out the sections a stage reads with ``configfile.stages``, so
+what a stage depends on is written in one type, and a reload can ask each stage about its
+own sections only.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from gpuwatchd.config.actions import DrainConfig, ReceiverConfig, RoutingConfig
-from gpuwatchd.config.loader import Config, XidConfig
+from gpuwatchd.config.actions import DrainConfig, RoutingConfig
+from gpuwatchd.config.receivers import ReceiverConfig
 from gpuwatchd.config.rules import RulesConfig
+from gpuwatchd.config.sections import XidConfig
 from gpuwatchd.core.fields import ExtraField
 
 
@@ -46,25 +48,3 @@ class ActionsSettings:
     def wanted(self) -> bool:
         """Whether anything is configured to receive actions (a receiver or a drain)."""
         return bool(self.receivers) or self.drain.mode != "none"
-
-
-def for_rules(config: Config) -> RulesSettings:
-    return RulesSettings(
-        rules=config.rules,
-        xid=config.xid,
-        fields=config.fields,
-        ignore=config.gpus.ignore,
-        state_dir=config.state_dir,
-        source=config.source,
-    )
-
-
-def for_actions(config: Config) -> ActionsSettings:
-    return ActionsSettings(
-        node_name=config.node_name,
-        state_dir=config.state_dir,
-        receivers=config.receivers,
-        routing=config.routing,
-        drain=config.drain,
-        source=config.source,
-    )

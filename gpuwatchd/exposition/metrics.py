@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from gpuwatchd import __version__
-from gpuwatchd.config.loader import MetricsConfig
+from gpuwatchd.config.sections import MetricsConfig
 from gpuwatchd.core.families import (
     OPENMETRICS_EOF,
     Families,

@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpuwatchd.config.loader import Config, default_config
+from gpuwatchd.configfile.loader import Config, default_config
 from gpuwatchd.core.alerts import AlertSeverity
 from gpuwatchd.harness.simulate import SIM_EPOCH, Simulation
 from gpuwatchd.scenario.model import parse_scenario
@@ -772,7 +772,7 @@ class _Actions:
 
 def page_rules(config: Config) -> set[str]:
     """Every page-severity rule except the one on the uncorrectable error itself (XID 48)."""
-    from gpuwatchd.config.stages import for_rules
+    from gpuwatchd.configfile.stages import for_rules
     from gpuwatchd.rules.loader import rules_from_settings
 
     return {
@@ -784,7 +784,7 @@ def page_rules(config: Config) -> set[str]:
 
 def drain_rules(config: Config) -> set[str]:
     """Every rule that drains, except the one on the uncorrectable error itself."""
-    from gpuwatchd.config.stages import for_rules
+    from gpuwatchd.configfile.stages import for_rules
     from gpuwatchd.rules.loader import rules_from_settings
 
     return {

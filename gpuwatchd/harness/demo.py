@@ -26,7 +26,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TextIO
 
-from gpuwatchd.config.loader import Config, ListenAddress
+from gpuwatchd.configfile.loader import Config, ListenAddress
 from gpuwatchd.core.alerts import AlertSeverity, AlertState, AlertTransition
 from gpuwatchd.core.clock import Clock, ScaledClock
 from gpuwatchd.core.fields import HEALTH_CLOCK_EVENT_REASONS, decode_clock_event_reasons
@@ -369,7 +369,7 @@ def demo_config(
 def default_demo_config() -> Config:
     from importlib import resources
 
-    from gpuwatchd.config.loader import load_config
+    from gpuwatchd.configfile.loader import load_config
 
     path = resources.files("gpuwatchd").joinpath("data", "demo-config.yaml")
     return load_config(str(path), must_exist=True)

@@ -31,7 +31,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpuwatchd.config.loader import Config
+from gpuwatchd.configfile.loader import Config
 from gpuwatchd.core.alerts import AlertSeverity
 from gpuwatchd.rules.conditions.memory_trend import MemoryTrend
 from gpuwatchd.rules.store import DB_NAME, AlertRecord, StateStore
@@ -83,7 +83,7 @@ class FieldReport:
 
 def memory_rules(config: Config) -> tuple[set[str], set[str]]:
     """``(page rules, drain rules)`` on memory evidence in ``config``'s rules."""
-    from gpuwatchd.config.stages import for_rules
+    from gpuwatchd.configfile.stages import for_rules
     from gpuwatchd.rules.loader import rules_from_settings
 
     pages: set[str] = set()

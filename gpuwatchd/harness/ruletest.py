@@ -50,8 +50,8 @@ from typing import Any, TextIO
 import yaml
 
 from gpuwatchd.config.fields import read_fields
-from gpuwatchd.config.loader import Config, GpusConfig, default_config
 from gpuwatchd.config.yamlsrc import Node, Reader, load_file
+from gpuwatchd.configfile.loader import Config, GpusConfig, default_config
 from gpuwatchd.core.alerts import AlertState, AlertTransition
 from gpuwatchd.core.clock import VirtualClock
 from gpuwatchd.core.errors import ConfigError, Location

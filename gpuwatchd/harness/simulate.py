@@ -13,7 +13,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any, TextIO
 
-from gpuwatchd.config.loader import Config
+from gpuwatchd.configfile.loader import Config
 from gpuwatchd.core.clock import VirtualClock
 from gpuwatchd.core.records import GpuSample
 from gpuwatchd.scenario.backend import ScenarioBackend

@@ -19,7 +19,7 @@ from importlib import resources
 from types import MappingProxyType
 
 from gpuwatchd.config import yamlsrc
-from gpuwatchd.config.loader import normalize_gpu_id
+from gpuwatchd.config.sections import normalize_gpu_id
 from gpuwatchd.config.stages import RulesSettings
 from gpuwatchd.config.yamlsrc import Node, Reader
 from gpuwatchd.core.alerts import AlertSeverity

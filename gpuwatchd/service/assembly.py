@@ -20,8 +20,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from gpuwatchd import __version__
-from gpuwatchd.config.loader import Config
-from gpuwatchd.config.stages import ActionsSettings, for_actions, for_rules
+from gpuwatchd.config.stages import ActionsSettings
+from gpuwatchd.configfile.loader import Config
+from gpuwatchd.configfile.stages import for_actions, for_rules
 from gpuwatchd.core.alerts import AlertState
 from gpuwatchd.core.clock import Clock
 from gpuwatchd.core.errors import BackendError

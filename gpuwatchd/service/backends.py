@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gpuwatchd.config.loader import PollConfig
+from gpuwatchd.configfile.loader import PollConfig
 from gpuwatchd.core.clock import Clock
 from gpuwatchd.core.errors import BackendUnavailable
 from gpuwatchd.core.fields import ExtraField

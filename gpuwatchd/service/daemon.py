@@ -18,8 +18,8 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from gpuwatchd.config.loader import Config
 from gpuwatchd.config.web import WebGuard
+from gpuwatchd.configfile.loader import Config
 from gpuwatchd.core import memtrim, threadnames
 from gpuwatchd.core.clock import Clock
 from gpuwatchd.core.errors import ConfigError
@@ -325,7 +325,7 @@ class Daemon:
         its owner or refused: a refused key keeps its running value and is reported as
         an error line, by ``gpuwatchd_config_restart_required{key}`` and in ``status``.
         """
-        from gpuwatchd.config.loader import load_config
+        from gpuwatchd.configfile.loader import load_config
 
         old = self.config
         at = self.clock.now()

@@ -36,7 +36,7 @@ import threading
 from collections.abc import Callable, Iterable, Mapping
 from typing import IO, Any, Literal
 
-from gpuwatchd.config.loader import LOG_FORMATS  # auto: journal, tty or plain; or json
+from gpuwatchd.configfile.loader import LOG_FORMATS  # auto: journal, tty or plain; or json
 from gpuwatchd.core.secretforms import secret_forms
 
 __all__ = [

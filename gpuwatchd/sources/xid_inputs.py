@@ -18,7 +18,7 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from gpuwatchd.config.loader import SourcesConfig
+from gpuwatchd.config.sections import SourcesConfig
 from gpuwatchd.core.clock import Clock
 from gpuwatchd.core.families import Families
 from gpuwatchd.core.heartbeat import Heartbeat, HeartbeatRegistry

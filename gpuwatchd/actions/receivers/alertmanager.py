@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import urllib.parse
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from gpuwatchd.actions.model import rfc3339
@@ -19,7 +20,28 @@ from gpuwatchd.actions.receivers.base import (
     json_body,
     starts_at,
 )
-from gpuwatchd.config.actions import DEFAULT_SEVERITY_LABELS, AlertmanagerReceiver
+from gpuwatchd.config.receivers import (
+    DEFAULT_SEVERITY_LABELS,
+    ReceiverReader,
+    common_key,
+    duration,
+    http_url,
+)
+from gpuwatchd.config.yamlsrc import Node, Reader
+
+
+@dataclass(frozen=True)
+class AlertmanagerReceiver:
+    """Pushes alerts to every Alertmanager in ``urls`` (POST /api/v2/alerts)."""
+
+    name: str
+    type: str = "alertmanager"
+    urls: tuple[str, ...] = ()
+    resend_interval: float = 60.0
+    timeout: float = 10.0
+    send_resolved: bool = True
+    severity_labels: dict[str, str] = field(default_factory=lambda: dict(DEFAULT_SEVERITY_LABELS))
+    external_url: str | None = None
 
 
 def alertmanager_alerts(
@@ -68,4 +90,25 @@ def _build(cfg: AlertmanagerReceiver, read: SecretReader) -> Receiver:
     return am
 
 
-KIND = ReceiverKind("alertmanager", _build)
+def _read_key(r: Reader, key: str, node: Node, where: str) -> Any:
+    if key == "urls":
+        items = r.sequence(node, where)
+        urls = [http_url(r, i, where, secret=False) for i in items or []]
+        if items is not None and not items:
+            r.error(node.loc, f"{where}: needs at least one Alertmanager URL")
+        return None if items is None or None in urls or not urls else tuple(urls)
+    if key == "resend_interval":
+        return duration(r, node, where, positive=True)
+    return common_key(r, key, node, where)
+
+
+def _check(r: Reader, node: Node, keys: dict[str, Node], what: str) -> None:
+    if "urls" not in keys:
+        r.error(node.loc, f"{what}: missing required key 'urls'")
+
+
+KIND = ReceiverKind(
+    "alertmanager",
+    _build,
+    ReceiverReader("alertmanager", AlertmanagerReceiver, _read_key, _check),
+)

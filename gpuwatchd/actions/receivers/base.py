@@ -28,7 +28,7 @@ from typing import Any
 
 from gpuwatchd import __version__
 from gpuwatchd.actions.model import am_labels, clean_text
-from gpuwatchd.config.actions import DEFAULT_SEVERITY_LABELS, ReceiverConfig
+from gpuwatchd.config.receivers import DEFAULT_SEVERITY_LABELS, ReceiverConfig, ReceiverReader
 
 USER_AGENT = f"gpuwatchd/{__version__}"
 MAX_RETRY_AFTER = 3600.0
@@ -157,11 +157,13 @@ SecretReader = Callable[[str, str], str]
 
 @dataclass(frozen=True)
 class ReceiverKind:
-    """One receiver kind: the ``type`` it serves in the config and how a configured one
-    becomes a ready ``Receiver`` (its secrets read through the ``SecretReader``)."""
+    """One receiver kind: the ``type`` it serves in the config, how a configured one
+    becomes a ready ``Receiver`` (its secrets read through the ``SecretReader``) and how
+    its config is read (``reader``: its config class and key readers)."""
 
     type: str
     build: Callable[[Any, SecretReader], Receiver]
+    reader: ReceiverReader
 
 
 def json_body(value: Any) -> bytes:
@@ -205,7 +207,7 @@ def external_labels(
 def daemon_url(external_url: str | None, node: str) -> str:
     """Where people reach this node's gpuwatchd: the receiver's ``external_url``, else
     ``http://NODE:9835`` (the node name and the default port)."""
-    from gpuwatchd.config.loader import DEFAULT_PORT
+    from gpuwatchd.config.sections import DEFAULT_PORT
 
     return (external_url or f"http://{node}:{DEFAULT_PORT}").rstrip("/")
 

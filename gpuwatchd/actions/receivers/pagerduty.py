@@ -5,6 +5,7 @@ event is sent once more trimmed."""
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from gpuwatchd.actions.model import clean_text, rfc3339, short_hash, xid_of
@@ -20,7 +21,16 @@ from gpuwatchd.actions.receivers.base import (
     json_body,
     starts_at,
 )
-from gpuwatchd.config.actions import PagerDutyReceiver
+from gpuwatchd.config.receivers import (
+    ReceiverReader,
+    common_key,
+    http_url,
+    inline_secret,
+    one_of,
+    secret,
+    secret_ref,
+)
+from gpuwatchd.config.yamlsrc import Node, Reader
 
 PD_SEVERITY = {"page": "critical", "ticket": "warning", "info": "info"}
 # Events API v2 limits (docs/actions.md): the whole event at most 512 KB, summary 1024
@@ -31,6 +41,22 @@ PD_MAX_DEDUP = 255
 PD_MAX_FIELD = 255
 PD_MAX_DETAIL_TEXT = 4096  # one annotation or label value in custom_details
 PD_MAX_DETAIL_ITEMS = 64  # labels or annotations of one alert in custom_details
+
+
+PAGERDUTY_URL = "https://events.pagerduty.com/v2/enqueue"
+
+
+@dataclass(frozen=True)
+class PagerDutyReceiver:
+    """PagerDuty Events API v2: trigger and resolve with a stable ``dedup_key``."""
+
+    name: str
+    type: str = "pagerduty"
+    routing_key: str | None = secret()
+    routing_key_file: str | None = None
+    url: str = PAGERDUTY_URL
+    timeout: float = 10.0
+    send_resolved: bool = True
 
 
 def pagerduty_dedup_key(alert: Mapping[str, Any], node: str) -> str:
@@ -159,4 +185,20 @@ def _build(cfg: PagerDutyReceiver, read: SecretReader) -> Receiver:
     return p
 
 
-KIND = ReceiverKind("pagerduty", _build)
+def _read_key(r: Reader, key: str, node: Node, where: str) -> Any:
+    if key == "url":  # the endpoint (EU accounts use another one): not a secret
+        return http_url(r, node, where, secret=False)
+    if key == "routing_key":
+        return inline_secret(r, node, where)
+    if key == "routing_key_file":
+        return secret_ref(r, node, where)
+    return common_key(r, key, node, where)
+
+
+def _check(r: Reader, node: Node, keys: dict[str, Node], what: str) -> None:
+    one_of(r, node, keys, "routing_key", "routing_key_file", what)
+
+
+KIND = ReceiverKind(
+    "pagerduty", _build, ReceiverReader("pagerduty", PagerDutyReceiver, _read_key, _check)
+)

@@ -1,10 +1,11 @@
 """Every receiver kind, and ``build_receiver``, which turns a configured receiver into a
 ready one through its kind.
 
-Adding a kind: write ``actions/receivers/<kind>.py`` (its ``Receiver`` subclass, how it
-renders and judges, and a ``KIND``: see ``base.ReceiverKind``) and add its ``KIND`` here.
-Its config type and reader are in ``config/actions.py`` (the config file is read below
-every stage); tests/test_receiver_kinds.py holds this list equal to the config's types.
+Adding a kind: write ``actions/receivers/<kind>.py`` (its config type and reader, its
+``Receiver`` subclass, how it renders and judges, and a ``KIND``: see
+``base.ReceiverKind``) and add its ``KIND`` here. The config loader
+(``configfile/loader.py``, above every stage) reads the ``receivers`` list through
+``READERS``, so the new ``type`` is accepted with no other change.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from types import MappingProxyType
 from gpuwatchd.actions.receivers import alertmanager, pagerduty, slack, webhook
 from gpuwatchd.actions.receivers.base import Receiver, ReceiverKind
 from gpuwatchd.actions.secrets import read_secret
-from gpuwatchd.config.actions import ReceiverConfig
+from gpuwatchd.config.receivers import ReceiverConfig, ReceiverReader
 
 KINDS: tuple[ReceiverKind, ...] = (
     webhook.KIND,
@@ -25,6 +26,7 @@ KINDS: tuple[ReceiverKind, ...] = (
 )
 
 BY_TYPE: Mapping[str, ReceiverKind] = MappingProxyType({k.type: k for k in KINDS})
+READERS: Mapping[str, ReceiverReader] = MappingProxyType({k.type: k.reader for k in KINDS})
 
 
 def build_receiver(

@@ -4,6 +4,7 @@ messages pending while rate limited are coalesced into one."""
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -21,9 +22,31 @@ from gpuwatchd.actions.receivers.base import (
     starts_at,
 )
 from gpuwatchd.actions.secrets import url_secrets
-from gpuwatchd.config.actions import SlackReceiver
+from gpuwatchd.config.receivers import (
+    ReceiverReader,
+    common_key,
+    duration,
+    http_url,
+    one_of,
+    secret,
+    secret_ref,
+)
+from gpuwatchd.config.yamlsrc import Node, Reader
 
 SLACK_MAX_ALERTS = 10  # alert sections per Slack message (Slack allows 50 blocks)
+
+
+@dataclass(frozen=True)
+class SlackReceiver:
+    """A Slack incoming webhook: text fallback plus Block Kit blocks."""
+
+    name: str
+    type: str = "slack"
+    url: str | None = secret()
+    url_file: str | None = None
+    min_interval: float = 1.0
+    timeout: float = 10.0
+    send_resolved: bool = True
 
 
 def _when(ts: float) -> str:
@@ -169,4 +192,18 @@ def _build(cfg: SlackReceiver, read: SecretReader) -> Receiver:
     return s
 
 
-KIND = ReceiverKind("slack", _build)
+def _read_key(r: Reader, key: str, node: Node, where: str) -> Any:
+    if key == "url":
+        return http_url(r, node, where, secret=True)
+    if key == "url_file":
+        return secret_ref(r, node, where)
+    if key == "min_interval":
+        return duration(r, node, where)
+    return common_key(r, key, node, where)
+
+
+def _check(r: Reader, node: Node, keys: dict[str, Node], what: str) -> None:
+    one_of(r, node, keys, "url", "url_file", what)
+
+
+KIND = ReceiverKind("slack", _build, ReceiverReader("slack", SlackReceiver, _read_key, _check))

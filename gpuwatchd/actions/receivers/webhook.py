@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from gpuwatchd.actions.model import GO_ZERO_TIME, rfc3339
@@ -22,7 +23,41 @@ from gpuwatchd.actions.receivers.base import (
     starts_at,
 )
 from gpuwatchd.actions.secrets import url_secrets
-from gpuwatchd.config.actions import DEFAULT_SEVERITY_LABELS, WebhookReceiver
+from gpuwatchd.config.receivers import (
+    DEFAULT_SEVERITY_LABELS,
+    HEADER_RE,
+    ReceiverReader,
+    common_key,
+    headers,
+    http_url,
+    inline_secret,
+    is_secret_ref,
+    one_of,
+    secret,
+    secret_ref,
+)
+from gpuwatchd.config.yamlsrc import Node, Reader
+
+SIGNATURE_HEADER = "X-Gpuwatchd-Signature"
+
+
+@dataclass(frozen=True)
+class WebhookReceiver:
+    """POSTs Alertmanager webhook v4 JSON to ``url``."""
+
+    name: str
+    type: str = "webhook"
+    url: str | None = secret()
+    url_file: str | None = None
+    headers: dict[str, str] = field(default_factory=dict)
+    header_files: dict[str, str] = field(default_factory=dict)
+    hmac_secret: str | None = secret()
+    hmac_secret_file: str | None = None
+    signature_header: str = SIGNATURE_HEADER
+    timeout: float = 10.0
+    send_resolved: bool = True
+    severity_labels: dict[str, str] = field(default_factory=lambda: dict(DEFAULT_SEVERITY_LABELS))
+    external_url: str | None = None
 
 
 def webhook_message(
@@ -96,4 +131,43 @@ def _build(cfg: WebhookReceiver, read: SecretReader) -> Receiver:
     return w
 
 
-KIND = ReceiverKind("webhook", _build)
+def _read_key(r: Reader, key: str, node: Node, where: str) -> Any:
+    if key == "url":
+        return http_url(r, node, where, secret=True)
+    if key in ("url_file", "hmac_secret_file"):
+        return secret_ref(r, node, where)
+    if key == "hmac_secret":
+        return inline_secret(r, node, where)
+    if key == "headers":
+        return headers(r, node, where)
+    if key == "header_files":
+        refs = headers(r, node, where)
+        for name, ref in (refs or {}).items():
+            if not is_secret_ref(ref):
+                r.error(
+                    node.loc,
+                    f"{where}.{name}: {ref!r} is neither an absolute path nor a credential name",
+                )
+                return None
+        return refs
+    if key == "signature_header":
+        value = r.string(node, where)
+        if value is not None and not HEADER_RE.fullmatch(value):
+            r.error(node.loc, f"{where}: {value!r} is not an HTTP header name")
+            return None
+        return value
+    return common_key(r, key, node, where)
+
+
+def _check(r: Reader, node: Node, keys: dict[str, Node], what: str) -> None:
+    one_of(r, node, keys, "url", "url_file", what)
+    if "hmac_secret" in keys and "hmac_secret_file" in keys:
+        r.error(
+            keys["hmac_secret_file"].loc,
+            f"{what}: give either 'hmac_secret' or 'hmac_secret_file', not both",
+        )
+
+
+KIND = ReceiverKind(
+    "webhook", _build, ReceiverReader("webhook", WebhookReceiver, _read_key, _check)
+)

@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterator
 from datetime import datetime
 from typing import Any
 
+from gpuwatchd.config.sections import read_path
 from gpuwatchd.core.clock import Clock
 from gpuwatchd.core.heartbeat import Heartbeat
 from gpuwatchd.sources.kernel.cursor import PositionFile
@@ -247,4 +248,5 @@ KIND = KernelLogKind(
     "journald",
     available=lambda sources, backend: bool(sources.journal_dir) or journal_available(),
     build=_build,
+    options={"journal_dir": read_path},  # a journal directory (tests, containers)
 )

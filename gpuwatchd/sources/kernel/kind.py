@@ -1,7 +1,9 @@
 """What a kernel-log source kind is: one module per kind (``journald``, ``kmsg``,
 ``scenario``), each ending in a ``KIND`` that ``registry.KINDS`` lists.
 
-A kind says whether it can serve this host (``available``: for ``sources.kernel_log:
+A kind reads its own keys of the ``sources`` section (``options``: the config loader asks
+the registry for them, so their errors name file, line and key like every other) and says
+whether it can serve this host (``available``: for ``sources.kernel_log:
 auto``, tried in the registry's order) and builds its reader (``build``) from a
 ``KernelLogSetup``: the trusted-line handler it feeds, the clock, the ``sources`` section,
 where its resume position lives and how it reports its health. A reader starts and stops
@@ -11,11 +13,11 @@ beats a ``heartbeat`` the daemon watches.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
-from gpuwatchd.config.loader import SourcesConfig
+from gpuwatchd.config.sections import SourceOptionReader, SourcesConfig
 from gpuwatchd.core.clock import Clock
 from gpuwatchd.core.heartbeat import Heartbeat
 from gpuwatchd.sources.kernel.cursor import PositionFile
@@ -60,6 +62,8 @@ class KernelLogKind:
     name: str
     available: Callable[[SourcesConfig, object], bool]  # (sources, backend)
     build: Callable[[KernelLogSetup], KernelLogReader]
+    # its own keys of the ``sources`` section and their readers (``journal_dir``)
+    options: Mapping[str, SourceOptionReader] = field(default_factory=dict)
     # its lines are scripted, there from the start: the XID merger expects a kernel line
     # for every NVML event at once, before the reader reports itself up
     scripted: bool = False

@@ -23,6 +23,7 @@ import threading
 import time
 from collections.abc import Callable
 
+from gpuwatchd.config.sections import read_path
 from gpuwatchd.core.clock import Clock
 from gpuwatchd.core.heartbeat import Heartbeat
 from gpuwatchd.sources.kernel.cursor import PositionFile
@@ -259,4 +260,5 @@ KIND = KernelLogKind(
     "kmsg",
     available=lambda sources, backend: kmsg_available(sources.kmsg_path),
     build=_build,
+    options={"kmsg_path": read_path},  # the kmsg device, or a file in tests
 )

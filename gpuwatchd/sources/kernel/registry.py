@@ -1,9 +1,9 @@
 """Every kernel-log source kind, in the order ``sources.kernel_log: auto`` tries them.
 
-Adding a kind: write ``sources/kernel/<kind>.py`` (its reader and a ``KIND``: see
-``kind.KernelLogKind``) and add its ``KIND`` here; ``XidInputs`` picks it up from this
-list. Its name is a value of ``sources.kernel_log`` (``config/loader.py``'s
-``KERNEL_LOG_CHOICES``, which tests/test_xid_inputs_kinds.py checks against this list).
+Adding a kind: write ``sources/kernel/<kind>.py`` (its reader, the readers of its own
+``sources`` keys and a ``KIND``: see ``kind.KernelLogKind``) and add its ``KIND`` here;
+``XidInputs`` picks it up from this list, and the config loader takes the values of
+``sources.kernel_log`` (``KERNEL_LOG_CHOICES``) and the kinds' keys (``OPTIONS``) from it.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from types import MappingProxyType
 
+from gpuwatchd.config.sections import SourceOptionReader
 from gpuwatchd.sources.kernel import journald, kmsg, scenario
 from gpuwatchd.sources.kernel.kind import KernelLogKind
 
@@ -21,3 +22,9 @@ KINDS: tuple[KernelLogKind, ...] = (
 )
 
 BY_NAME: Mapping[str, KernelLogKind] = MappingProxyType({k.name: k for k in KINDS})
+
+KERNEL_LOG_CHOICES: tuple[str, ...] = ("auto", *(k.name for k in KINDS if not k.scripted), "none")
+"""The values of ``sources.kernel_log`` (a scripted kind runs only under ``auto``)."""
+OPTIONS: Mapping[str, SourceOptionReader] = MappingProxyType(
+    {key: read for k in KINDS for key, read in k.options.items()}
+)

@@ -1,14 +1,12 @@
-"""The daemon's configuration: one YAML file, every setting with a built-in default.
+"""The daemon-wide config sections (``node_name``, ``listen``, ``poll``, ``gpus``, ``metrics``,
+``sources``, ``xid``, ``web``, ...): their value types and their readers.
 
-``load_config`` reads the file through ``yamlsrc`` so that every mistake is reported as
-``PATH:LINE:COL: message``, all of them at once, in one ``ConfigError``. The result is a
-tree of frozen dataclasses; durations are float seconds.
-
-Adding a section (rules, sources, receivers, drain, ...) takes three steps, all here:
-a frozen dataclass for its values, a reader function ``(Reader, Node | None, _Context)``
-that returns one, and an entry in ``_ENTRIES`` (plus the matching field on ``Config``).
-Fields that hold secrets are declared with ``field(metadata={"secret": True})`` and are
-never shown by ``Config.as_dict``.
+A reader has the shape ``(Reader, Node | None, ReadContext)`` and records every problem
+as ``PATH:LINE:COL: message`` (all of them at once, in one ``ConfigError``); durations are
+float seconds. The whole ``Config`` is assembled above every stage, in
+``configfile/loader.py``, which lists these readers beside the ones each stage's kinds own
+(receivers, kernel-log sources). Fields that hold secrets are declared with
+``field(metadata={"secret": True})`` and are never shown by ``as_plain``.
 """
 
 from __future__ import annotations
@@ -19,22 +17,12 @@ import math
 import os
 import re
 import socket
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Generic, Literal, TypeVar
+from typing import Any, Literal
 
-from gpuwatchd.config import yamlsrc
-from gpuwatchd.config.actions import (
-    DrainConfig,
-    ReceiverConfig,
-    RoutingConfig,
-    read_drain,
-    read_receivers,
-    read_routing,
-)
-from gpuwatchd.config.fields import as_entry, read_fields
+from gpuwatchd.config.fields import as_entry
 from gpuwatchd.config.paths import SYSTEM_CONFIG_DIR
-from gpuwatchd.config.rules import RulesConfig, read_rules
 from gpuwatchd.config.yamlsrc import Node, Reader
 from gpuwatchd.core.errors import ConfigError
 from gpuwatchd.core.fields import ExtraField
@@ -46,8 +34,6 @@ LOG_LEVELS = ("debug", "info", "warning", "error")
 MIN_POLL_INTERVAL = 0.1
 CALL_TIMEOUT_FACTOR = 10
 SECRET_PLACEHOLDER = "<secret>"
-
-T = TypeVar("T")
 
 
 # -- value types ---------------------------------------------------------------------------
@@ -124,9 +110,6 @@ class MetricsConfig:
     per_link: bool = True
 
 
-KERNEL_LOG_CHOICES = ("auto", "journald", "kmsg", "none")
-
-
 @dataclass(frozen=True)
 class SourcesConfig:
     kernel_log: str = "auto"
@@ -167,39 +150,6 @@ class WebSection:
     ask_over_http: bool = False
 
 
-@dataclass(frozen=True)
-class Config:
-    node_name: str
-    listen: ListenAddress
-    backend: BackendSpec
-    state_dir: str
-    log_level: str
-    poll: PollConfig
-    gpus: GpusConfig
-    metrics: MetricsConfig
-    sources: SourcesConfig = field(default_factory=SourcesConfig)
-    receivers: tuple[ReceiverConfig, ...] = ()
-    routing: RoutingConfig = field(default_factory=RoutingConfig)
-    drain: DrainConfig = field(default_factory=DrainConfig)
-    rules: RulesConfig = field(default_factory=RulesConfig)
-    xid: XidConfig = field(default_factory=XidConfig)
-    web: WebSection = field(default_factory=WebSection)
-    fields: tuple[ExtraField, ...] = ()  # extra NVML field ids (config/fields.py)
-    log_format: str = "auto"  # auto (journal, tty or plain) or json
-    source: str | None = field(default=None, compare=False, metadata={"internal": True})
-    """The file it was loaded from (``None``: built-in defaults only)."""
-
-    def as_dict(self) -> dict[str, Any]:
-        """Plain values in the config file's shape (secrets replaced), for printing.
-
-        Dumped as YAML, the result is itself a valid config that loads to an equal
-        ``Config``.
-        """
-        out = as_plain(self)
-        assert isinstance(out, dict)
-        return out
-
-
 def as_plain(value: Any) -> Any:
     """Dataclasses to dicts, tuples to lists, value types to their config strings.
 
@@ -232,7 +182,7 @@ def as_plain(value: Any) -> Any:
 
 # -- readers -------------------------------------------------------------------------------
 @dataclass(frozen=True)
-class _Context:
+class ReadContext:
     environ: Mapping[str, str]
     base_dir: str | None  # directory of the config file, for relative paths
     # Values of the keys read so far, so a later section can check references to an
@@ -281,7 +231,7 @@ def _duration(
     return seconds
 
 
-def _read_node_name(r: Reader, node: Node, ctx: _Context) -> str | None:
+def read_node_name(r: Reader, node: Node, ctx: ReadContext) -> str | None:
     value = r.string(node, "node_name")
     if value is None:
         return None
@@ -295,16 +245,16 @@ def _read_node_name(r: Reader, node: Node, ctx: _Context) -> str | None:
     return value
 
 
-def _default_node_name(ctx: _Context) -> str:
+def default_node_name(ctx: ReadContext) -> str:
     return socket.gethostname().partition(".")[0] or "localhost"
 
 
-def _read_listen(r: Reader, node: Node, ctx: _Context) -> ListenAddress | None:
+def read_listen(r: Reader, node: Node, ctx: ReadContext) -> ListenAddress | None:
     pair = r.listen_address(node, "listen")
     return None if pair is None else ListenAddress(*pair)
 
 
-def _read_backend(r: Reader, node: Node, ctx: _Context) -> BackendSpec | None:
+def read_backend(r: Reader, node: Node, ctx: ReadContext) -> BackendSpec | None:
     value = r.string(node, "backend")
     if value is None:
         return None
@@ -315,7 +265,7 @@ def _read_backend(r: Reader, node: Node, ctx: _Context) -> BackendSpec | None:
         return None
 
 
-def _read_state_dir(r: Reader, node: Node, ctx: _Context) -> str | None:
+def read_state_dir(r: Reader, node: Node, ctx: ReadContext) -> str | None:
     value = r.string(node, "state_dir")
     if value is None:
         return None
@@ -325,13 +275,13 @@ def _read_state_dir(r: Reader, node: Node, ctx: _Context) -> str | None:
     return os.path.normpath(value)
 
 
-def _default_state_dir(ctx: _Context) -> str:
+def default_state_dir(ctx: ReadContext) -> str:
     # systemd's StateDirectory= sets $STATE_DIRECTORY (colon-separated if several).
     first = ctx.environ.get("STATE_DIRECTORY", "").split(":")[0]
     return first if os.path.isabs(first) else DEFAULT_STATE_DIR
 
 
-def _read_log_level(r: Reader, node: Node, ctx: _Context) -> str | None:
+def read_log_level(r: Reader, node: Node, ctx: ReadContext) -> str | None:
     value = r.string(node, "log_level")
     if value is None:
         return None
@@ -346,11 +296,11 @@ def _read_log_level(r: Reader, node: Node, ctx: _Context) -> str | None:
 LOG_FORMATS = ("auto", "json")
 
 
-def _read_log_format(r: Reader, node: Node, ctx: _Context) -> str | None:
+def read_log_format(r: Reader, node: Node, ctx: ReadContext) -> str | None:
     return r.string(node, "log_format", LOG_FORMATS)
 
 
-def _read_poll(r: Reader, node: Node | None, ctx: _Context) -> PollConfig:
+def read_poll(r: Reader, node: Node | None, ctx: ReadContext) -> PollConfig:
     keys = _section_keys(r, node, PollConfig, "poll")
     d = PollConfig()
     values: dict[str, Any] = {}
@@ -410,7 +360,7 @@ def normalize_gpu_id(text: str) -> str | None:
     return None
 
 
-def _read_gpus(r: Reader, node: Node | None, ctx: _Context) -> GpusConfig:
+def read_gpus(r: Reader, node: Node | None, ctx: ReadContext) -> GpusConfig:
     keys = _section_keys(r, node, GpusConfig, "gpus")
     d = GpusConfig()
     expected = d.expected
@@ -446,7 +396,7 @@ def _read_gpus(r: Reader, node: Node | None, ctx: _Context) -> GpusConfig:
     return GpusConfig(expected=expected, ignore=tuple(ignore))
 
 
-def _read_metrics(r: Reader, node: Node | None, ctx: _Context) -> MetricsConfig:
+def read_metrics(r: Reader, node: Node | None, ctx: ReadContext) -> MetricsConfig:
     keys = _section_keys(r, node, MetricsConfig, "metrics")
     values = {name: r.boolean(n, f"metrics.{name}") for name, n in keys.items()}
     return dataclasses.replace(
@@ -454,19 +404,39 @@ def _read_metrics(r: Reader, node: Node | None, ctx: _Context) -> MetricsConfig:
     )
 
 
-def _read_sources(r: Reader, node: Node | None, ctx: _Context) -> SourcesConfig:
+SourceOptionReader = Callable[[Reader, Node, str, str | None], Any]
+"""A kernel-log kind's reader of one of its ``sources`` keys: ``(reader, node, where,
+base_dir)`` -> the value, or ``None`` after recording a problem (``base_dir``: the config
+file's directory, for relative paths)."""
+
+
+def read_path(r: Reader, node: Node, what: str, base_dir: str | None) -> str | None:
+    """A file or directory path; a relative one is taken from the config file's directory."""
+    text = r.string(node, what)
+    if text is not None and base_dir is not None and not os.path.isabs(text):
+        text = os.path.normpath(os.path.join(base_dir, text))
+    return text
+
+
+def read_sources(
+    r: Reader,
+    node: Node | None,
+    ctx: ReadContext,
+    kinds: Sequence[str],
+    options: Mapping[str, SourceOptionReader],
+) -> SourcesConfig:
+    """The ``sources`` section. ``kinds``: the values ``kernel_log`` may name besides
+    ``auto`` and ``none``; ``options``: each kernel-log kind's own keys and their readers
+    (both from the kernel-log kinds' registry, which owns them)."""
     keys = _section_keys(r, node, SourcesConfig, "sources")
     values: dict[str, Any] = {}
     if "kernel_log" in keys:
         values["kernel_log"] = r.string(
-            keys["kernel_log"], "sources.kernel_log", KERNEL_LOG_CHOICES
+            keys["kernel_log"], "sources.kernel_log", ("auto", *kinds, "none")
         )
-    for name in ("journal_dir", "kmsg_path"):
+    for name, read in options.items():
         if name in keys and keys[name].value is not None:
-            text = r.string(keys[name], f"sources.{name}")
-            if text is not None and ctx.base_dir is not None and not os.path.isabs(text):
-                text = os.path.normpath(os.path.join(ctx.base_dir, text))
-            values[name] = text
+            values[name] = read(r, keys[name], f"sources.{name}", ctx.base_dir)
     if "nvml_events" in keys:
         values["nvml_events"] = r.boolean(keys["nvml_events"], "sources.nvml_events")
     if "merge_window" in keys:
@@ -482,7 +452,7 @@ def _read_sources(r: Reader, node: Node | None, ctx: _Context) -> SourcesConfig:
     )
 
 
-def _read_web(r: Reader, node: Node | None, ctx: _Context) -> WebSection:
+def read_web(r: Reader, node: Node | None, ctx: ReadContext) -> WebSection:
     keys = _section_keys(r, node, WebSection, "web")
     values: dict[str, Any] = {}
     n = keys.get("config_file")
@@ -514,7 +484,7 @@ def _read_web(r: Reader, node: Node | None, ctx: _Context) -> WebSection:
     return dataclasses.replace(WebSection(), **{k: v for k, v in values.items() if v is not None})
 
 
-def _read_xid(r: Reader, node: Node | None, ctx: _Context) -> XidConfig:
+def read_xid(r: Reader, node: Node | None, ctx: ReadContext) -> XidConfig:
     keys = _section_keys(r, node, XidConfig, "xid")
     if "overrides" not in keys or keys["overrides"].value is None:
         return XidConfig()
@@ -562,122 +532,3 @@ def _read_xid(r: Reader, node: Node | None, ctx: _Context) -> XidConfig:
         if pairs:
             out[code] = tuple(sorted(pairs))
     return XidConfig(tuple(sorted(out.items())))
-
-
-# -- the table of top-level keys -----------------------------------------------------------
-@dataclass(frozen=True)
-class _Entry(Generic[T]):
-    """One top-level key: how to read it and what it is when absent.
-
-    ``read`` returns ``None`` after recording a problem. A section reader (``section`` set)
-    is also called with ``None`` when the key is absent and returns its defaults.
-    """
-
-    read: Callable[[Reader, Node, _Context], T | None]
-    default: Callable[[_Context], T]
-    section: type | None = None
-
-
-def _section_entry(cls: type, read: Callable[[Reader, Node | None, _Context], T]) -> _Entry[T]:
-    return _Entry(read=read, default=lambda ctx: read(Reader(), None, ctx), section=cls)
-
-
-def _const(value: T) -> Callable[[_Context], T]:
-    return lambda ctx: value
-
-
-_ENTRIES: dict[str, _Entry[Any]] = {
-    "node_name": _Entry(_read_node_name, _default_node_name),
-    "listen": _Entry(_read_listen, _const(ListenAddress("127.0.0.1", DEFAULT_PORT))),
-    "backend": _Entry(_read_backend, _const(BackendSpec("nvml"))),
-    "state_dir": _Entry(_read_state_dir, _default_state_dir),
-    "log_level": _Entry(_read_log_level, _const("info")),
-    "poll": _section_entry(PollConfig, _read_poll),
-    "gpus": _section_entry(GpusConfig, _read_gpus),
-    "metrics": _section_entry(MetricsConfig, _read_metrics),
-    "sources": _section_entry(SourcesConfig, _read_sources),
-    "receivers": _Entry(lambda r, n, ctx: read_receivers(r, n), _const(())),
-    "routing": _section_entry(
-        RoutingConfig, lambda r, n, ctx: read_routing(r, n, ctx.seen.get("receivers", ()))
-    ),
-    "drain": _section_entry(DrainConfig, lambda r, n, ctx: read_drain(r, n)),
-    "rules": _section_entry(RulesConfig, lambda r, n, ctx: read_rules(r, n, ctx.base_dir)),
-    "xid": _section_entry(XidConfig, _read_xid),
-    "web": _section_entry(WebSection, _read_web),
-    "fields": _Entry(lambda r, n, ctx: read_fields(r, n), _const(())),
-    "log_format": _Entry(_read_log_format, _const("auto")),
-}
-
-
-def config_keys() -> list[str]:
-    """Every key the config file accepts, dotted (``poll.interval``), in file order."""
-    out: list[str] = []
-    for name, entry in _ENTRIES.items():
-        out.append(name)
-        if entry.section is not None:
-            out.extend(f"{name}.{f.name}" for f in dataclasses.fields(entry.section))
-    return out
-
-
-# -- loading -------------------------------------------------------------------------------
-def _build(root: Node | None, ctx: _Context, source: str | None) -> Config:
-    r = Reader()
-    keys: dict[str, Node] = {}
-    if root is not None and root.value is not None:
-        keys = r.mapping(root, list(_ENTRIES), "config") or {}
-    values: dict[str, Any] = {}
-    for name, entry in _ENTRIES.items():
-        node = keys.get(name)
-        value = entry.read(r, node, ctx) if node is not None else None
-        values[name] = value if value is not None else entry.default(ctx)
-        ctx.seen[name] = values[name]
-    r.raise_if_any()
-    return Config(**values, source=source)
-
-
-def default_config(environ: Mapping[str, str] | None = None) -> Config:
-    """The configuration when there is no file at all."""
-    return _build(None, _Context(os.environ if environ is None else environ, None), None)
-
-
-def load_config(
-    path: str | None, *, must_exist: bool, environ: Mapping[str, str] | None = None
-) -> Config:
-    """Load and validate the config file at ``path``.
-
-    ``path=None`` gives the built-in defaults without reading anything. A ``path`` that
-    does not exist gives the defaults too, unless ``must_exist`` (the user named it with
-    ``-c``). The CLI calls ``load_config(args.config or DEFAULT_CONFIG_PATH,
-    must_exist=args.config is not None)``. An empty file means all defaults.
-
-    ``environ`` (default ``os.environ``) supplies ``$STATE_DIRECTORY``.
-    Raises ``ConfigError`` listing every problem as ``PATH:LINE:COL: message``.
-    """
-    env = os.environ if environ is None else environ
-    if path is None or (not must_exist and not os.path.lexists(path)):
-        return default_config(env)
-    root = yamlsrc.load_file(path, allow_pipe=True)  # the file named on the command line
-    ctx = _Context(env, os.path.dirname(os.path.abspath(path)))
-    return _build(root, ctx, path)
-
-
-__all__ = [
-    "CALL_TIMEOUT_FACTOR",
-    "DEFAULT_CONFIG_PATH",
-    "DEFAULT_PORT",
-    "DEFAULT_STATE_DIR",
-    "LOG_LEVELS",
-    "BackendSpec",
-    "Config",
-    "ConfigError",
-    "GpusConfig",
-    "ListenAddress",
-    "MetricsConfig",
-    "PollConfig",
-    "WebSection",
-    "as_plain",
-    "config_keys",
-    "default_config",
-    "load_config",
-    "normalize_gpu_id",
-]
