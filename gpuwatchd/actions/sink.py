@@ -20,7 +20,7 @@ import dataclasses
 import logging
 import random
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from gpuwatchd.actions.delivery import InFlight, TargetDelivery, TargetHealth
@@ -42,6 +42,7 @@ from gpuwatchd.core.alerts import AlertTransition
 from gpuwatchd.core.clock import Clock
 from gpuwatchd.core.families import Families
 from gpuwatchd.core.nodestate import NodeView
+from gpuwatchd.core.records import DrainOutcome
 from gpuwatchd.core.statehealth import StoreHealth, state_families
 
 log = logging.getLogger(__name__)
@@ -71,6 +72,11 @@ def drain_driver(drain: DrainConfig, node: str, clock: Clock) -> Driver:
     return KubernetesDriver(client, node, drain.kubernetes, clock.now)
 
 
+def _unreported(outcome: DrainOutcome) -> None:
+    """Where drain outcomes go when no rule stage takes them (a sink built alone)."""
+    log.error("drain outcome with no rule stage to judge it: %s", outcome.summary)
+
+
 class ActionsSink:
     def __init__(
         self,
@@ -85,8 +91,11 @@ class ActionsSink:
         rng: random.Random | None = None,
         on_drain: Emit | None = None,
         run_notify: bool = True,
+        report: Callable[[DrainOutcome], None] | None = None,
     ) -> None:
-        """Use ``gpuwatchd.actions.build_actions``; this only puts the parts together."""
+        """Use ``gpuwatchd.actions.build_actions``; this only puts the parts together.
+        ``report`` takes the drain's outcomes to the rule stage (the hand-off), which
+        decides whether they page."""
         self.config = config
         self.clock = clock
         self.node = config.node_name
@@ -112,7 +121,7 @@ class ActionsSink:
                 store,
                 clock,
                 driver or drain_driver(config.drain, node, clock),
-                page=self.submit,
+                report=report or _unreported,
                 rng=self.rng,
                 on_record=on_drain,
                 run_notify=run_notify,

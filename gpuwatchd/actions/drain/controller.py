@@ -30,6 +30,7 @@ import random
 import sqlite3
 import threading
 from collections.abc import Callable
+from types import MappingProxyType
 from typing import Any
 
 from gpuwatchd.actions.drain.incidents import (
@@ -58,8 +59,6 @@ from gpuwatchd.actions.drivers import (
     run_argv,
 )
 from gpuwatchd.actions.fleet import (
-    BREAKER_RULE,
-    BUDGET_RULE,
     FleetBudget,
     FleetView,
     claimed_xids,
@@ -70,10 +69,10 @@ from gpuwatchd.actions.fleet import (
 from gpuwatchd.actions.model import short_reason, xid_of
 from gpuwatchd.actions.store import Store
 from gpuwatchd.config.actions import DrainConfig
-from gpuwatchd.core.alerts import AlertSeverity, AlertState, AlertTransition
 from gpuwatchd.core.atomicfile import write_atomic
 from gpuwatchd.core.clock import Clock
 from gpuwatchd.core.families import Families
+from gpuwatchd.core.records import DrainOutcome, DrainOutcomeKind
 
 # the logger keeps the name it had as one module (docs/config.md names it)
 log = logging.getLogger("gpuwatchd.actions.drain")
@@ -97,6 +96,7 @@ HOLD_RESULTS = ("reasserted", "noted", "over_budget", "failed")
 # Incident states in which the node must stay out of service while the fault is active.
 HELD_STATES = ("drained", "already", "kept_admin", "noted")
 OVER_BUDGET = "over_budget"
+# the shipped rules that page on the drain's outcomes (rules/drain.yaml)
 LIMIT_RULE = "GpuwatchdDrainLimitReached"
 FAILED_RULE = "GpuwatchdDrainFailed"
 RETRY_BASE = 5.0
@@ -113,7 +113,7 @@ class DrainController:
         clock: Clock,
         driver: Driver,
         *,
-        page: Callable[[list[AlertTransition]], None],
+        report: Callable[[DrainOutcome], None],
         rng: random.Random | None = None,
         on_record: Callable[[dict[str, Any]], None] | None = None,
         run_notify: bool = True,
@@ -125,7 +125,7 @@ class DrainController:
         self.store = store
         self.clock = clock
         self.driver = driver
-        self.page = page
+        self.report = report  # the outcomes go to the rule stage (the hand-off)
         self.rng = rng or random.Random()
         self.on_record = on_record
         self.run_notify = run_notify
@@ -252,7 +252,7 @@ class DrainController:
 
     def step(self, now: float) -> float | None:
         """Do what is due; returns when there is more to do (None: nothing scheduled)."""
-        pages: list[AlertTransition] = []
+        pages: list[DrainOutcome] = []
         self._unsilence(now)
         for inc in self._incidents("state=? AND notified=0 AND drain_at > opened", (PENDING,)):
             self._notify(inc)
@@ -272,12 +272,12 @@ class DrainController:
             with self.store.tx() as conn:
                 set_notified(conn, inc.key, 2)
             summary = f"the fault behind the failed drain of {self.node} has resolved"
-            pages.append(self._synthetic(FAILED_RULE, AlertState.RESOLVED, inc, now, summary))
+            pages.append(self._outcome(DrainOutcomeKind.FAILED, False, inc, now, summary))
         if self.cfg.resume:
             self._resume(now)
         self.write_health(now)
-        if pages:
-            self.page(pages)
+        for outcome in pages:
+            self.report(outcome)
         return self._next_due(now)
 
     def _unsilence(self, now: float) -> None:
@@ -381,7 +381,7 @@ class DrainController:
             f"{verdict.detail}",
         )
 
-    def _drain(self, inc: Incident, now: float) -> list[AlertTransition]:
+    def _drain(self, inc: Incident, now: float) -> list[DrainOutcome]:
         owned = self.store.query("SELECT owned, reason FROM node_drain WHERE id=1")[0]
         would = self._dry_run_drained()
         try:
@@ -425,9 +425,9 @@ class DrainController:
                     mark_failed(conn, inc.key, attempts, str(exc), now)
                 self._record("drain", inc, "failed", f"gave up after {attempts} attempts: {exc}")
                 return [
-                    self._synthetic(
-                        FAILED_RULE,
-                        AlertState.FIRING,
+                    self._outcome(
+                        DrainOutcomeKind.FAILED,
+                        True,
                         inc,
                         now,
                         f"gpuwatchd could not drain {self.node}: {exc}",
@@ -462,7 +462,7 @@ class DrainController:
 
     def _keep_trying(
         self, inc: Incident, now: float, attempts: int, exc: DrainError
-    ) -> list[AlertTransition]:
+    ) -> list[DrainOutcome]:
         """A drain for an XID is never given up: the scheduler being unreachable for a while
         (a restart, an outage) must not leave a node with a fatal XID in service. After
         ``attempts`` failures it pages once and goes on trying, at most every RETRY_MAX."""
@@ -478,19 +478,19 @@ class DrainController:
             f"gpuwatchd could not drain {self.node} after {attempts} attempts and keeps "
             f"trying: {exc}"
         )
-        return [self._synthetic(FAILED_RULE, AlertState.FIRING, inc, now, summary)]
+        return [self._outcome(DrainOutcomeKind.FAILED, True, inc, now, summary)]
 
-    def _failing_resolved(self, inc: Incident, now: float) -> list[AlertTransition]:
+    def _failing_resolved(self, inc: Incident, now: float) -> list[DrainOutcome]:
         """The drain that kept failing went through (or its fault ended): resolve its page."""
         if self._meta(f"failing:{inc.key}") != "firing":
             return []
         with self.store.tx() as conn:
             Store.set_meta(conn, f"failing:{inc.key}", "")
         summary = f"the drain of {self.node} that kept failing is no longer failing"
-        return [self._synthetic(FAILED_RULE, AlertState.RESOLVED, inc, now, summary)]
+        return [self._outcome(DrainOutcomeKind.FAILED, False, inc, now, summary)]
 
     # -- the fleet budget -------------------------------------------------------------
-    def _over_budget(self, inc: Incident, now: float, result: DrainResult) -> list[AlertTransition]:
+    def _over_budget(self, inc: Incident, now: float, result: DrainResult) -> list[DrainOutcome]:
         """Not drained: the incident stays pending and asks again after ``recheck``."""
         first = not str(inc.result or "").startswith(OVER_BUDGET)
         # while the budget stays full, ask again less often (up to 8 times recheck), each
@@ -510,7 +510,7 @@ class DrainController:
             log.info("drain %s: still over the fleet budget: %s", self.node, result.detail)
         return self._budget_page(inc, now)
 
-    def _budget_page(self, inc: Incident, now: float) -> list[AlertTransition]:
+    def _budget_page(self, inc: Incident, now: float) -> list[DrainOutcome]:
         fleet = self.fleet
         if fleet is None or fleet.last is None:
             return []
@@ -553,12 +553,12 @@ class DrainController:
         with self.store.tx() as conn:
             Store.set_meta(conn, "fleet_alert", "firing")
             Store.set_meta(conn, "fleet_page_at", repr(now))
-        return [self._synthetic(BUDGET_RULE, AlertState.FIRING, None, now, summary, notes)]
+        return [self._outcome(DrainOutcomeKind.OVER_BUDGET, True, None, now, summary, notes)]
 
     def _held_back(self) -> int:
         return pending_with_result(self.store, PENDING, OVER_BUDGET)
 
-    def _breaker_page(self, inc: Incident, now: float) -> list[AlertTransition]:
+    def _breaker_page(self, inc: Incident, now: float) -> list[DrainOutcome]:
         """This node tripped the breaker (first of those that did): one page for the fleet,
         naming the XIDs and the share of nodes that wanted to drain."""
         fleet = self.fleet
@@ -582,10 +582,10 @@ class DrainController:
         notes = {"xids": seen, "nodes_wanting": str(wanting), "share_percent": f"{share:.1f}"}
         with self.store.tx() as conn:
             Store.set_meta(conn, "breaker_alert", "firing")
-        return [self._synthetic(BREAKER_RULE, AlertState.FIRING, None, now, summary, notes)]
+        return [self._outcome(DrainOutcomeKind.BREAKER_OPEN, True, None, now, summary, notes)]
 
-    def _budget_resolved(self, now: float) -> list[AlertTransition]:
-        out: list[AlertTransition] = []
+    def _budget_resolved(self, now: float) -> list[DrainOutcome]:
+        out: list[DrainOutcome] = []
         fleet = self.fleet
         if self._meta("breaker_alert") == "firing" and (
             not self._held_back() or (fleet and fleet.last and not fleet.last.stopped)
@@ -593,13 +593,13 @@ class DrainController:
             with self.store.tx() as conn:
                 Store.set_meta(conn, "breaker_alert", "")
             summary = "the fleet drain breaker was reset: gpuwatchd drains again"
-            out.append(self._synthetic(BREAKER_RULE, AlertState.RESOLVED, None, now, summary))
+            out.append(self._outcome(DrainOutcomeKind.BREAKER_OPEN, False, None, now, summary))
         if self._meta("fleet_alert") != "firing" or self._held_back():
             return out
         with self.store.tx() as conn:
             Store.set_meta(conn, "fleet_alert", "")
         summary = f"no drain of {self.node} waits for the fleet drain budget any more"
-        return [*out, self._synthetic(BUDGET_RULE, AlertState.RESOLVED, None, now, summary)]
+        return [*out, self._outcome(DrainOutcomeKind.OVER_BUDGET, False, None, now, summary)]
 
     # -- holding the node out of service ---------------------------------------------
     def _held(self) -> list[Incident]:
@@ -636,7 +636,7 @@ class DrainController:
                 )
         self._record("hold", inc, result)
 
-    def _rate_limited(self, inc: Incident, now: float) -> list[AlertTransition]:
+    def _rate_limited(self, inc: Incident, now: float) -> list[DrainOutcome]:
         self.rate_limited += 1
         with self.store.tx() as conn:
             limited = f"{self.cfg.max_drains} drains in {self.cfg.window:g}s already"
@@ -649,40 +649,43 @@ class DrainController:
         )
         return self._fire_limit(inc, now)
 
-    def _synthetic(
+    def _outcome(
         self,
-        rule: str,
-        state: AlertState,
+        kind: DrainOutcomeKind,
+        holds: bool,
         inc: Incident | None,
         now: float,
         summary: str,
         notes: dict[str, str] | None = None,
-    ) -> AlertTransition:
-        labels = {"node": self.node}
+    ) -> DrainOutcome:
+        """An outcome (or its end) for the rule stage, which decides whether it pages
+        (``rules/drain.yaml``). A failed drain is one per incident and names its GPU."""
+        gpu: int | None = None
+        uuid = pci = None
         if inc is not None:
             src = inc.record.get("labels") or {}
-            for k in ("gpu", "uuid", "pci_bus_id"):
-                if src.get(k) not in (None, ""):
-                    labels[k] = str(src[k])
-        from gpuwatchd.core.alerts import fingerprint
-
-        fp = fingerprint(rule, labels)
-        with self.store.tx() as conn:
-            seq = Store.next_counter(conn, f"seq:{fp}")
-            if rule == LIMIT_RULE:
-                Store.set_meta(conn, "limit_alert", "firing" if state is AlertState.FIRING else "")
-        return AlertTransition(
-            rule=rule,
-            state=state,
-            severity=AlertSeverity.PAGE,
-            labels=labels,
-            annotations={"summary": summary, "description": summary, **(notes or {})},
-            active_since=now,
+            text = str(src.get("gpu", ""))
+            gpu = int(text) if text.isdigit() else None
+            uuid = str(src["uuid"]) if src.get("uuid") else None
+            pci = str(src["pci_bus_id"]) if src.get("pci_bus_id") else None
+        if kind is DrainOutcomeKind.LIMIT_REACHED:
+            with self.store.tx() as conn:
+                Store.set_meta(conn, "limit_alert", "firing" if holds else "")
+        return DrainOutcome(
             timestamp=now,
-            sequence=seq,
+            kind=kind,
+            node=self.node,
+            holds=holds,
+            key=inc.key if inc is not None and kind is DrainOutcomeKind.FAILED else "",
+            reason=inc.reason if inc is not None else "",
+            summary=summary,
+            counts=MappingProxyType(dict(notes or {})),
+            gpu=gpu,
+            uuid=uuid,
+            pci_bus_id=pci,
         )
 
-    def _fire_limit(self, inc: Incident, now: float) -> list[AlertTransition]:
+    def _fire_limit(self, inc: Incident, now: float) -> list[DrainOutcome]:
         firing = self.store.query("SELECT value FROM meta WHERE key='limit_alert'")
         if firing and firing[0][0] == "firing":
             return []
@@ -690,17 +693,17 @@ class DrainController:
             f"drain limit reached on {self.node}: {self.cfg.max_drains} drains within "
             f"{self.cfg.window:g}s; not draining for {inc.reason}"
         )
-        t = self._synthetic(LIMIT_RULE, AlertState.FIRING, None, now, summary)
+        t = self._outcome(DrainOutcomeKind.LIMIT_REACHED, True, None, now, summary)
         return [t]
 
-    def _limit_alert(self, now: float) -> list[AlertTransition]:
+    def _limit_alert(self, now: float) -> list[DrainOutcome]:
         firing = self.store.query("SELECT value FROM meta WHERE key='limit_alert'")
         if not firing or firing[0][0] != "firing" or self._window_count(now) >= self.cfg.max_drains:
             return []
         return [
-            self._synthetic(
-                LIMIT_RULE,
-                AlertState.RESOLVED,
+            self._outcome(
+                DrainOutcomeKind.LIMIT_REACHED,
+                False,
                 None,
                 now,
                 f"drain limit on {self.node} has room again",
