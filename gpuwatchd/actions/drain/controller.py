@@ -35,20 +35,41 @@ from typing import Any
 
 from gpuwatchd.actions.drain.incidents import (
     Incident,
+    active_in,
     cancel_pending,
     drained_since,
+    due,
+    ensure_node_drain,
+    failed_and_resolved,
+    gave_up_since,
+    has_note,
+    hold_back,
+    in_states,
     last_resolved,
-    load_incidents,
+    mark_done,
     mark_failed,
+    mark_owned,
     mark_rate_limited,
     mark_resolved,
+    mark_resumed,
     next_pending_due,
+    node_owned,
+    note,
     oldest_drain_since,
     open_incident,
+    open_or_closed_since,
+    others_announced,
     pending_with_result,
+    read_node_drain,
+    released,
+    resume_failed,
     schedule_retry,
+    set_note,
     set_notified,
+    silenced_active,
+    to_announce,
     unresolved_count,
+    unsilence,
 )
 from gpuwatchd.actions.drivers import (
     DrainError,
@@ -146,7 +167,7 @@ class DrainController:
         self._health_warned = False
         self.last_error: str | None = None
         with store.tx() as conn:
-            conn.execute("INSERT OR IGNORE INTO node_drain(id) VALUES(1)")
+            ensure_node_drain(conn)
 
     @property
     def fleet(self) -> FleetBudget | None:
@@ -247,28 +268,20 @@ class DrainController:
                 out["reason"] = inc.reason
             self.on_record(out)
 
-    def _incidents(self, where: str, args: tuple[Any, ...] = ()) -> list[Incident]:
-        return load_incidents(self.store, where, args)
-
     def step(self, now: float) -> float | None:
         """Do what is due; returns when there is more to do (None: nothing scheduled)."""
         pages: list[DrainOutcome] = []
         self._unsilence(now)
-        for inc in self._incidents("state=? AND notified=0 AND drain_at > opened", (PENDING,)):
+        for inc in to_announce(self.store, PENDING):
             self._notify(inc)
-        for inc in self._incidents(
-            "state=? AND drain_at <= ? AND next_attempt <= ?", (PENDING, now, now)
-        ):
+        for inc in due(self.store, PENDING, now):
             pages.extend(self._drain(inc, now))
         pages.extend(self._limit_alert(now))
         pages.extend(self._budget_resolved(now))
         self._hold(now)
-        for inc in self._incidents(
-            "state='cancelled' AND attempts >= ? AND closed > ?",
-            (self.cfg.attempts, now - 86400.0),
-        ):
+        for inc in gave_up_since(self.store, self.cfg.attempts, now - 86400.0):
             pages.extend(self._failing_resolved(inc, now))
-        for inc in self._incidents("state='failed' AND resolved IS NOT NULL AND notified < 2"):
+        for inc in failed_and_resolved(self.store):
             with self.store.tx() as conn:
                 set_notified(conn, inc.key, 2)
             summary = f"the fault behind the failed drain of {self.node} has resolved"
@@ -285,26 +298,19 @@ class DrainController:
         any more: it is due now (after its grace, counted from now)."""
         if self.silenced_by is None:
             return
-        for inc in self._incidents("state='silenced' AND resolved IS NULL"):
+        for inc in silenced_active(self.store):
             if self.silenced_by(inc.record, now) is not None:
                 continue
             with self.store.tx() as conn:
-                conn.execute(
-                    "UPDATE incidents SET state=?, closed=NULL, drain_at=?, next_attempt=0 "
-                    "WHERE key=? AND state='silenced'",
-                    (PENDING, now + self.grace_for(inc.record), inc.key),
-                )
+                unsilence(conn, inc.key, PENDING, now + self.grace_for(inc.record))
             log.warning("drain for %s: the silence is over and it still fires", inc.reason)
 
     def _notify(self, inc: Incident) -> None:
         with self.store.tx() as conn:
             # One notice per drain: not when another alert of the cascade gave it already,
             # nor when gpuwatchd holds the node drained (there is no drain to wait for).
-            others = conn.execute(
-                "SELECT COUNT(*) FROM incidents WHERE state=? AND notified=1 AND key<>?",
-                (PENDING, inc.key),
-            ).fetchone()[0]
-            owned = conn.execute("SELECT owned FROM node_drain WHERE id=1").fetchone()[0]
+            others = others_announced(conn, PENDING, inc.key)
+            owned = node_owned(conn)
             set_notified(conn, inc.key, 1)
         argv = self.cfg.notify_command
         if not argv:
@@ -329,8 +335,7 @@ class DrainController:
             log.error("drain notify command: %s", exc)
 
     def _meta(self, name: str) -> str | None:
-        row = self.store.query("SELECT value FROM meta WHERE key=?", (name,))
-        return str(row[0][0]) if row and row[0][0] is not None else None
+        return note(self.store, name)
 
     @property
     def _pretend(self) -> bool:
@@ -382,14 +387,14 @@ class DrainController:
         )
 
     def _drain(self, inc: Incident, now: float) -> list[DrainOutcome]:
-        owned = self.store.query("SELECT owned, reason FROM node_drain WHERE id=1")[0]
+        owned = read_node_drain(self.store)
         would = self._dry_run_drained()
         try:
-            if owned["owned"] and not self.driver.reads_state:
+            if owned.owned and not self.driver.reads_state:
                 # The node is drained by gpuwatchd already (a cascade: XID 79, then GPU
                 # lost): one drain per node, not one hook call per alert.
                 result = DrainResult(
-                    "already", f"node already drained by gpuwatchd ({owned['reason']})"
+                    "already", f"node already drained by gpuwatchd ({owned.reason})"
                 )
             elif would is not None:
                 # Dry-run counts like the real run: the cascade's first alert "drained" it.
@@ -412,7 +417,7 @@ class DrainController:
                 # "already" on a node gpuwatchd has no record of draining: it drained, then
                 # stopped before writing it down (a crash, a restart); re-count now. A drain
                 # made now was admitted by its claim before it was written.
-                recount = result.result == "already" and not owned["owned"]
+                recount = result.result == "already" and not owned.owned
                 if recount and self.fleet is not None:
                     result = self._confirm(inc, result)
         except DrainError as exc:
@@ -443,20 +448,12 @@ class DrainController:
         self._held_times.pop(inc.key, None)
         self._hold_next = now + self.cfg.hold_interval
         with self.store.tx() as conn:
-            conn.execute(
-                "UPDATE incidents SET state=?, result=?, attempts=0, next_attempt=0, drained_at=?, "
-                "last_error=NULL WHERE key=?",
-                (result.result, result.detail, now if result.counts else None, inc.key),
-            )
+            drained_at = now if result.counts else None
+            mark_done(conn, inc.key, result.result, result.detail, drained_at)
             if result.owns:
-                conn.execute(
-                    "UPDATE node_drain SET owned=1, reason=COALESCE(reason, ?), "
-                    "drained_at=COALESCE(drained_at, ?), "
-                    "resume_attempts=0, next_attempt=0, last_result=? WHERE id=1",
-                    (inc.reason, now, result.result),
-                )
+                mark_owned(conn, inc.reason, now, result.result)
             if self._pretend and result.result == "dry_run":
-                Store.set_meta(conn, "dry_run_drained", inc.reason)
+                set_note(conn, "dry_run_drained", inc.reason)
         self._record("drain", inc, result)
         return pages
 
@@ -473,7 +470,7 @@ class DrainController:
             return []
         self._record("drain", inc, "failed", f"{attempts} attempts failed, trying again: {exc}")
         with self.store.tx() as conn:
-            Store.set_meta(conn, f"failing:{inc.key}", "firing")
+            set_note(conn, f"failing:{inc.key}", "firing")
         summary = (
             f"gpuwatchd could not drain {self.node} after {attempts} attempts and keeps "
             f"trying: {exc}"
@@ -485,7 +482,7 @@ class DrainController:
         if self._meta(f"failing:{inc.key}") != "firing":
             return []
         with self.store.tx() as conn:
-            Store.set_meta(conn, f"failing:{inc.key}", "")
+            set_note(conn, f"failing:{inc.key}", "")
         summary = f"the drain of {self.node} that kept failing is no longer failing"
         return [self._outcome(DrainOutcomeKind.FAILED, False, inc, now, summary)]
 
@@ -500,10 +497,7 @@ class DrainController:
         wait = self.cfg.fleet.recheck * min(2.0 ** (held - 1), RECHECK_MAX_FACTOR)
         wait *= self.rng.uniform(0.75, 1.0)
         with self.store.tx() as conn:
-            conn.execute(
-                "UPDATE incidents SET result=?, attempts=0, next_attempt=? WHERE key=?",
-                (f"{OVER_BUDGET}: {result.detail}", now + wait, inc.key),
-            )
+            hold_back(conn, inc.key, f"{OVER_BUDGET}: {result.detail}", now + wait)
         if first:
             self._record("drain", inc, result)
         else:
@@ -551,8 +545,8 @@ class DrainController:
             notes["likely_cause"] = cause
             summary += ". " + cause
         with self.store.tx() as conn:
-            Store.set_meta(conn, "fleet_alert", "firing")
-            Store.set_meta(conn, "fleet_page_at", repr(now))
+            set_note(conn, "fleet_alert", "firing")
+            set_note(conn, "fleet_page_at", repr(now))
         return [self._outcome(DrainOutcomeKind.OVER_BUDGET, True, None, now, summary, notes)]
 
     def _held_back(self) -> int:
@@ -581,7 +575,7 @@ class DrainController:
         )
         notes = {"xids": seen, "nodes_wanting": str(wanting), "share_percent": f"{share:.1f}"}
         with self.store.tx() as conn:
-            Store.set_meta(conn, "breaker_alert", "firing")
+            set_note(conn, "breaker_alert", "firing")
         return [self._outcome(DrainOutcomeKind.BREAKER_OPEN, True, None, now, summary, notes)]
 
     def _budget_resolved(self, now: float) -> list[DrainOutcome]:
@@ -591,20 +585,19 @@ class DrainController:
             not self._held_back() or (fleet and fleet.last and not fleet.last.stopped)
         ):
             with self.store.tx() as conn:
-                Store.set_meta(conn, "breaker_alert", "")
+                set_note(conn, "breaker_alert", "")
             summary = "the fleet drain breaker was reset: gpuwatchd drains again"
             out.append(self._outcome(DrainOutcomeKind.BREAKER_OPEN, False, None, now, summary))
         if self._meta("fleet_alert") != "firing" or self._held_back():
             return out
         with self.store.tx() as conn:
-            Store.set_meta(conn, "fleet_alert", "")
+            set_note(conn, "fleet_alert", "")
         summary = f"no drain of {self.node} waits for the fleet drain budget any more"
         return [*out, self._outcome(DrainOutcomeKind.OVER_BUDGET, False, None, now, summary)]
 
     # -- holding the node out of service ---------------------------------------------
     def _held(self) -> list[Incident]:
-        marks = ",".join("?" * len(HELD_STATES))
-        return self._incidents(f"state IN ({marks}) AND resolved IS NULL", HELD_STATES)
+        return active_in(self.store, HELD_STATES)
 
     def _hold(self, now: float) -> None:
         """While a drain incident is active, keep the node out of service whoever else
@@ -628,12 +621,7 @@ class DrainController:
             return
         if result.owns:
             with self.store.tx() as conn:
-                conn.execute(
-                    "UPDATE node_drain SET owned=1, reason=COALESCE(reason, ?), "
-                    "drained_at=COALESCE(drained_at, ?), resume_attempts=0, next_attempt=0, "
-                    "last_result=? WHERE id=1",
-                    (inc.reason, now, result.result),
-                )
+                mark_owned(conn, inc.reason, now, result.result)
         self._record("hold", inc, result)
 
     def _rate_limited(self, inc: Incident, now: float) -> list[DrainOutcome]:
@@ -670,7 +658,7 @@ class DrainController:
             pci = str(src["pci_bus_id"]) if src.get("pci_bus_id") else None
         if kind is DrainOutcomeKind.LIMIT_REACHED:
             with self.store.tx() as conn:
-                Store.set_meta(conn, "limit_alert", "firing" if holds else "")
+                set_note(conn, "limit_alert", "firing" if holds else "")
         return DrainOutcome(
             timestamp=now,
             kind=kind,
@@ -686,8 +674,7 @@ class DrainController:
         )
 
     def _fire_limit(self, inc: Incident, now: float) -> list[DrainOutcome]:
-        firing = self.store.query("SELECT value FROM meta WHERE key='limit_alert'")
-        if firing and firing[0][0] == "firing":
+        if self._meta("limit_alert") == "firing":
             return []
         summary = (
             f"drain limit reached on {self.node}: {self.cfg.max_drains} drains within "
@@ -697,8 +684,7 @@ class DrainController:
         return [t]
 
     def _limit_alert(self, now: float) -> list[DrainOutcome]:
-        firing = self.store.query("SELECT value FROM meta WHERE key='limit_alert'")
-        if not firing or firing[0][0] != "firing" or self._window_count(now) >= self.cfg.max_drains:
+        if self._meta("limit_alert") != "firing" or self._window_count(now) >= self.cfg.max_drains:
             return []
         return [
             self._outcome(
@@ -712,18 +698,18 @@ class DrainController:
 
     def _resume(self, now: float) -> None:
         """Undo gpuwatchd's drain once no drain incident is unresolved and the hold is over."""
-        row = dict(self.store.query("SELECT * FROM node_drain WHERE id=1")[0])
+        row = read_node_drain(self.store)
         if (
-            not (row["owned"] or self._dry_run_drained())
-            or row["next_attempt"] > now
-            or row["resume_attempts"] >= self.cfg.attempts
+            not (row.owned or self._dry_run_drained())
+            or row.next_attempt > now
+            or row.resume_attempts >= self.cfg.attempts
         ):
             return
         open_ = unresolved_count(self.store)
         last = last_resolved(self.store)
         if open_ or last is None or now < last + self.cfg.resume_hold:
             return
-        drained = self._incidents("state IN ('drained', 'already', 'noted', 'dry_run')")
+        drained = in_states(self.store, ("drained", "already", "noted", "dry_run"))
         inc = drained[-1] if drained else None
         try:
             result = self.driver.resume(
@@ -731,27 +717,15 @@ class DrainController:
             )
         except DrainError as exc:
             self.last_error = str(exc)
-            attempts = row["resume_attempts"] + 1
+            attempts = row.resume_attempts + 1
             with self.store.tx() as conn:
-                conn.execute(
-                    "UPDATE node_drain SET resume_attempts=?, next_attempt=?, last_error=? "
-                    "WHERE id=1",
-                    (attempts, now + self._backoff(attempts), str(exc)),
-                )
+                resume_failed(conn, attempts, now + self._backoff(attempts), str(exc))
             self._record("resume", inc, "failed", str(exc))
             return
         with self.store.tx() as conn:
-            conn.execute(
-                "UPDATE node_drain SET owned=0, reason=NULL, drained_at=NULL, last_result=?, "
-                "last_error=NULL WHERE id=1",
-                (result.result,),
-            )
-            conn.execute(
-                "UPDATE incidents SET state='resumed', closed=COALESCE(closed, ?) "
-                "WHERE state IN ('drained', 'already', 'noted') AND resolved IS NOT NULL",
-                (now,),
-            )
-            Store.set_meta(conn, "dry_run_drained", "")
+            released(conn, result.result)
+            mark_resumed(conn, now)
+            set_note(conn, "dry_run_drained", "")
         self._record("resume", inc, result)
         if self.fleet is not None and result.result == "resumed":
             try:
@@ -770,7 +744,7 @@ class DrainController:
                 times.append(max(last + self.cfg.resume_hold, now + 1.0))
         if self.driver.reads_state and not self.cfg.dry_run and self._held():
             times.append(max(self._hold_next, now + 1.0))
-        if self.store.query("SELECT value FROM meta WHERE key='limit_alert'") and self.cfg.window:
+        if has_note(self.store, "limit_alert") and self.cfg.window:
             oldest = oldest_drain_since(self.store, now - self.cfg.window)
             if oldest is not None:
                 times.append(float(oldest) + self.cfg.window)
@@ -778,12 +752,12 @@ class DrainController:
 
     # -- state for status, metrics and the health file -------------------------------
     def summary(self, now: float) -> dict[str, Any]:
-        node = dict(self.store.query("SELECT * FROM node_drain WHERE id=1")[0])
-        incidents = self._incidents("closed IS NULL OR closed > ?", (now - 86400.0,))
+        node = read_node_drain(self.store)
+        incidents = open_or_closed_since(self.store, now - 86400.0)
         pending = [i for i in incidents if i.state == PENDING]
         if pending:
             state = "drain_pending"
-        elif node["owned"]:
+        elif node.owned:
             state = "drained"
         else:
             state = "ok"
@@ -793,8 +767,8 @@ class DrainController:
             "node": self.node,
             "state": state,
             "drain_at": min((i.drain_at for i in pending), default=None),
-            "reason": (pending[0].reason if pending else node["reason"]) or None,
-            "owned": bool(node["owned"]),
+            "reason": (pending[0].reason if pending else node.reason) or None,
+            "owned": node.owned,
             "drains_in_window": self._window_count(now),
             "max_drains": self.cfg.max_drains,
             "window_seconds": self.cfg.window,
