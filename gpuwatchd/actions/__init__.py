@@ -40,7 +40,8 @@ from collections.abc import Callable, Mapping
 
 import httpx
 
-from gpuwatchd.actions.drivers import DrainError, DrainResult, Driver, RecordDriver
+from gpuwatchd.actions.drain.drivers.base import DrainError, DrainResult, Driver
+from gpuwatchd.actions.drain.drivers.record import RecordDriver
 from gpuwatchd.actions.recording import Emit, RecordingSender
 from gpuwatchd.actions.reload import ActionsOwner, RestartRequired, prepare_reload
 from gpuwatchd.actions.secrets import SecretError

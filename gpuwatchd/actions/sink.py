@@ -25,7 +25,8 @@ from typing import Any
 
 from gpuwatchd.actions.delivery import InFlight, TargetDelivery, TargetHealth
 from gpuwatchd.actions.drain import DrainController
-from gpuwatchd.actions.drivers import Driver, ExecDriver, SlurmDriver
+from gpuwatchd.actions.drain.drivers.base import Driver
+from gpuwatchd.actions.drain.drivers.registry import build_driver
 from gpuwatchd.actions.metrics import ActionMetrics
 from gpuwatchd.actions.model import match_labels
 from gpuwatchd.actions.outbox import Current, Outbox
@@ -62,14 +63,7 @@ def build_receivers(
 
 def drain_driver(drain: DrainConfig, node: str, clock: Clock) -> Driver:
     """The scheduler driver the config asks for (``DrainError`` when it cannot be made)."""
-    if drain.mode == "exec":
-        return ExecDriver(drain.exec.command, node, drain.timeout, sinfo=drain.slurm.sinfo)
-    if drain.mode == "slurm":
-        return SlurmDriver(node, drain.timeout, drain.slurm.scontrol, drain.slurm.sinfo)
-    from gpuwatchd.actions.kube import KubeClient, KubernetesDriver
-
-    client = KubeClient.from_config(drain.kubernetes, drain.timeout)
-    return KubernetesDriver(client, node, drain.kubernetes, clock.now)
+    return build_driver(drain, node, clock)
 
 
 def _unreported(outcome: DrainOutcome) -> None:

@@ -33,6 +33,14 @@ from collections.abc import Callable
 from types import MappingProxyType
 from typing import Any
 
+from gpuwatchd.actions.drain.drivers.base import (
+    DrainError,
+    DrainResult,
+    Driver,
+    Gate,
+    incident_env,
+    run_argv,
+)
 from gpuwatchd.actions.drain.incidents import (
     Incident,
     active_in,
@@ -70,14 +78,6 @@ from gpuwatchd.actions.drain.incidents import (
     to_announce,
     unresolved_count,
     unsilence,
-)
-from gpuwatchd.actions.drivers import (
-    DrainError,
-    DrainResult,
-    Driver,
-    Gate,
-    incident_env,
-    run_argv,
 )
 from gpuwatchd.actions.fleet import (
     FleetBudget,
