@@ -23,7 +23,6 @@ node counts as drained by gpuwatchd until a "would resume".
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import random
@@ -79,6 +78,7 @@ from gpuwatchd.actions.drain.incidents import (
     unresolved_count,
     unsilence,
 )
+from gpuwatchd.actions.drain.report import HealthFile, drain_families, incident_summary, node_state
 from gpuwatchd.actions.fleet import (
     FleetBudget,
     FleetView,
@@ -90,7 +90,6 @@ from gpuwatchd.actions.fleet import (
 from gpuwatchd.actions.model import short_reason, xid_of
 from gpuwatchd.actions.store import Store
 from gpuwatchd.config.actions import DrainConfig
-from gpuwatchd.core.atomicfile import write_atomic
 from gpuwatchd.core.clock import Clock
 from gpuwatchd.core.families import Families
 from gpuwatchd.core.records import DrainOutcome, DrainOutcomeKind
@@ -163,8 +162,7 @@ class DrainController:
         self._held_times: dict[str, int] = {}  # incident -> checks in a row over the budget
         self.rate_limited = 0
         self._count_lock = threading.Lock()  # counters move on the drain and the submit thread
-        self._health_written: str | None = None
-        self._health_warned = False
+        self.health = HealthFile(cfg.state_file)
         self.last_error: str | None = None
         with store.tx() as conn:
             ensure_node_drain(conn)
@@ -750,22 +748,16 @@ class DrainController:
                 times.append(float(oldest) + self.cfg.window)
         return min(times) if times else None
 
-    # -- state for status, metrics and the health file -------------------------------
+    # -- the report: status, metrics and the health file (report.py) -----------------
     def summary(self, now: float) -> dict[str, Any]:
         node = read_node_drain(self.store)
         incidents = open_or_closed_since(self.store, now - 86400.0)
         pending = [i for i in incidents if i.state == PENDING]
-        if pending:
-            state = "drain_pending"
-        elif node.owned:
-            state = "drained"
-        else:
-            state = "ok"
         return {
             "mode": self.driver.mode,
             "dry_run": self.cfg.dry_run,
             "node": self.node,
-            "state": state,
+            "state": node_state(node, pending),
             "drain_at": min((i.drain_at for i in pending), default=None),
             "reason": (pending[0].reason if pending else node.reason) or None,
             "owned": node.owned,
@@ -774,21 +766,7 @@ class DrainController:
             "window_seconds": self.cfg.window,
             "last_error": self.last_error,
             "fleet": self._fleet_summary(),
-            "incidents": [
-                {
-                    "key": i.key,
-                    "rule": i.record["rule"],
-                    "gpu": (i.record.get("labels") or {}).get("gpu"),
-                    "reason": i.reason,
-                    "state": i.state,
-                    "opened": i.opened,
-                    "drain_at": i.drain_at,
-                    "resolved": i.resolved,
-                    "result": i.result,
-                    "attempts": i.attempts,
-                }
-                for i in incidents
-            ],
+            "incidents": [incident_summary(i) for i in incidents],
         }
 
     def _fleet_summary(self) -> dict[str, Any] | None:
@@ -805,83 +783,11 @@ class DrainController:
         }
 
     def write_health(self, now: float) -> None:
-        path = self.cfg.state_file
-        if path is None:
-            return
-        s = self.summary(now)
-        doc = {
-            "version": 1,
-            "node": s["node"],
-            "state": s["state"],
-            "drain_pending": s["state"] == "drain_pending",
-            "drain_at": s["drain_at"],
-            "reason": s["reason"],
-            "mode": s["mode"],
-            "dry_run": s["dry_run"],
-            "incidents": [i for i in s["incidents"] if i["resolved"] is None],
-        }
-        text = json.dumps(doc, sort_keys=True)
-        if text == self._health_written:
-            return
-        doc["updated"] = now
-        try:
-            write_atomic(path, json.dumps(doc, indent=2, sort_keys=True) + "\n")
-        except OSError as exc:
-            if not self._health_warned:
-                log.warning("cannot write the health file %s: %s", path, exc.strerror or exc)
-                self._health_warned = True
-            return
-        self._health_written = text
+        self.health.path = self.cfg.state_file  # a reload may have moved it
+        if self.health.path is not None:
+            self.health.write(self.summary(now), now)
 
     def families(self, fams: Families, now: float) -> None:
-        s = self.summary(now)
-        fams.get(
-            "gpuwatchd_drain_pending",
-            "gauge",
-            "1 while a drain of this node waits for its grace period to end.",
-            [],
-        ).add([], 1.0 if s["state"] == "drain_pending" else 0.0)
-        fams.get(
-            "gpuwatchd_drained",
-            "gauge",
-            "1 while the node is drained by gpuwatchd (or, for exec hooks, a drain hook ran).",
-            [],
-        ).add([], 1.0 if s["state"] == "drained" else 0.0)
-        actions = fams.get(
-            "gpuwatchd_drain_actions_total",
-            "counter",
-            "Drain and resume attempts by result (drained, already, kept_admin, dry_run, ...).",
-            ["action", "result"],
-        )
         with self._count_lock:
             counts = sorted(self.actions.items())
-        for (action, result), n in counts:
-            actions.add([action, result], float(n))
-        fams.get(
-            "gpuwatchd_drain_rate_limited_total",
-            "counter",
-            "Drains not done because drain.max_drains was reached within drain.window.",
-            [],
-        ).add([], float(self.rate_limited))
-        fams.get(
-            "gpuwatchd_drains_in_window",
-            "gauge",
-            "Drains done (or, in dry-run, that would have been) within the current drain.window.",
-            [],
-        ).add([], float(s["drains_in_window"]))
-        fleet = s["fleet"]
-        if fleet is None:
-            return
-        fams.get(
-            "gpuwatchd_fleet_drain_held",
-            "gauge",
-            "Drain incidents of this node waiting because the fleet drain budget is spent.",
-            [],
-        ).add([], float(fleet["held_back"]))
-        for name, key, text in (
-            ("budget_nodes", "budget", "The fleet drain budget at the last count (nodes)."),
-            ("drained_nodes", "drained", "Nodes drained by gpuwatchd at the last count."),
-        ):
-            fam = fams.get(f"gpuwatchd_fleet_{name}", "gauge", text, [])
-            if fleet[key] is not None:
-                fam.add([], float(fleet[key]))
+        drain_families(fams, self.summary(now), counts, self.rate_limited)
