@@ -206,7 +206,9 @@ def make_config(tmp_path: Path, text: str, name: str = "gpuwatchd.yaml") -> Conf
 class DrainRules:
     """The rule stage a sink tested alone lacks: the shipped drain rules
     (``rules/drain.yaml``) judge each drain outcome the moment it is reported, and what they
-    fire or resolve goes to the sink, as the daemon's evaluator does through the hand-off."""
+    fire or resolve goes to the sink, as the daemon's evaluator does through the hand-off.
+    The node is the drain's node: the fleet tests run many nodes' sinks from one config
+    (one ``node_name``, a ``drain.node`` each), where every real daemon has its own name."""
 
     def __init__(self, node: str, clock: Clock) -> None:
         files = [f for f in default_rule_files() if os.path.basename(f) == "drain.yaml"]
