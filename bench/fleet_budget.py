@@ -39,7 +39,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 from slurm_support import start_slurm  # noqa: E402
 
-from gpuwatchd.actions.drivers import SlurmDriver, SlurmFleetView  # noqa: E402
+from gpuwatchd.actions.drain.drivers.slurm import SlurmDriver, SlurmFleetView  # noqa: E402
 from gpuwatchd.actions.fleet import FleetBudget  # noqa: E402
 from gpuwatchd.config.actions import FleetDrainConfig  # noqa: E402
 

@@ -35,8 +35,8 @@ from actions_support import BackloggedServer  # noqa: E402
 from test_actions_kubernetes import TOKEN  # noqa: E402
 from test_fleet_kubernetes import LEASE, PLACES, Cluster, serving  # noqa: E402
 
-from gpuwatchd.actions import kube  # noqa: E402
-from gpuwatchd.actions.drivers import DrainError  # noqa: E402
+from gpuwatchd.actions.drain.drivers import kubernetes as kube  # noqa: E402
+from gpuwatchd.actions.drain.drivers.base import DrainError  # noqa: E402
 from gpuwatchd.actions.fleet import limit_for  # noqa: E402
 from gpuwatchd.config.actions import FleetDrainConfig, KubernetesDrainConfig  # noqa: E402
 

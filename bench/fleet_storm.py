@@ -44,7 +44,8 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 from slurm_support import Slurm, start_slurm  # noqa: E402
 
-from gpuwatchd.actions.drivers import DrainError, SlurmDriver  # noqa: E402
+from gpuwatchd.actions.drain.drivers.base import DrainError  # noqa: E402
+from gpuwatchd.actions.drain.drivers.slurm import SlurmDriver  # noqa: E402
 from gpuwatchd.actions.fleet import FleetBudget  # noqa: E402
 from gpuwatchd.config.actions import FleetDrainConfig  # noqa: E402
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import socket
 import threading
 import time
@@ -18,6 +19,11 @@ from gpuwatchd.configfile.loader import Config, load_config
 from gpuwatchd.configfile.stages import for_actions
 from gpuwatchd.core.alerts import AlertSeverity, AlertState, AlertTransition
 from gpuwatchd.core.clock import Clock
+from gpuwatchd.core.nodestate import NodeState
+from gpuwatchd.core.records import DrainOutcome
+from gpuwatchd.rules import default_rule_files, load_rule_set
+from gpuwatchd.rules.engine import Engine
+from gpuwatchd.rules.store import StateStore
 
 T0 = 1_767_225_600.0  # 2026-01-01T00:00:00Z
 
@@ -198,10 +204,38 @@ def make_config(tmp_path: Path, text: str, name: str = "gpuwatchd.yaml") -> Conf
     return load_config(str(path), must_exist=True, environ={})
 
 
+class DrainRules:
+    """The rule stage a sink tested alone lacks: the shipped drain rules
+    (``rules/drain.yaml``) judge each drain outcome the moment it is reported, and what they
+    fire or resolve goes to the sink, as the daemon's evaluator does through the hand-off.
+    The node is the drain's node: the fleet tests run many nodes' sinks from one config
+    (one ``node_name``, a ``drain.node`` each), where every real daemon has its own name."""
+
+    def __init__(self, node: str, clock: Clock) -> None:
+        files = [f for f in default_rule_files() if os.path.basename(f) == "drain.yaml"]
+        self.clock = clock
+        self.engine = Engine(load_rule_set(files), StateStore(":memory:", boot_id="t"), clock)
+        self.state = NodeState(node, clock.now())
+        self.sink: ActionsSink | None = None
+        self._lock = threading.Lock()
+
+    def report(self, outcome: DrainOutcome) -> None:
+        with self._lock:
+            self.engine.observe(outcome)
+            transitions = self.engine.evaluate(self.clock.now(), self.state.view())
+            if transitions and self.sink is not None:
+                self.sink.submit(transitions)
+
+
 def sink_for(config: Config, clock: Clock, *, start: bool = False, **options: Any) -> ActionsSink:
-    """The actions sink ``build_actions`` makes for ``config`` (started with ``start``)."""
-    sink = build_actions(for_actions(config), clock, **options)
+    """The actions sink ``build_actions`` makes for ``config`` (started with ``start``),
+    its drain outcomes judged by the shipped drain rules (``DrainRules``)."""
+    settings = for_actions(config)
+    rules = DrainRules(settings.drain.node or settings.node_name, clock)
+    options.setdefault("report", rules.report)
+    sink = build_actions(settings, clock, **options)
     assert sink is not None, "the config has no receivers and no drain"
+    rules.sink = sink
     if start:
         sink.start()
     return sink

@@ -20,7 +20,7 @@ import pytest
 from actions_support import make_config, sink_for, transition
 from conftest import free_port
 
-from gpuwatchd.actions.kube import ANNOTATION
+from gpuwatchd.actions.drain.drivers.kubernetes import ANNOTATION
 from gpuwatchd.core.alerts import AlertState
 from gpuwatchd.core.clock import VirtualClock
 

@@ -332,7 +332,7 @@ def test_a_reason_with_newlines_on_another_node_is_not_a_drain(
         for n in cluster.others[1:6]  # listed before it: on main the later line won
     )
     cluster.admin("State=DRAIN", f"Reason=bad fan{forged}", node=cluster.others[30])
-    from gpuwatchd.actions.drivers import SlurmFleetView
+    from gpuwatchd.actions.drain.drivers.slurm import SlurmFleetView
 
     try:
         census = SlurmFleetView("sinfo", 10.0, None).census()

@@ -24,8 +24,14 @@ from conftest import free_port
 from test_actions_kubernetes import TOKEN, ContractError, apply_json_patch, check_event
 
 from gpuwatchd.actions import ActionsSink
+from gpuwatchd.actions.drain.drivers.kubernetes import (
+    ANNOTATION,
+    LEASE,
+    PLACES,
+    KubeClient,
+    KubeFleetView,
+)
 from gpuwatchd.actions.fleet import BUDGET_RULE
-from gpuwatchd.actions.kube import ANNOTATION, LEASE, PLACES, KubeClient, KubeFleetView
 from gpuwatchd.config.actions import FleetDrainConfig, KubernetesDrainConfig
 from gpuwatchd.configfile.loader import load_config
 from gpuwatchd.core.alerts import AlertState
@@ -470,8 +476,8 @@ def test_the_breaker_and_the_reset_through_the_lease(
 
     from conftest import GPUWATCHD, ROOT
 
+    from gpuwatchd.actions.drain.drivers.kubernetes import STOP
     from gpuwatchd.actions.fleet import BREAKER_RULE
-    from gpuwatchd.actions.kube import STOP
 
     cluster, port = api
     CLOCK.advance(max(0.0, time.time() - CLOCK.now()))

@@ -36,11 +36,12 @@ from __future__ import annotations
 import os
 import random
 import sqlite3
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import httpx
 
-from gpuwatchd.actions.drivers import DrainError, DrainResult, Driver, RecordDriver
+from gpuwatchd.actions.drain.drivers.base import DrainError, DrainResult, Driver
+from gpuwatchd.actions.drain.drivers.record import RecordDriver
 from gpuwatchd.actions.recording import Emit, RecordingSender
 from gpuwatchd.actions.reload import ActionsOwner, RestartRequired, prepare_reload
 from gpuwatchd.actions.secrets import SecretError
@@ -51,6 +52,7 @@ from gpuwatchd.actions.transport import HttpSender, Outgoing, Sender
 from gpuwatchd.config.stages import ActionsSettings
 from gpuwatchd.core.clock import Clock
 from gpuwatchd.core.errors import GpuwatchdError
+from gpuwatchd.core.records import DrainOutcome
 
 
 class ActionsError(GpuwatchdError):
@@ -75,6 +77,7 @@ def build_actions(
     rng: random.Random | None = None,
     on_drain: Emit | None = None,
     run_notify: bool = True,
+    report: Callable[[DrainOutcome], None] | None = None,
 ) -> ActionsSink | None:
     """The actions sink (not started), or None when nothing is configured to receive
     actions. ``ActionsError`` when a secret or the drain driver cannot be had."""
@@ -93,6 +96,7 @@ def build_actions(
             rng=rng,
             on_drain=on_drain,
             run_notify=run_notify,
+            report=report,
         )
     except (SecretError, DrainError) as exc:
         store.close()
@@ -113,6 +117,7 @@ def build_recording_actions(
     environ: Mapping[str, str] | None = None,
     db_path: str = ":memory:",
     rng: random.Random | None = None,
+    report: Callable[[DrainOutcome], None] | None = None,
 ) -> ActionsSink | None:
     """``simulate``, ``demo`` and rule tests: notifications become records for ``emit``
     (with ``send``, or without ``emit``, they really go out over HTTP), drains are only
@@ -131,6 +136,7 @@ def build_recording_actions(
         rng=rng,
         on_drain=emit,
         run_notify=False,
+        report=report,
     )
 
 

@@ -24,7 +24,7 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from gpuwatchd.actions.drivers import DrainError, Driver
+from gpuwatchd.actions.drain.drivers.base import DrainError, Driver
 from gpuwatchd.actions.routing import Router
 from gpuwatchd.actions.secrets import SecretError
 from gpuwatchd.config.stages import ActionsSettings

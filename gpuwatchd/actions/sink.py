@@ -20,12 +20,13 @@ import dataclasses
 import logging
 import random
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from gpuwatchd.actions.delivery import InFlight, TargetDelivery, TargetHealth
 from gpuwatchd.actions.drain import DrainController
-from gpuwatchd.actions.drivers import Driver, ExecDriver, SlurmDriver
+from gpuwatchd.actions.drain.drivers.base import Driver
+from gpuwatchd.actions.drain.drivers.registry import build_driver
 from gpuwatchd.actions.metrics import ActionMetrics
 from gpuwatchd.actions.model import match_labels
 from gpuwatchd.actions.outbox import Current, Outbox
@@ -43,6 +44,7 @@ from gpuwatchd.core.alerts import AlertTransition
 from gpuwatchd.core.clock import Clock
 from gpuwatchd.core.families import Families
 from gpuwatchd.core.nodestate import NodeView
+from gpuwatchd.core.records import DrainOutcome
 from gpuwatchd.core.statehealth import StoreHealth, state_families
 
 log = logging.getLogger(__name__)
@@ -62,14 +64,12 @@ def build_receivers(
 
 def drain_driver(drain: DrainConfig, node: str, clock: Clock) -> Driver:
     """The scheduler driver the config asks for (``DrainError`` when it cannot be made)."""
-    if drain.mode == "exec":
-        return ExecDriver(drain.exec.command, node, drain.timeout, sinfo=drain.slurm.sinfo)
-    if drain.mode == "slurm":
-        return SlurmDriver(node, drain.timeout, drain.slurm.scontrol, drain.slurm.sinfo)
-    from gpuwatchd.actions.kube import KubeClient, KubernetesDriver
+    return build_driver(drain, node, clock)
 
-    client = KubeClient.from_config(drain.kubernetes, drain.timeout)
-    return KubernetesDriver(client, node, drain.kubernetes, clock.now)
+
+def _unreported(outcome: DrainOutcome) -> None:
+    """Where drain outcomes go when no rule stage takes them (a sink built alone)."""
+    log.error("drain outcome with no rule stage to judge it: %s", outcome.summary)
 
 
 class ActionsSink:
@@ -86,8 +86,11 @@ class ActionsSink:
         rng: random.Random | None = None,
         on_drain: Emit | None = None,
         run_notify: bool = True,
+        report: Callable[[DrainOutcome], None] | None = None,
     ) -> None:
-        """Use ``gpuwatchd.actions.build_actions``; this only puts the parts together."""
+        """Use ``gpuwatchd.actions.build_actions``; this only puts the parts together.
+        ``report`` takes the drain's outcomes to the rule stage (the hand-off), which
+        decides whether they page."""
         self.config = config
         self.clock = clock
         self.node = config.node_name
@@ -113,7 +116,7 @@ class ActionsSink:
                 store,
                 clock,
                 driver or drain_driver(config.drain, node, clock),
-                page=self.submit,
+                report=report or _unreported,
                 rng=self.rng,
                 on_record=on_drain,
                 run_notify=run_notify,

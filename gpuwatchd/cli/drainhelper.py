@@ -207,10 +207,10 @@ def _command(cfg: HelperConfig, req: Request, run: Runner) -> tuple[bool, str]:
 def _driver(cfg: HelperConfig) -> Any:
     """The daemon's own drain driver for the mode (one implementation of the policy)."""
     if cfg.mode == "slurm":
-        from gpuwatchd.actions.drivers import SlurmDriver
+        from gpuwatchd.actions.drain.drivers.slurm import SlurmDriver
 
         return SlurmDriver(cfg.node, cfg.timeout, cfg.scontrol, cfg.sinfo)
-    from gpuwatchd.actions.kube import KubeClient, KubernetesDriver
+    from gpuwatchd.actions.drain.drivers.kubernetes import KubeClient, KubernetesDriver
     from gpuwatchd.config.actions import KubernetesDrainConfig
 
     kcfg = KubernetesDrainConfig(kubeconfig=cfg.kubeconfig)
@@ -242,7 +242,7 @@ def perform(cfg: HelperConfig, req: Request, run: Runner = _run) -> tuple[bool, 
         if cfg.mode == "command":
             return _command(cfg, req, run)
         if cfg.mode in ("slurm", "kubernetes"):
-            from gpuwatchd.actions.drivers import DrainError
+            from gpuwatchd.actions.drain.drivers.base import DrainError
 
             try:
                 driver = _driver(cfg)
@@ -264,7 +264,8 @@ def perform(cfg: HelperConfig, req: Request, run: Runner = _run) -> tuple[bool, 
 def _claim(cfg: HelperConfig, req: Request) -> tuple[bool, str]:
     if cfg.mode != "slurm":
         return False, f"claim: the fleet budget's claims are for mode slurm, not {cfg.mode}"
-    from gpuwatchd.actions.drivers import DrainError, put_claim, put_mark
+    from gpuwatchd.actions.drain.drivers.base import DrainError
+    from gpuwatchd.actions.drain.drivers.slurm import put_claim, put_mark
     from gpuwatchd.actions.fleet import Claim, Mark
 
     try:

@@ -36,11 +36,11 @@ def _view(config: Config) -> Any:
     drain = config.drain
     node = drain.node or config.node_name
     if drain.mode == "kubernetes":
-        from gpuwatchd.actions.kube import KubeClient, KubernetesDriver
+        from gpuwatchd.actions.drain.drivers.kubernetes import KubeClient, KubernetesDriver
 
         client = KubeClient.from_config(drain.kubernetes, drain.timeout)
         return KubernetesDriver(client, node, drain.kubernetes, time.time).fleet_view(drain.fleet)
-    from gpuwatchd.actions.drivers import SlurmDriver
+    from gpuwatchd.actions.drain.drivers.slurm import SlurmDriver
 
     driver = SlurmDriver(node, drain.timeout, drain.slurm.scontrol, drain.slurm.sinfo)
     return driver.fleet_view(drain.fleet)

@@ -190,3 +190,57 @@ class XidEvent:
         if self.compute_instance is not None:
             out["compute_instance"] = self.compute_instance
         return out
+
+
+class DrainOutcomeKind(enum.Enum):
+    """What a drain came to that someone must hear about (the rule stage decides who)."""
+
+    FAILED = "failed"  # the scheduler refused the drain ``attempts`` times
+    LIMIT_REACHED = "limit_reached"  # the node's ``max_drains`` per ``window`` is spent
+    OVER_BUDGET = "over_budget"  # the fleet's drain budget is spent: not draining
+    BREAKER_OPEN = "breaker_open"  # too many nodes want to drain at once: the fleet stops
+
+
+DRAIN_OUTCOME_KINDS = tuple(k.value for k in DrainOutcomeKind)
+
+
+@dataclass(frozen=True)
+class DrainOutcome:
+    """One drain outcome, or its end (``holds=False``), as the drain stage reports it.
+
+    ``key`` tells outcomes of one kind apart (the incident's key for a failed drain; empty
+    where there is one per node). ``summary`` is the drain's own account, with its final
+    counts; ``counts`` the numbers and names behind it (``xids``, ``drained_nodes``,
+    ``likely_cause``, ...). ``gpu``, ``uuid`` and ``pci_bus_id`` name the GPU whose fault
+    asked for the drain, where one did.
+    """
+
+    timestamp: float
+    kind: DrainOutcomeKind
+    node: str
+    holds: bool = True
+    key: str = ""
+    reason: str = ""
+    summary: str = ""
+    counts: Mapping[str, str] = field(default_factory=lambda: _EMPTY_TEXT)
+    gpu: int | None = None
+    uuid: str | None = None
+    pci_bus_id: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "record": "drain_outcome",
+            "kind": self.kind.value,
+            "node": self.node,
+            "holds": self.holds,
+            "key": self.key,
+            "reason": self.reason,
+            "summary": self.summary,
+            "timestamp": round(self.timestamp, 6),
+        }
+        if self.counts:
+            out["counts"] = dict(self.counts)
+        for name in ("gpu", "uuid", "pci_bus_id"):
+            if getattr(self, name) is not None:
+                out[name] = getattr(self, name)
+        return out

@@ -37,7 +37,7 @@ from gpuwatchd.scenario.backend import ScenarioBackend
 from gpuwatchd.scenario.model import Scenario, format_duration
 from gpuwatchd.service.assembly import Wiring
 from gpuwatchd.service.daemon import Daemon
-from gpuwatchd.sources.gpu.poller import Record
+from gpuwatchd.service.handoff import Record
 
 
 @dataclass

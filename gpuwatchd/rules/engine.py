@@ -26,7 +26,7 @@ from gpuwatchd.core.alerts import AlertSeverity, AlertState, AlertTransition
 from gpuwatchd.core.clock import Clock
 from gpuwatchd.core.families import Families
 from gpuwatchd.core.nodestate import NodeView
-from gpuwatchd.core.records import DeviceEvent, GpuSample, GpuStatus, XidEvent
+from gpuwatchd.core.records import DeviceEvent, DrainOutcome, GpuSample, GpuStatus, XidEvent
 from gpuwatchd.rules.alertbook import TRANSITION_STATES, Alert, AlertBook
 from gpuwatchd.rules.conditions.base import Evaluator, Trigger
 from gpuwatchd.rules.conditions.registry import BY_KEY
@@ -81,6 +81,7 @@ class EngineStats:
     xids_ignored: int = 0
     xids_seen: int = 0  # the XidLog's number at the last evaluation
     sxids_seen: int = 0  # the SXid log's
+    drains_seen: int = 0  # the drain outcomes' change count
     warned: set[str] = field(default_factory=set)  # rules whose failure was logged
 
 
@@ -214,11 +215,14 @@ class Engine:
             return frozenset(fields), links
 
     # -- observe ------------------------------------------------------------------------
-    def observe(self, record: GpuSample | DeviceEvent | XidEvent) -> None:
+    def observe(self, record: GpuSample | DeviceEvent | XidEvent | DrainOutcome) -> None:
         if isinstance(record, GpuSample):
             if record.status is GpuStatus.OK:
                 with self._lock:
                     self._bank.observe(record)
+        elif isinstance(record, DrainOutcome):
+            with self._lock:
+                self._snap.drains.observe(record)
         elif isinstance(record, XidEvent):
             if record.trusted and record.kind == "sxid":
                 with self._lock:
@@ -266,11 +270,13 @@ class Engine:
                 "periodic": touched or periodic,
                 "xid": snap.xids.seq != self.stats.xids_seen,
                 "sxid": snap.sxids.seq != self.stats.sxids_seen,
+                "drain": snap.drains.seq != self.stats.drains_seen,
                 "status": status,
                 "links": snap.links_moved or status,
             }
             self.stats.xids_seen = snap.xids.seq
             self.stats.sxids_seen = snap.sxids.seq
+            self.stats.drains_seen = snap.drains.seq
             changed = snap.changed
             active = book.active
             for name, x in self._loaded.items():

@@ -3,8 +3,8 @@
 The engine keeps one ``Snapshot`` and refreshes it at each evaluation: the GPUs in the
 node view (with the engine's data for each: latest sample, counter histories), which
 counter histories moved since the last evaluation, whether link samples or GPU statuses
-changed, and the recent trusted XIDs. Condition evaluators read it; they never reach into
-the engine.
+changed, the recent trusted XIDs, and the drain outcomes that hold. Condition evaluators
+read it; they never reach into the engine.
 """
 
 from __future__ import annotations
@@ -16,7 +16,14 @@ from dataclasses import dataclass
 from types import MappingProxyType
 
 from gpuwatchd.core.nodestate import GpuState, NodeView
-from gpuwatchd.core.records import GpuInfo, GpuStatus, LinkSample, ProcessInfo, XidEvent
+from gpuwatchd.core.records import (
+    DrainOutcome,
+    GpuInfo,
+    GpuStatus,
+    LinkSample,
+    ProcessInfo,
+    XidEvent,
+)
 from gpuwatchd.rules.history import CounterHistory
 from gpuwatchd.rules.model import Guard, Rule, Selector
 from gpuwatchd.xid import catalog as xid_catalog
@@ -113,6 +120,29 @@ class XidLog:
             events.popleft()
 
 
+class DrainOutcomes:
+    """The drain outcomes that hold now, by (kind, key): an outcome's end removes it.
+    ``seq`` counts the changes, so a rule on them runs only when one came or went."""
+
+    __slots__ = ("held", "seq")
+
+    def __init__(self) -> None:
+        self.held: dict[tuple[str, str], DrainOutcome] = {}
+        self.seq = 0
+
+    def observe(self, outcome: DrainOutcome) -> None:
+        ident = (outcome.kind.value, outcome.key)
+        if outcome.holds:
+            self.held[ident] = outcome
+        elif self.held.pop(ident, None) is None:
+            return
+        self.seq += 1
+
+    def holding(self, kinds: frozenset[str]) -> list[DrainOutcome]:
+        """The outcomes of these kinds that hold now, oldest first."""
+        return [o for (kind, _), o in self.held.items() if kind in kinds]
+
+
 def selected(sel: Selector, info: GpuInfo) -> bool:
     if sel.models and info.name not in sel.models:
         return False
@@ -130,6 +160,7 @@ class Snapshot:
         "by_uuid",
         "catalog",
         "changed",
+        "drains",
         "gpus",
         "links_moved",
         "meta",
@@ -159,6 +190,7 @@ class Snapshot:
         self.meta = meta  # history -> (uuid, field, link or -1)
         self.xids = XidLog()
         self.sxids = XidLog()  # NVSwitch SXids: their own numbering, never an XID rule's
+        self.drains = DrainOutcomes()  # what the drain stage reported and still holds
         self.links_moved = True  # a GPU's link samples changed since the last evaluation
         self.status_moved = True  # a GPU's status changed since the last evaluation
         self._guards: dict[Guard, tuple[set[int], set[int]]] = {}
@@ -252,14 +284,18 @@ class Snapshot:
 
     def gpu_of(self, ev: XidEvent) -> int:
         """The index of the GPU an XID names, or -1."""
-        if ev.gpu is not None and ev.gpu in self.by_index:
-            return ev.gpu
-        if ev.pci_bus_id:
-            found = self.by_pci.get(ev.pci_bus_id.upper())
+        return self.gpu_of_ids(ev.gpu, ev.pci_bus_id, ev.uuid)
+
+    def gpu_of_ids(self, gpu: int | None, pci_bus_id: str | None, uuid: str | None) -> int:
+        """The index of the GPU named by index, PCI bus id or UUID (in that order), or -1."""
+        if gpu is not None and gpu in self.by_index:
+            return gpu
+        if pci_bus_id:
+            found = self.by_pci.get(pci_bus_id.upper())
             if found is not None:
                 return found
-        if ev.uuid:
-            found = self.by_uuid.get(ev.uuid)
+        if uuid:
+            found = self.by_uuid.get(uuid)
             if found is not None:
                 return found
         return -1

@@ -27,7 +27,7 @@ from gpuwatchd.core.errors import ConfigError
 from gpuwatchd.core.eventlog import log_transitions
 from gpuwatchd.core.families import Families
 from gpuwatchd.core.nodestate import NodeView
-from gpuwatchd.core.records import DeviceEvent, GpuSample, XidEvent
+from gpuwatchd.core.records import DeviceEvent, DrainOutcome, GpuSample, XidEvent
 from gpuwatchd.core.reloading import Prepared
 from gpuwatchd.rules.engine import Engine
 from gpuwatchd.rules.loader import rules_from_settings
@@ -81,7 +81,7 @@ class RulesStage:
         )
 
     # -- Stage ----------------------------------------------------------------------------
-    def observe(self, record: GpuSample | DeviceEvent | XidEvent) -> None:
+    def observe(self, record: GpuSample | DeviceEvent | XidEvent | DrainOutcome) -> None:
         self.engine.observe(record)
 
     def evaluate(self, now: float, view: NodeView) -> list[AlertTransition]:

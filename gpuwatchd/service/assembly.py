@@ -36,7 +36,7 @@ from gpuwatchd.core.reloading import Prepared, RestartOnly, SectionOwner
 from gpuwatchd.core.statehealth import StoreHealth, state_families
 from gpuwatchd.exposition.metrics import GPU_LABELS, MetricsRenderer, gpu_label_text
 from gpuwatchd.rules.stage import SIMULATE_BOOT_ID, RulesStage, rules_stage
-from gpuwatchd.service.handoff import Record
+from gpuwatchd.service.handoff import Handoff, Record
 from gpuwatchd.service.pipeline import Pipeline, Stage
 from gpuwatchd.sources.gpu.backend import Backend, SupervisedBackend, XidEventSource
 from gpuwatchd.sources.gpu.poller import Poller
@@ -145,15 +145,24 @@ def gpu_status_dict(g: GpuState) -> dict[str, Any]:
     return out
 
 
-def build_node_actions(config: Config, clock: Clock, wiring: Wiring) -> ActionsSink | None:
-    """The actions stage for this wiring, or None when nothing is configured to receive."""
+def build_node_actions(
+    config: Config, clock: Clock, wiring: Wiring, handoff: Handoff
+) -> ActionsSink | None:
+    """The actions stage for this wiring, or None when nothing is configured to receive.
+    The drain's outcomes go onto ``handoff`` for the rule stage to judge."""
     settings = for_actions(config)
     if not settings.wanted:
         return None
     from gpuwatchd.actions import build_actions, build_recording_actions
 
     if wiring.record is None and wiring.durable:
-        return build_actions(settings, clock, transport=wiring.transport, environ=wiring.environ)
+        return build_actions(
+            settings,
+            clock,
+            transport=wiring.transport,
+            environ=wiring.environ,
+            report=handoff.put,
+        )
     import random
 
     return build_recording_actions(
@@ -165,6 +174,7 @@ def build_node_actions(config: Config, clock: Clock, wiring: Wiring) -> ActionsS
         environ=wiring.environ,
         db_path=wiring.actions_db or ":memory:",
         rng=random.Random(0),
+        report=handoff.put,
     )
 
 
@@ -183,9 +193,12 @@ class Node:
         self.rules: Stage = wiring.rules or rules_stage(
             for_rules(config), clock, durable=wiring.durable
         )
-        self.actions = build_node_actions(config, clock, wiring)
+        handoff = Handoff()
+        self.actions = build_node_actions(config, clock, wiring, handoff)
         self.pipeline = Pipeline(
-            [self.rules, *wiring.extra_stages], [self.actions] if self.actions else []
+            [self.rules, *wiring.extra_stages],
+            [self.actions] if self.actions else [],
+            handoff=handoff,
         )
         if self.actions is not None and isinstance(self.rules, RulesStage):
             self.actions.use_current(self.rules.engine.current)

@@ -13,9 +13,9 @@ Bounded in memory whatever the evaluator does:
 - other records (XIDs, device events) queue up to ``max_events``; beyond that the oldest
   is dropped and counted (``dropped``), which only a wedged evaluator can cause.
 
-Urgent records (an XID, a GPU lost or missing) set ``wakeup``, the event the evaluator
-waits on between ticks (through its clock), so a fault is judged the moment it arrives,
-not at the next tick.
+Urgent records (an XID, a GPU lost or missing, a drain outcome) set ``wakeup``, the event
+the evaluator waits on between ticks (through its clock), so a fault is judged the moment
+it arrives, not at the next tick.
 """
 
 from __future__ import annotations
@@ -24,16 +24,24 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable
 
-from gpuwatchd.core.records import DeviceEvent, DeviceEventKind, GpuSample, XidEvent
+from gpuwatchd.core.records import (
+    DeviceEvent,
+    DeviceEventKind,
+    DrainOutcome,
+    GpuSample,
+    XidEvent,
+)
 
-Record = GpuSample | DeviceEvent | XidEvent
+SourceRecord = GpuSample | DeviceEvent | XidEvent
+# a drain outcome is handed back by the drain stage for the rules to judge
+Record = SourceRecord | DrainOutcome
 
 URGENT_DEVICE_EVENTS = frozenset({DeviceEventKind.LOST, DeviceEventKind.MISSING})
 
 
 def is_urgent(record: Record) -> bool:
     """Whether a record can change an alert that must not wait for the periodic tick."""
-    if isinstance(record, XidEvent):
+    if isinstance(record, XidEvent | DrainOutcome):
         return True
     return isinstance(record, DeviceEvent) and record.kind in URGENT_DEVICE_EVENTS
 

@@ -26,7 +26,6 @@ from dataclasses import dataclass
 from gpuwatchd.core.alerts import AlertTransition
 from gpuwatchd.core.families import Families
 from gpuwatchd.core.nodestate import NodeView
-from gpuwatchd.sources.gpu.poller import Record
 
 __all__ = ["DEFAULT_STORM", "ENV", "KmsgStorm", "StormXid", "WedgeStage", "stages_from_environ"]
 
@@ -42,7 +41,7 @@ class WedgeStage:
         self.wedged = threading.Event()
         self._release = threading.Event()
 
-    def observe(self, record: Record) -> None:
+    def observe(self, record: object) -> None:
         return None
 
     def evaluate(self, now: float, view: NodeView) -> list[AlertTransition]:

@@ -23,33 +23,16 @@ node counts as drained by gpuwatchd until a "would resume".
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import random
 import sqlite3
 import threading
 from collections.abc import Callable
+from types import MappingProxyType
 from typing import Any
 
-from gpuwatchd.actions.drain.incidents import (
-    Incident,
-    cancel_pending,
-    drained_since,
-    last_resolved,
-    load_incidents,
-    mark_failed,
-    mark_rate_limited,
-    mark_resolved,
-    next_pending_due,
-    oldest_drain_since,
-    open_incident,
-    pending_with_result,
-    schedule_retry,
-    set_notified,
-    unresolved_count,
-)
-from gpuwatchd.actions.drivers import (
+from gpuwatchd.actions.drain.drivers.base import (
     DrainError,
     DrainResult,
     Driver,
@@ -57,9 +40,46 @@ from gpuwatchd.actions.drivers import (
     incident_env,
     run_argv,
 )
+from gpuwatchd.actions.drain.incidents import (
+    Incident,
+    active_in,
+    cancel_pending,
+    drained_since,
+    due,
+    ensure_node_drain,
+    failed_and_resolved,
+    gave_up_since,
+    has_note,
+    hold_back,
+    in_states,
+    last_resolved,
+    mark_done,
+    mark_failed,
+    mark_owned,
+    mark_rate_limited,
+    mark_resolved,
+    mark_resumed,
+    next_pending_due,
+    node_owned,
+    note,
+    oldest_drain_since,
+    open_incident,
+    open_or_closed_since,
+    others_announced,
+    pending_with_result,
+    read_node_drain,
+    released,
+    resume_failed,
+    schedule_retry,
+    set_note,
+    set_notified,
+    silenced_active,
+    to_announce,
+    unresolved_count,
+    unsilence,
+)
+from gpuwatchd.actions.drain.report import HealthFile, drain_families, incident_summary, node_state
 from gpuwatchd.actions.fleet import (
-    BREAKER_RULE,
-    BUDGET_RULE,
     FleetBudget,
     FleetView,
     claimed_xids,
@@ -70,10 +90,9 @@ from gpuwatchd.actions.fleet import (
 from gpuwatchd.actions.model import short_reason, xid_of
 from gpuwatchd.actions.store import Store
 from gpuwatchd.config.actions import DrainConfig
-from gpuwatchd.core.alerts import AlertSeverity, AlertState, AlertTransition
-from gpuwatchd.core.atomicfile import write_atomic
 from gpuwatchd.core.clock import Clock
 from gpuwatchd.core.families import Families
+from gpuwatchd.core.records import DrainOutcome, DrainOutcomeKind
 
 # the logger keeps the name it had as one module (docs/config.md names it)
 log = logging.getLogger("gpuwatchd.actions.drain")
@@ -97,6 +116,7 @@ HOLD_RESULTS = ("reasserted", "noted", "over_budget", "failed")
 # Incident states in which the node must stay out of service while the fault is active.
 HELD_STATES = ("drained", "already", "kept_admin", "noted")
 OVER_BUDGET = "over_budget"
+# the shipped rules that page on the drain's outcomes (rules/drain.yaml)
 LIMIT_RULE = "GpuwatchdDrainLimitReached"
 FAILED_RULE = "GpuwatchdDrainFailed"
 RETRY_BASE = 5.0
@@ -113,7 +133,7 @@ class DrainController:
         clock: Clock,
         driver: Driver,
         *,
-        page: Callable[[list[AlertTransition]], None],
+        report: Callable[[DrainOutcome], None],
         rng: random.Random | None = None,
         on_record: Callable[[dict[str, Any]], None] | None = None,
         run_notify: bool = True,
@@ -125,7 +145,7 @@ class DrainController:
         self.store = store
         self.clock = clock
         self.driver = driver
-        self.page = page
+        self.report = report  # the outcomes go to the rule stage (the hand-off)
         self.rng = rng or random.Random()
         self.on_record = on_record
         self.run_notify = run_notify
@@ -142,11 +162,10 @@ class DrainController:
         self._held_times: dict[str, int] = {}  # incident -> checks in a row over the budget
         self.rate_limited = 0
         self._count_lock = threading.Lock()  # counters move on the drain and the submit thread
-        self._health_written: str | None = None
-        self._health_warned = False
+        self.health = HealthFile(cfg.state_file)
         self.last_error: str | None = None
         with store.tx() as conn:
-            conn.execute("INSERT OR IGNORE INTO node_drain(id) VALUES(1)")
+            ensure_node_drain(conn)
 
     @property
     def fleet(self) -> FleetBudget | None:
@@ -247,37 +266,29 @@ class DrainController:
                 out["reason"] = inc.reason
             self.on_record(out)
 
-    def _incidents(self, where: str, args: tuple[Any, ...] = ()) -> list[Incident]:
-        return load_incidents(self.store, where, args)
-
     def step(self, now: float) -> float | None:
         """Do what is due; returns when there is more to do (None: nothing scheduled)."""
-        pages: list[AlertTransition] = []
+        pages: list[DrainOutcome] = []
         self._unsilence(now)
-        for inc in self._incidents("state=? AND notified=0 AND drain_at > opened", (PENDING,)):
+        for inc in to_announce(self.store, PENDING):
             self._notify(inc)
-        for inc in self._incidents(
-            "state=? AND drain_at <= ? AND next_attempt <= ?", (PENDING, now, now)
-        ):
+        for inc in due(self.store, PENDING, now):
             pages.extend(self._drain(inc, now))
         pages.extend(self._limit_alert(now))
         pages.extend(self._budget_resolved(now))
         self._hold(now)
-        for inc in self._incidents(
-            "state='cancelled' AND attempts >= ? AND closed > ?",
-            (self.cfg.attempts, now - 86400.0),
-        ):
+        for inc in gave_up_since(self.store, self.cfg.attempts, now - 86400.0):
             pages.extend(self._failing_resolved(inc, now))
-        for inc in self._incidents("state='failed' AND resolved IS NOT NULL AND notified < 2"):
+        for inc in failed_and_resolved(self.store):
             with self.store.tx() as conn:
                 set_notified(conn, inc.key, 2)
             summary = f"the fault behind the failed drain of {self.node} has resolved"
-            pages.append(self._synthetic(FAILED_RULE, AlertState.RESOLVED, inc, now, summary))
+            pages.append(self._outcome(DrainOutcomeKind.FAILED, False, inc, now, summary))
         if self.cfg.resume:
             self._resume(now)
         self.write_health(now)
-        if pages:
-            self.page(pages)
+        for outcome in pages:
+            self.report(outcome)
         return self._next_due(now)
 
     def _unsilence(self, now: float) -> None:
@@ -285,26 +296,19 @@ class DrainController:
         any more: it is due now (after its grace, counted from now)."""
         if self.silenced_by is None:
             return
-        for inc in self._incidents("state='silenced' AND resolved IS NULL"):
+        for inc in silenced_active(self.store):
             if self.silenced_by(inc.record, now) is not None:
                 continue
             with self.store.tx() as conn:
-                conn.execute(
-                    "UPDATE incidents SET state=?, closed=NULL, drain_at=?, next_attempt=0 "
-                    "WHERE key=? AND state='silenced'",
-                    (PENDING, now + self.grace_for(inc.record), inc.key),
-                )
+                unsilence(conn, inc.key, PENDING, now + self.grace_for(inc.record))
             log.warning("drain for %s: the silence is over and it still fires", inc.reason)
 
     def _notify(self, inc: Incident) -> None:
         with self.store.tx() as conn:
             # One notice per drain: not when another alert of the cascade gave it already,
             # nor when gpuwatchd holds the node drained (there is no drain to wait for).
-            others = conn.execute(
-                "SELECT COUNT(*) FROM incidents WHERE state=? AND notified=1 AND key<>?",
-                (PENDING, inc.key),
-            ).fetchone()[0]
-            owned = conn.execute("SELECT owned FROM node_drain WHERE id=1").fetchone()[0]
+            others = others_announced(conn, PENDING, inc.key)
+            owned = node_owned(conn)
             set_notified(conn, inc.key, 1)
         argv = self.cfg.notify_command
         if not argv:
@@ -329,8 +333,7 @@ class DrainController:
             log.error("drain notify command: %s", exc)
 
     def _meta(self, name: str) -> str | None:
-        row = self.store.query("SELECT value FROM meta WHERE key=?", (name,))
-        return str(row[0][0]) if row and row[0][0] is not None else None
+        return note(self.store, name)
 
     @property
     def _pretend(self) -> bool:
@@ -381,15 +384,15 @@ class DrainController:
             f"{verdict.detail}",
         )
 
-    def _drain(self, inc: Incident, now: float) -> list[AlertTransition]:
-        owned = self.store.query("SELECT owned, reason FROM node_drain WHERE id=1")[0]
+    def _drain(self, inc: Incident, now: float) -> list[DrainOutcome]:
+        owned = read_node_drain(self.store)
         would = self._dry_run_drained()
         try:
-            if owned["owned"] and not self.driver.reads_state:
+            if owned.owned and not self.driver.reads_state:
                 # The node is drained by gpuwatchd already (a cascade: XID 79, then GPU
                 # lost): one drain per node, not one hook call per alert.
                 result = DrainResult(
-                    "already", f"node already drained by gpuwatchd ({owned['reason']})"
+                    "already", f"node already drained by gpuwatchd ({owned.reason})"
                 )
             elif would is not None:
                 # Dry-run counts like the real run: the cascade's first alert "drained" it.
@@ -412,7 +415,7 @@ class DrainController:
                 # "already" on a node gpuwatchd has no record of draining: it drained, then
                 # stopped before writing it down (a crash, a restart); re-count now. A drain
                 # made now was admitted by its claim before it was written.
-                recount = result.result == "already" and not owned["owned"]
+                recount = result.result == "already" and not owned.owned
                 if recount and self.fleet is not None:
                     result = self._confirm(inc, result)
         except DrainError as exc:
@@ -425,9 +428,9 @@ class DrainController:
                     mark_failed(conn, inc.key, attempts, str(exc), now)
                 self._record("drain", inc, "failed", f"gave up after {attempts} attempts: {exc}")
                 return [
-                    self._synthetic(
-                        FAILED_RULE,
-                        AlertState.FIRING,
+                    self._outcome(
+                        DrainOutcomeKind.FAILED,
+                        True,
                         inc,
                         now,
                         f"gpuwatchd could not drain {self.node}: {exc}",
@@ -443,26 +446,18 @@ class DrainController:
         self._held_times.pop(inc.key, None)
         self._hold_next = now + self.cfg.hold_interval
         with self.store.tx() as conn:
-            conn.execute(
-                "UPDATE incidents SET state=?, result=?, attempts=0, next_attempt=0, drained_at=?, "
-                "last_error=NULL WHERE key=?",
-                (result.result, result.detail, now if result.counts else None, inc.key),
-            )
+            drained_at = now if result.counts else None
+            mark_done(conn, inc.key, result.result, result.detail, drained_at)
             if result.owns:
-                conn.execute(
-                    "UPDATE node_drain SET owned=1, reason=COALESCE(reason, ?), "
-                    "drained_at=COALESCE(drained_at, ?), "
-                    "resume_attempts=0, next_attempt=0, last_result=? WHERE id=1",
-                    (inc.reason, now, result.result),
-                )
+                mark_owned(conn, inc.reason, now, result.result)
             if self._pretend and result.result == "dry_run":
-                Store.set_meta(conn, "dry_run_drained", inc.reason)
+                set_note(conn, "dry_run_drained", inc.reason)
         self._record("drain", inc, result)
         return pages
 
     def _keep_trying(
         self, inc: Incident, now: float, attempts: int, exc: DrainError
-    ) -> list[AlertTransition]:
+    ) -> list[DrainOutcome]:
         """A drain for an XID is never given up: the scheduler being unreachable for a while
         (a restart, an outage) must not leave a node with a fatal XID in service. After
         ``attempts`` failures it pages once and goes on trying, at most every RETRY_MAX."""
@@ -473,24 +468,24 @@ class DrainController:
             return []
         self._record("drain", inc, "failed", f"{attempts} attempts failed, trying again: {exc}")
         with self.store.tx() as conn:
-            Store.set_meta(conn, f"failing:{inc.key}", "firing")
+            set_note(conn, f"failing:{inc.key}", "firing")
         summary = (
             f"gpuwatchd could not drain {self.node} after {attempts} attempts and keeps "
             f"trying: {exc}"
         )
-        return [self._synthetic(FAILED_RULE, AlertState.FIRING, inc, now, summary)]
+        return [self._outcome(DrainOutcomeKind.FAILED, True, inc, now, summary)]
 
-    def _failing_resolved(self, inc: Incident, now: float) -> list[AlertTransition]:
+    def _failing_resolved(self, inc: Incident, now: float) -> list[DrainOutcome]:
         """The drain that kept failing went through (or its fault ended): resolve its page."""
         if self._meta(f"failing:{inc.key}") != "firing":
             return []
         with self.store.tx() as conn:
-            Store.set_meta(conn, f"failing:{inc.key}", "")
+            set_note(conn, f"failing:{inc.key}", "")
         summary = f"the drain of {self.node} that kept failing is no longer failing"
-        return [self._synthetic(FAILED_RULE, AlertState.RESOLVED, inc, now, summary)]
+        return [self._outcome(DrainOutcomeKind.FAILED, False, inc, now, summary)]
 
     # -- the fleet budget -------------------------------------------------------------
-    def _over_budget(self, inc: Incident, now: float, result: DrainResult) -> list[AlertTransition]:
+    def _over_budget(self, inc: Incident, now: float, result: DrainResult) -> list[DrainOutcome]:
         """Not drained: the incident stays pending and asks again after ``recheck``."""
         first = not str(inc.result or "").startswith(OVER_BUDGET)
         # while the budget stays full, ask again less often (up to 8 times recheck), each
@@ -500,17 +495,14 @@ class DrainController:
         wait = self.cfg.fleet.recheck * min(2.0 ** (held - 1), RECHECK_MAX_FACTOR)
         wait *= self.rng.uniform(0.75, 1.0)
         with self.store.tx() as conn:
-            conn.execute(
-                "UPDATE incidents SET result=?, attempts=0, next_attempt=? WHERE key=?",
-                (f"{OVER_BUDGET}: {result.detail}", now + wait, inc.key),
-            )
+            hold_back(conn, inc.key, f"{OVER_BUDGET}: {result.detail}", now + wait)
         if first:
             self._record("drain", inc, result)
         else:
             log.info("drain %s: still over the fleet budget: %s", self.node, result.detail)
         return self._budget_page(inc, now)
 
-    def _budget_page(self, inc: Incident, now: float) -> list[AlertTransition]:
+    def _budget_page(self, inc: Incident, now: float) -> list[DrainOutcome]:
         fleet = self.fleet
         if fleet is None or fleet.last is None:
             return []
@@ -551,14 +543,14 @@ class DrainController:
             notes["likely_cause"] = cause
             summary += ". " + cause
         with self.store.tx() as conn:
-            Store.set_meta(conn, "fleet_alert", "firing")
-            Store.set_meta(conn, "fleet_page_at", repr(now))
-        return [self._synthetic(BUDGET_RULE, AlertState.FIRING, None, now, summary, notes)]
+            set_note(conn, "fleet_alert", "firing")
+            set_note(conn, "fleet_page_at", repr(now))
+        return [self._outcome(DrainOutcomeKind.OVER_BUDGET, True, None, now, summary, notes)]
 
     def _held_back(self) -> int:
         return pending_with_result(self.store, PENDING, OVER_BUDGET)
 
-    def _breaker_page(self, inc: Incident, now: float) -> list[AlertTransition]:
+    def _breaker_page(self, inc: Incident, now: float) -> list[DrainOutcome]:
         """This node tripped the breaker (first of those that did): one page for the fleet,
         naming the XIDs and the share of nodes that wanted to drain."""
         fleet = self.fleet
@@ -581,30 +573,29 @@ class DrainController:
         )
         notes = {"xids": seen, "nodes_wanting": str(wanting), "share_percent": f"{share:.1f}"}
         with self.store.tx() as conn:
-            Store.set_meta(conn, "breaker_alert", "firing")
-        return [self._synthetic(BREAKER_RULE, AlertState.FIRING, None, now, summary, notes)]
+            set_note(conn, "breaker_alert", "firing")
+        return [self._outcome(DrainOutcomeKind.BREAKER_OPEN, True, None, now, summary, notes)]
 
-    def _budget_resolved(self, now: float) -> list[AlertTransition]:
-        out: list[AlertTransition] = []
+    def _budget_resolved(self, now: float) -> list[DrainOutcome]:
+        out: list[DrainOutcome] = []
         fleet = self.fleet
         if self._meta("breaker_alert") == "firing" and (
             not self._held_back() or (fleet and fleet.last and not fleet.last.stopped)
         ):
             with self.store.tx() as conn:
-                Store.set_meta(conn, "breaker_alert", "")
+                set_note(conn, "breaker_alert", "")
             summary = "the fleet drain breaker was reset: gpuwatchd drains again"
-            out.append(self._synthetic(BREAKER_RULE, AlertState.RESOLVED, None, now, summary))
+            out.append(self._outcome(DrainOutcomeKind.BREAKER_OPEN, False, None, now, summary))
         if self._meta("fleet_alert") != "firing" or self._held_back():
             return out
         with self.store.tx() as conn:
-            Store.set_meta(conn, "fleet_alert", "")
+            set_note(conn, "fleet_alert", "")
         summary = f"no drain of {self.node} waits for the fleet drain budget any more"
-        return [*out, self._synthetic(BUDGET_RULE, AlertState.RESOLVED, None, now, summary)]
+        return [*out, self._outcome(DrainOutcomeKind.OVER_BUDGET, False, None, now, summary)]
 
     # -- holding the node out of service ---------------------------------------------
     def _held(self) -> list[Incident]:
-        marks = ",".join("?" * len(HELD_STATES))
-        return self._incidents(f"state IN ({marks}) AND resolved IS NULL", HELD_STATES)
+        return active_in(self.store, HELD_STATES)
 
     def _hold(self, now: float) -> None:
         """While a drain incident is active, keep the node out of service whoever else
@@ -628,15 +619,10 @@ class DrainController:
             return
         if result.owns:
             with self.store.tx() as conn:
-                conn.execute(
-                    "UPDATE node_drain SET owned=1, reason=COALESCE(reason, ?), "
-                    "drained_at=COALESCE(drained_at, ?), resume_attempts=0, next_attempt=0, "
-                    "last_result=? WHERE id=1",
-                    (inc.reason, now, result.result),
-                )
+                mark_owned(conn, inc.reason, now, result.result)
         self._record("hold", inc, result)
 
-    def _rate_limited(self, inc: Incident, now: float) -> list[AlertTransition]:
+    def _rate_limited(self, inc: Incident, now: float) -> list[DrainOutcome]:
         self.rate_limited += 1
         with self.store.tx() as conn:
             limited = f"{self.cfg.max_drains} drains in {self.cfg.window:g}s already"
@@ -649,58 +635,59 @@ class DrainController:
         )
         return self._fire_limit(inc, now)
 
-    def _synthetic(
+    def _outcome(
         self,
-        rule: str,
-        state: AlertState,
+        kind: DrainOutcomeKind,
+        holds: bool,
         inc: Incident | None,
         now: float,
         summary: str,
         notes: dict[str, str] | None = None,
-    ) -> AlertTransition:
-        labels = {"node": self.node}
+    ) -> DrainOutcome:
+        """An outcome (or its end) for the rule stage, which decides whether it pages
+        (``rules/drain.yaml``). A failed drain is one per incident and names its GPU."""
+        gpu: int | None = None
+        uuid = pci = None
         if inc is not None:
             src = inc.record.get("labels") or {}
-            for k in ("gpu", "uuid", "pci_bus_id"):
-                if src.get(k) not in (None, ""):
-                    labels[k] = str(src[k])
-        from gpuwatchd.core.alerts import fingerprint
-
-        fp = fingerprint(rule, labels)
-        with self.store.tx() as conn:
-            seq = Store.next_counter(conn, f"seq:{fp}")
-            if rule == LIMIT_RULE:
-                Store.set_meta(conn, "limit_alert", "firing" if state is AlertState.FIRING else "")
-        return AlertTransition(
-            rule=rule,
-            state=state,
-            severity=AlertSeverity.PAGE,
-            labels=labels,
-            annotations={"summary": summary, "description": summary, **(notes or {})},
-            active_since=now,
+            text = str(src.get("gpu", ""))
+            gpu = int(text) if text.isdigit() else None
+            uuid = str(src["uuid"]) if src.get("uuid") else None
+            pci = str(src["pci_bus_id"]) if src.get("pci_bus_id") else None
+        if kind is DrainOutcomeKind.LIMIT_REACHED:
+            with self.store.tx() as conn:
+                set_note(conn, "limit_alert", "firing" if holds else "")
+        return DrainOutcome(
             timestamp=now,
-            sequence=seq,
+            kind=kind,
+            node=self.node,
+            holds=holds,
+            key=inc.key if inc is not None and kind is DrainOutcomeKind.FAILED else "",
+            reason=inc.reason if inc is not None else "",
+            summary=summary,
+            counts=MappingProxyType(dict(notes or {})),
+            gpu=gpu,
+            uuid=uuid,
+            pci_bus_id=pci,
         )
 
-    def _fire_limit(self, inc: Incident, now: float) -> list[AlertTransition]:
-        firing = self.store.query("SELECT value FROM meta WHERE key='limit_alert'")
-        if firing and firing[0][0] == "firing":
+    def _fire_limit(self, inc: Incident, now: float) -> list[DrainOutcome]:
+        if self._meta("limit_alert") == "firing":
             return []
         summary = (
             f"drain limit reached on {self.node}: {self.cfg.max_drains} drains within "
             f"{self.cfg.window:g}s; not draining for {inc.reason}"
         )
-        t = self._synthetic(LIMIT_RULE, AlertState.FIRING, None, now, summary)
+        t = self._outcome(DrainOutcomeKind.LIMIT_REACHED, True, None, now, summary)
         return [t]
 
-    def _limit_alert(self, now: float) -> list[AlertTransition]:
-        firing = self.store.query("SELECT value FROM meta WHERE key='limit_alert'")
-        if not firing or firing[0][0] != "firing" or self._window_count(now) >= self.cfg.max_drains:
+    def _limit_alert(self, now: float) -> list[DrainOutcome]:
+        if self._meta("limit_alert") != "firing" or self._window_count(now) >= self.cfg.max_drains:
             return []
         return [
-            self._synthetic(
-                LIMIT_RULE,
-                AlertState.RESOLVED,
+            self._outcome(
+                DrainOutcomeKind.LIMIT_REACHED,
+                False,
                 None,
                 now,
                 f"drain limit on {self.node} has room again",
@@ -709,18 +696,18 @@ class DrainController:
 
     def _resume(self, now: float) -> None:
         """Undo gpuwatchd's drain once no drain incident is unresolved and the hold is over."""
-        row = dict(self.store.query("SELECT * FROM node_drain WHERE id=1")[0])
+        row = read_node_drain(self.store)
         if (
-            not (row["owned"] or self._dry_run_drained())
-            or row["next_attempt"] > now
-            or row["resume_attempts"] >= self.cfg.attempts
+            not (row.owned or self._dry_run_drained())
+            or row.next_attempt > now
+            or row.resume_attempts >= self.cfg.attempts
         ):
             return
         open_ = unresolved_count(self.store)
         last = last_resolved(self.store)
         if open_ or last is None or now < last + self.cfg.resume_hold:
             return
-        drained = self._incidents("state IN ('drained', 'already', 'noted', 'dry_run')")
+        drained = in_states(self.store, ("drained", "already", "noted", "dry_run"))
         inc = drained[-1] if drained else None
         try:
             result = self.driver.resume(
@@ -728,27 +715,15 @@ class DrainController:
             )
         except DrainError as exc:
             self.last_error = str(exc)
-            attempts = row["resume_attempts"] + 1
+            attempts = row.resume_attempts + 1
             with self.store.tx() as conn:
-                conn.execute(
-                    "UPDATE node_drain SET resume_attempts=?, next_attempt=?, last_error=? "
-                    "WHERE id=1",
-                    (attempts, now + self._backoff(attempts), str(exc)),
-                )
+                resume_failed(conn, attempts, now + self._backoff(attempts), str(exc))
             self._record("resume", inc, "failed", str(exc))
             return
         with self.store.tx() as conn:
-            conn.execute(
-                "UPDATE node_drain SET owned=0, reason=NULL, drained_at=NULL, last_result=?, "
-                "last_error=NULL WHERE id=1",
-                (result.result,),
-            )
-            conn.execute(
-                "UPDATE incidents SET state='resumed', closed=COALESCE(closed, ?) "
-                "WHERE state IN ('drained', 'already', 'noted') AND resolved IS NOT NULL",
-                (now,),
-            )
-            Store.set_meta(conn, "dry_run_drained", "")
+            released(conn, result.result)
+            mark_resumed(conn, now)
+            set_note(conn, "dry_run_drained", "")
         self._record("resume", inc, result)
         if self.fleet is not None and result.result == "resumed":
             try:
@@ -767,51 +742,31 @@ class DrainController:
                 times.append(max(last + self.cfg.resume_hold, now + 1.0))
         if self.driver.reads_state and not self.cfg.dry_run and self._held():
             times.append(max(self._hold_next, now + 1.0))
-        if self.store.query("SELECT value FROM meta WHERE key='limit_alert'") and self.cfg.window:
+        if has_note(self.store, "limit_alert") and self.cfg.window:
             oldest = oldest_drain_since(self.store, now - self.cfg.window)
             if oldest is not None:
                 times.append(float(oldest) + self.cfg.window)
         return min(times) if times else None
 
-    # -- state for status, metrics and the health file -------------------------------
+    # -- the report: status, metrics and the health file (report.py) -----------------
     def summary(self, now: float) -> dict[str, Any]:
-        node = dict(self.store.query("SELECT * FROM node_drain WHERE id=1")[0])
-        incidents = self._incidents("closed IS NULL OR closed > ?", (now - 86400.0,))
+        node = read_node_drain(self.store)
+        incidents = open_or_closed_since(self.store, now - 86400.0)
         pending = [i for i in incidents if i.state == PENDING]
-        if pending:
-            state = "drain_pending"
-        elif node["owned"]:
-            state = "drained"
-        else:
-            state = "ok"
         return {
             "mode": self.driver.mode,
             "dry_run": self.cfg.dry_run,
             "node": self.node,
-            "state": state,
+            "state": node_state(node, pending),
             "drain_at": min((i.drain_at for i in pending), default=None),
-            "reason": (pending[0].reason if pending else node["reason"]) or None,
-            "owned": bool(node["owned"]),
+            "reason": (pending[0].reason if pending else node.reason) or None,
+            "owned": node.owned,
             "drains_in_window": self._window_count(now),
             "max_drains": self.cfg.max_drains,
             "window_seconds": self.cfg.window,
             "last_error": self.last_error,
             "fleet": self._fleet_summary(),
-            "incidents": [
-                {
-                    "key": i.key,
-                    "rule": i.record["rule"],
-                    "gpu": (i.record.get("labels") or {}).get("gpu"),
-                    "reason": i.reason,
-                    "state": i.state,
-                    "opened": i.opened,
-                    "drain_at": i.drain_at,
-                    "resolved": i.resolved,
-                    "result": i.result,
-                    "attempts": i.attempts,
-                }
-                for i in incidents
-            ],
+            "incidents": [incident_summary(i) for i in incidents],
         }
 
     def _fleet_summary(self) -> dict[str, Any] | None:
@@ -828,83 +783,11 @@ class DrainController:
         }
 
     def write_health(self, now: float) -> None:
-        path = self.cfg.state_file
-        if path is None:
-            return
-        s = self.summary(now)
-        doc = {
-            "version": 1,
-            "node": s["node"],
-            "state": s["state"],
-            "drain_pending": s["state"] == "drain_pending",
-            "drain_at": s["drain_at"],
-            "reason": s["reason"],
-            "mode": s["mode"],
-            "dry_run": s["dry_run"],
-            "incidents": [i for i in s["incidents"] if i["resolved"] is None],
-        }
-        text = json.dumps(doc, sort_keys=True)
-        if text == self._health_written:
-            return
-        doc["updated"] = now
-        try:
-            write_atomic(path, json.dumps(doc, indent=2, sort_keys=True) + "\n")
-        except OSError as exc:
-            if not self._health_warned:
-                log.warning("cannot write the health file %s: %s", path, exc.strerror or exc)
-                self._health_warned = True
-            return
-        self._health_written = text
+        self.health.path = self.cfg.state_file  # a reload may have moved it
+        if self.health.path is not None:
+            self.health.write(self.summary(now), now)
 
     def families(self, fams: Families, now: float) -> None:
-        s = self.summary(now)
-        fams.get(
-            "gpuwatchd_drain_pending",
-            "gauge",
-            "1 while a drain of this node waits for its grace period to end.",
-            [],
-        ).add([], 1.0 if s["state"] == "drain_pending" else 0.0)
-        fams.get(
-            "gpuwatchd_drained",
-            "gauge",
-            "1 while the node is drained by gpuwatchd (or, for exec hooks, a drain hook ran).",
-            [],
-        ).add([], 1.0 if s["state"] == "drained" else 0.0)
-        actions = fams.get(
-            "gpuwatchd_drain_actions_total",
-            "counter",
-            "Drain and resume attempts by result (drained, already, kept_admin, dry_run, ...).",
-            ["action", "result"],
-        )
         with self._count_lock:
             counts = sorted(self.actions.items())
-        for (action, result), n in counts:
-            actions.add([action, result], float(n))
-        fams.get(
-            "gpuwatchd_drain_rate_limited_total",
-            "counter",
-            "Drains not done because drain.max_drains was reached within drain.window.",
-            [],
-        ).add([], float(self.rate_limited))
-        fams.get(
-            "gpuwatchd_drains_in_window",
-            "gauge",
-            "Drains done (or, in dry-run, that would have been) within the current drain.window.",
-            [],
-        ).add([], float(s["drains_in_window"]))
-        fleet = s["fleet"]
-        if fleet is None:
-            return
-        fams.get(
-            "gpuwatchd_fleet_drain_held",
-            "gauge",
-            "Drain incidents of this node waiting because the fleet drain budget is spent.",
-            [],
-        ).add([], float(fleet["held_back"]))
-        for name, key, text in (
-            ("budget_nodes", "budget", "The fleet drain budget at the last count (nodes)."),
-            ("drained_nodes", "drained", "Nodes drained by gpuwatchd at the last count."),
-        ):
-            fam = fams.get(f"gpuwatchd_fleet_{name}", "gauge", text, [])
-            if fleet[key] is not None:
-                fam.add([], float(fleet[key]))
+        drain_families(fams, self.summary(now), counts, self.rate_limited)

@@ -32,7 +32,8 @@ Result = tuple[Hits, set[int]]  # what holds, and the GPUs that cannot be told (
 # What can change a rule's answer between two evaluations; a rule whose trigger did not
 # move and that has no pending or firing alert is not evaluated again. "sample": any new
 # sample (every evaluation); "fields": a change of one of the sample fields the condition
-# ``reads`` (or of a GPU's status); "sxid": a new NVSwitch SXid.
+# ``reads`` (or of a GPU's status); "sxid": a new NVSwitch SXid; "drain": a drain outcome
+# came or ended.
 Trigger = str
 TRIGGERS: tuple[Trigger, ...] = (
     "sample",
@@ -43,6 +44,7 @@ TRIGGERS: tuple[Trigger, ...] = (
     "sxid",
     "status",
     "links",
+    "drain",
 )
 
 C = TypeVar("C", bound=Condition)

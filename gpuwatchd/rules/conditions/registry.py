@@ -13,6 +13,7 @@ from types import MappingProxyType
 
 from gpuwatchd.rules.conditions import (
     count,
+    drain_outcome,
     gpu_count,
     gpu_status,
     increase,
@@ -52,6 +53,7 @@ KINDS: tuple[ConditionKind, ...] = (
     memory_trend.KIND,
     xid_recurrence.KIND,
     peer_share.KIND,
+    drain_outcome.KIND,
 )
 
 BY_KEY: Mapping[str, ConditionKind] = MappingProxyType({k.key: k for k in KINDS})

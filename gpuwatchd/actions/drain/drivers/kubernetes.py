@@ -42,11 +42,13 @@ from typing import Any
 import httpx
 import yaml
 
-from gpuwatchd.actions.drivers import DrainError, DrainResult, Gate
+from gpuwatchd.actions.drain.drivers.base import DrainError, DrainResult, Driver, Gate
 from gpuwatchd.actions.fleet import Census, Claim, FleetDrain, Mark, xid_of_reason
-from gpuwatchd.config.actions import FleetDrainConfig, KubernetesDrainConfig
+from gpuwatchd.config.actions import DrainConfig, FleetDrainConfig, KubernetesDrainConfig
+from gpuwatchd.core.clock import Clock
 
-log = logging.getLogger(__name__)
+# the logger keeps the name it had as actions/kube.py
+log = logging.getLogger("gpuwatchd.actions.kube")
 
 ANNOTATION = "gpuwatchd.io/drain"
 JSON_PATCH = "application/json-patch+json"
@@ -780,3 +782,14 @@ class KubernetesDriver:
     def close(self) -> None:
         with contextlib.suppress(Exception):
             self.client.close()
+
+
+class KubernetesKind:
+    mode = "kubernetes"
+
+    def build(self, cfg: DrainConfig, node: str, clock: Clock) -> Driver:
+        client = KubeClient.from_config(cfg.kubernetes, cfg.timeout)
+        return KubernetesDriver(client, node, cfg.kubernetes, clock.now)
+
+
+KIND = KubernetesKind()

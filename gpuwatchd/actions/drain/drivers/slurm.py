@@ -1,219 +1,34 @@
-"""Drain drivers: what "drain the node" and "resume it" mean for each scheduler.
-
-A driver answers ``drain(incident, reason, dry_run)`` and ``resume(incident, dry_run)`` with a
-``DrainResult`` or raises ``DrainError`` (retried by the controller). Commands run from
-argv lists, never through a shell, with a timeout that kills the whole process group.
-
-``exec``   runs a site command with a documented environment.
-``slurm``  ``scontrol update NodeName=N State=DRAIN Reason="gpuwatchd: ..."`` after reading the
-           node with ``sinfo``; another owner's drain or down is never overwritten: following
-           NHC, gpuwatchd appends its reason to a drain's (``NHC: ...; gpuwatchd: ...``) and
-           drains again if the other owner resumes while the incident is active (``hold``);
-           resume only clears a drain whose reason carries the ``gpuwatchd:`` prefix, or
-           takes gpuwatchd's note off another owner's reason.
-
-``gate`` is asked right before the write (exec: before the command runs): a refusal text
-(the fleet budget is spent) means no drain, ``over_budget``.
-``kubernetes`` lives in ``kube.py``.
+"""``drain.mode: slurm``: ``scontrol update NodeName=N State=DRAIN Reason="gpuwatchd: ..."``
+after reading the node with ``sinfo``; another owner's drain or down is never overwritten:
+following NHC, gpuwatchd appends its reason to a drain's (``NHC: ...; gpuwatchd: ...``) and
+drains again if the other owner resumes while the incident is active (``hold``); resume only
+clears a drain whose reason carries the ``gpuwatchd:`` prefix, or takes gpuwatchd's note off
+another owner's reason. The fleet budget's Slurm census (``SlurmFleetView``) and the claim
+and mark writers live here too.
 """
 
 from __future__ import annotations
 
-import contextlib
 import math
 import os
-import signal
-import subprocess
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Protocol
+from typing import Any
 
+from gpuwatchd.actions.drain.drivers.base import (
+    DrainError,
+    DrainResult,
+    Driver,
+    Gate,
+    run_argv,
+    tail_text,
+)
 from gpuwatchd.actions.fleet import CLAIM_PREFIX, MARK_PREFIX, Census, Claim, FleetDrain, Mark
-from gpuwatchd.actions.model import REASON_PREFIX, xid_of
-from gpuwatchd.config.actions import FleetDrainConfig
-from gpuwatchd.core.errors import GpuwatchdError
-
-# Asked right before a drain is written: None to go ahead, or why not (fleet budget spent).
-Gate = Callable[[], str | None]
-
-
-class DrainError(GpuwatchdError):
-    """A drain or resume attempt failed; it may succeed if tried again."""
-
-
-@dataclass(frozen=True)
-class DrainResult:
-    # drained | already | kept_admin | noted | over_budget | dry_run | reasserted
-    # | resumed | unnoted | not_ours | not_drained
-    result: str
-    detail: str = ""
-
-    @property
-    def counts(self) -> bool:
-        """Whether this counts against drain.max_drains (a drain happened, or would have)."""
-        return self.result in ("drained", "dry_run")
-
-    @property
-    def owns(self) -> bool:
-        """Whether gpuwatchd now has a claim on the node's drain (and may undo it)."""
-        return self.result in ("drained", "already", "noted", "reasserted")
-
-
-class Driver(Protocol):
-    mode: str
-    # True: it reads the scheduler's view of the node before acting (slurm, kubernetes);
-    # False: it cannot (exec), so gpuwatchd's own record of its drain decides.
-    reads_state: bool
-
-    def drain(
-        self, incident: Mapping[str, Any], reason: str, dry_run: bool, *, gate: Gate | None = None
-    ) -> DrainResult: ...
-
-    def hold(self, reason: str, *, gate: Gate | None = None) -> DrainResult | None:
-        """While a drain incident is active: keep the node out of service (None: it is)."""
-        ...
-
-    def resume(self, incident: Mapping[str, Any] | None, dry_run: bool) -> DrainResult: ...
-
-    def close(self) -> None: ...
-
-
-@dataclass(frozen=True)
-class RunResult:
-    returncode: int
-    stdout: str
-    stderr: str
-
-
-def run_argv(
-    argv: Sequence[str], *, timeout: float, env: Mapping[str, str] | None = None
-) -> RunResult:
-    """Run ``argv`` (no shell) in its own process group; kill the group on timeout."""
-    try:
-        proc = subprocess.Popen(
-            list(argv),
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            env=dict(env) if env is not None else None,
-            start_new_session=True,
-            text=True,
-            errors="replace",
-        )
-    except OSError as exc:
-        raise DrainError(f"cannot run {argv[0]}: {exc.strerror or exc}") from None
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
-        raise DrainError(f"{argv[0]} did not finish within {timeout:g}s (killed)") from None
-    return RunResult(proc.returncode, out, err)
-
-
-def _tail(text: str, n: int = 300) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= n else "..." + text[-n:]
-
-
-def incident_env(
-    action: str, node: str, incident: Mapping[str, Any] | None, reason: str
-) -> dict[str, str]:
-    """The documented GPUWATCHD_* environment of exec hooks and the notify command."""
-    env = {"GPUWATCHD_ACTION": action, "GPUWATCHD_NODE": node, "GPUWATCHD_REASON": reason}
-    if incident is not None:
-        rec = incident["record"]
-        labels = rec.get("labels") or {}
-        env.update(
-            {
-                "GPUWATCHD_GPU": str(labels.get("gpu", "")),
-                "GPUWATCHD_UUID": str(labels.get("uuid", "")),
-                "GPUWATCHD_PCI_BUS_ID": str(labels.get("pci_bus_id", "")),
-                "GPUWATCHD_XID": xid_of(rec) or "",
-                "GPUWATCHD_RULE": str(rec.get("rule", "")),
-                "GPUWATCHD_SEVERITY": str(rec.get("severity", "")),
-                "GPUWATCHD_INCIDENT": str(incident.get("key", "")),
-            }
-        )
-    return env
-
-
-class ExecDriver:
-    mode = "exec"
-    reads_state = False
-
-    def __init__(
-        self, command: Sequence[str], node: str, timeout: float, *, sinfo: str = "sinfo"
-    ) -> None:
-        self.command = list(command)
-        self.node = node
-        self.timeout = timeout
-        self.sinfo = sinfo  # the census of a fleet budget (drain.fleet.census: slurm)
-
-    def fleet_view(self, cfg: FleetDrainConfig) -> SlurmFleetView:
-        """The fleet as Slurm counts it, read by the daemon itself (``sinfo`` needs no
-        privilege), while the exec command (the root drain helper) writes this node's claim
-        (``GPUWATCHD_ACTION=claim``, the claim in ``GPUWATCHD_CLAIM``, empty to take it
-        off), drains and resumes: the claims work as in ``slurm`` mode."""
-
-        def put(node: str, claim: Claim | Mark | None, known: str | None) -> None:
-            env = {
-                **os.environ,
-                **incident_env("claim", node, None, ""),
-                "GPUWATCHD_CLAIM": claim.text if claim is not None else "",
-            }
-            res = run_argv(self.command, timeout=self.timeout, env=env)
-            if res.returncode != 0:
-                raise DrainError(
-                    f"{self.command[0]} (claim) exited with status {res.returncode}: "
-                    f"{_tail(res.stderr)}"
-                )
-
-        def mark(node: str, what: Mark | None, known: str | None) -> None:
-            if what is not None:  # the helper takes no mark off: that is an operator's reset
-                put(node, what, known)
-
-        return SlurmFleetView(self.sinfo, self.timeout, cfg.partition, put, mark)
-
-    def _run(self, action: str, incident: Mapping[str, Any] | None, reason: str) -> None:
-        env = {**os.environ, **incident_env(action, self.node, incident, reason)}
-        res = run_argv(self.command, timeout=self.timeout, env=env)
-        if res.returncode != 0:
-            raise DrainError(
-                f"{self.command[0]} exited with status {res.returncode}: {_tail(res.stderr)}"
-            )
-
-    def drain(
-        self, incident: Mapping[str, Any], reason: str, dry_run: bool, *, gate: Gate | None = None
-    ) -> DrainResult:
-        refusal = gate() if gate is not None else None
-        if refusal:
-            return DrainResult("over_budget", refusal)
-        if dry_run:
-            return DrainResult(
-                "dry_run", f"would run {self.command[0]} with GPUWATCHD_ACTION=drain"
-            )
-        self._run("drain", incident, reason)
-        return DrainResult("drained", f"{self.command[0]} exited 0")
-
-    def resume(self, incident: Mapping[str, Any] | None, dry_run: bool) -> DrainResult:
-        reason = str(incident.get("reason", "")) if incident else ""
-        if dry_run:
-            return DrainResult(
-                "dry_run", f"would run {self.command[0]} with GPUWATCHD_ACTION=resume"
-            )
-        self._run("resume", incident, reason)
-        return DrainResult("resumed", f"{self.command[0]} exited 0")
-
-    def hold(self, reason: str, *, gate: Gate | None = None) -> DrainResult | None:
-        return None  # a site command cannot tell whether someone resumed the node
-
-    def close(self) -> None:
-        pass
-
+from gpuwatchd.actions.model import REASON_PREFIX
+from gpuwatchd.config.actions import DrainConfig, FleetDrainConfig
+from gpuwatchd.core.clock import Clock
 
 # -- Slurm ---------------------------------------------------------------------------------
 _OFFLINE_WORDS = ("drain", "down", "fail", "maint", "reboot", "power_down", "powered_down")
@@ -278,7 +93,7 @@ def put_claim(
     res = run_argv([scontrol, "update", f"NodeName={node}", f"Comment={text}"], timeout=timeout)
     if res.returncode != 0:
         raise DrainError(
-            f"scontrol update Comment failed (status {res.returncode}): {_tail(res.stderr)}"
+            f"scontrol update Comment failed (status {res.returncode}): {tail_text(res.stderr)}"
         )
 
 
@@ -288,7 +103,7 @@ def _comment(sinfo: str, timeout: float, node: str) -> str:
         timeout=timeout,
     )
     if res.returncode != 0:
-        raise DrainError(f"sinfo failed (status {res.returncode}): {_tail(res.stderr)}")
+        raise DrainError(f"sinfo failed (status {res.returncode}): {tail_text(res.stderr)}")
     return "" if res.stdout.strip() == "(null)" else res.stdout.strip()
 
 
@@ -315,7 +130,7 @@ def put_mark(
     res = run_argv([scontrol, "update", f"NodeName={node}", f"Comment={new}"], timeout=timeout)
     if res.returncode != 0:
         raise DrainError(
-            f"scontrol update Comment failed (status {res.returncode}): {_tail(res.stderr)}"
+            f"scontrol update Comment failed (status {res.returncode}): {tail_text(res.stderr)}"
         )
 
 
@@ -378,7 +193,7 @@ class SlurmFleetView:
             argv[1:1] = ["--partition", self.partition]
         res = run_argv(argv, timeout=self.timeout)
         if res.returncode != 0:
-            raise DrainError(f"sinfo failed (status {res.returncode}): {_tail(res.stderr)}")
+            raise DrainError(f"sinfo failed (status {res.returncode}): {tail_text(res.stderr)}")
         return res.stdout
 
     def census(self, full: bool = True) -> Census:
@@ -446,7 +261,7 @@ class SlurmDriver:
             timeout=self.timeout,
         )
         if res.returncode != 0:
-            raise DrainError(f"sinfo failed (status {res.returncode}): {_tail(res.stderr)}")
+            raise DrainError(f"sinfo failed (status {res.returncode}): {tail_text(res.stderr)}")
         lines = [ln for ln in res.stdout.splitlines() if "|" in ln]
         if not lines:
             raise DrainError(f"sinfo does not know node {self.node!r}")
@@ -461,7 +276,7 @@ class SlurmDriver:
         )
         if res.returncode != 0:
             raise DrainError(
-                f"scontrol update failed (status {res.returncode}): {_tail(res.stderr)}"
+                f"scontrol update failed (status {res.returncode}): {tail_text(res.stderr)}"
             )
 
     def fleet_view(self, cfg: FleetDrainConfig) -> SlurmFleetView:
@@ -568,25 +383,11 @@ class SlurmDriver:
         pass
 
 
-class RecordDriver:
-    """``simulate``: never touches the scheduler; says what it would have done."""
+class SlurmKind:
+    mode = "slurm"
 
-    reads_state = False
-    recording = True  # the controller treats its drains as a dry run's
+    def build(self, cfg: DrainConfig, node: str, clock: Clock) -> Driver:
+        return SlurmDriver(node, cfg.timeout, cfg.slurm.scontrol, cfg.slurm.sinfo)
 
-    def __init__(self, mode: str) -> None:
-        self.mode = mode
 
-    def drain(
-        self, incident: Mapping[str, Any], reason: str, dry_run: bool, *, gate: Gate | None = None
-    ) -> DrainResult:
-        return DrainResult("dry_run", f"recorded ({self.mode}): drain, reason {reason!r}")
-
-    def hold(self, reason: str, *, gate: Gate | None = None) -> DrainResult | None:
-        return None
-
-    def resume(self, incident: Mapping[str, Any] | None, dry_run: bool) -> DrainResult:
-        return DrainResult("dry_run", f"recorded ({self.mode}): resume")
-
-    def close(self) -> None:
-        pass
+KIND = SlurmKind()
