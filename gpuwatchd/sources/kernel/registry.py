@@ -1,9 +1,9 @@
 """Every kernel-log source kind, in the order ``sources.kernel_log: auto`` tries them.
 
 Adding a kind: write ``sources/kernel/<kind>.py`` (its reader and a ``KIND``: see
-``kind.KernelLogKind``) and add its ``KIND`` here; ``XidInputs`` picks it up from this
+``kind.KernelLogKind``) and add its ``KIND`` here; ``XidIntake`` picks it up from this
 list. Its name is a value of ``sources.kernel_log`` (``config/loader.py``'s
-``KERNEL_LOG_CHOICES``, which tests/test_xid_inputs_kinds.py checks against this list).
+``KERNEL_LOG_CHOICES``, which tests/test_kernel_log_kinds.py checks against this list).
 """
 
 from __future__ import annotations
