@@ -87,3 +87,45 @@ def test_each_paths_health_is_read_from_the_node_state(tmp_path: Path) -> None:
     intake.flush()
     assert intake.merger.mismatch == {"kernel": 1, "nvml": 0}
     assert len(out.records) == 2  # the partner that never came emits nothing
+
+
+class Flaky:
+    """A backend whose event wait fails once, then returns one event."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def wait_xid_events(self, timeout_s: float) -> list[XidEvent]:
+        from gpuwatchd.core.errors import BackendError
+
+        self.calls += 1
+        if self.calls == 1:
+            raise BackendError("event set gone")
+        return [XidEvent(200.0, "nvml", 31, pci_bus_id="00000000:3A:00.0")]
+
+
+def test_the_nvml_event_path_keeps_its_health_only_on_the_node_state(tmp_path: Path) -> None:
+    """No flag of the reader's own: what the node state says is what the merger reads."""
+    kmsg = tmp_path / "kmsg"
+    kmsg.write_text("")
+    sources = dataclasses.replace(
+        default_config().sources, kernel_log="kmsg", kmsg_path=str(kmsg), nvml_events=True
+    )
+    clock = SystemClock()
+    state = NodeState("n1", clock.now())
+    out = Outlet()
+    intake = XidIntake(sources, 0.0, None, Flaky(), clock, state, out)
+    intake.set_gpus(make_infos(8))
+    events = intake.events
+    assert events is not None and not hasattr(events, "up")
+    state.source("kmsg", up=True, now=clock.now())  # so the NVML sighting awaits its line
+    events.step(0.0)
+    down = state.view().sources["nvml_events"]
+    assert not down.up and down.detail == "event set gone"
+    events.step(0.0)
+    assert state.source_up("nvml_events")
+    assert [(e.xid, e.gpu) for e in out.records] == [(31, 2)]
+    # a kernel line of the same fault now finds its partner: the pair enriches
+    assert intake.handler is not None
+    intake.handler.handle("NVRM: Xid (PCI:0000:3a:00): 31, pid=7, name=a, MMU Fault", 200.1, True)
+    assert [(e.source, e.enriches) for e in out.records[1:]] == [("kmsg+nvml", True)]

@@ -33,6 +33,8 @@ class SourceBoard(Protocol):
 
     def source(self, name: str, *, up: bool, now: float, detail: str = "") -> None: ...
 
+    def source_up(self, name: str) -> bool: ...
+
 
 # How long one wait on a supervised backend (the NVML worker) lasts when no event comes
 SUPERVISED_EVENT_WAIT_S = 10.0
@@ -55,7 +57,6 @@ class XidEventReader:
         self.board = board
         self.wait_s = wait_s
         self.retry_s = retry_s
-        self.up = False
         self.heartbeat: Heartbeat | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -65,14 +66,12 @@ class XidEventReader:
         try:
             events = self.backend.wait_xid_events(timeout_s)
         except BackendError as exc:
-            if self.up or self._thread is None:
+            if self.board.source_up(SOURCE) or self._thread is None:
                 log.warning("NVML XID events unavailable: %s", exc)
-            self.up = False
             self.board.source(SOURCE, up=False, now=self.clock.now(), detail=str(exc))
             self.clock.wait(self._stop, self.retry_s)
             return
-        if not self.up:
-            self.up = True
+        if not self.board.source_up(SOURCE):
             self.board.source(SOURCE, up=True, now=self.clock.now())
         for event in events:
             if self._stop.is_set():
@@ -89,7 +88,6 @@ class XidEventReader:
         # Up from the start, not from the first wait's return (a whole wait later): the
         # merger must expect this path's reports at once, or a fault in the first seconds
         # would count twice (its kernel line first, then its NVML event as a new incident).
-        self.up = True
         self.board.source(SOURCE, up=True, now=self.clock.now())
         self._thread = threading.Thread(target=self._run, name="nvml-events", daemon=True)
         self._thread.start()
