@@ -176,14 +176,7 @@ class XidIntake:
 
     # -- the two paths in --------------------------------------------------------------
     def append(self, event: XidEvent) -> None:
-        """A trusted XID from the kernel-log line handler."""
-        self._take(event)
-
-    def nvml_event(self, event: XidEvent) -> None:
-        """An XID event from the NVML event reader."""
-        self._take(self.resolver.resolve(event))
-
-    def _take(self, event: XidEvent) -> None:
+        """A trusted XID from the kernel-log line handler (or, resolved, from NVML)."""
         kernel_up = self._scripted or (self.handler is not None and self.board.source_up(self.kind))
         nvml_up = self.events is not None and self.board.source_up(NVML_EVENTS)
         out = self.merger.submit(
@@ -191,6 +184,10 @@ class XidIntake:
         )
         if out is not None:
             self._incident(out)
+
+    def nvml_event(self, event: XidEvent) -> None:
+        """An XID event from the NVML event reader: mapped to its GPU, then merged."""
+        self.append(self.resolver.resolve(event))
 
     def _expire(self, now: float) -> None:
         for late in self.merger.expire(now):
