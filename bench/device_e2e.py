@@ -68,24 +68,23 @@ def main() -> int:
 
     daemon = Daemon(config, NvmlBackend(clock=clock), clock, emit=on_record)
     # instrument both paths (arrival time before the merger sees them)
-    kernel_emit = daemon.xids.handler.emit if daemon.xids.handler else None
-    nvml_event = daemon.xids.nvml_event
+    intake = daemon.xids
 
-    def on_kernel(event: XidEvent) -> None:
-        with lock:
-            arrivals["kernel"].append((time.time(), event))
-        assert kernel_emit is not None
-        kernel_emit(event)
+    class Tap:
+        def append(self, event: XidEvent) -> None:
+            with lock:
+                arrivals["kernel"].append((time.time(), event))
+            intake.append(event)
 
-    def on_nvml(event: XidEvent) -> None:
-        with lock:
-            arrivals["nvml"].append((time.time(), event))
-        nvml_event(event)
+        def nvml_event(self, event: XidEvent) -> None:
+            with lock:
+                arrivals["nvml"].append((time.time(), event))
+            intake.nvml_event(event)
 
-    if daemon.xids.handler is not None:
-        daemon.xids.handler.emit = on_kernel
-    if daemon.node.events is not None:
-        daemon.node.events.deliver = on_nvml
+    if intake.handler is not None:
+        intake.handler.sink = Tap()
+    if intake.events is not None:
+        intake.events.sink = Tap()
 
     cpu0 = resource.getrusage(resource.RUSAGE_SELF)
     t_start = time.monotonic()

@@ -105,24 +105,26 @@ def run_mode(mode: str, faults: int, spacing: float) -> dict[str, Any]:
     lock = threading.Lock()
     handler = daemon.xids.handler
     if handler is not None:  # time the moment the daemon read each kernel line
-        kernel_emit = handler.emit
+        intake = handler.sink
 
-        def on_kernel(event: XidEvent) -> None:
-            with lock:
-                arrivals.append((time.time(), event))
-            kernel_emit(event)
+        class KernelTap:
+            def append(self, event: XidEvent) -> None:
+                with lock:
+                    arrivals.append((time.time(), event))
+                intake.append(event)
 
-        handler.emit = on_kernel
-    events = daemon.node.events
+        handler.sink = KernelTap()
+    events = daemon.xids.events
     if events is not None:
-        nvml_deliver = events.deliver
+        xids = daemon.xids
 
-        def on_nvml(event: XidEvent) -> None:
-            with lock:
-                arrivals.append((time.time(), event))
-            nvml_deliver(event)
+        class NvmlTap:
+            def nvml_event(self, event: XidEvent) -> None:
+                with lock:
+                    arrivals.append((time.time(), event))
+                xids.nvml_event(event)
 
-        events.deliver = on_nvml
+        events.sink = NvmlTap()
     daemon.start()
     daemon.wait_started(10.0)
     time.sleep(2.0)

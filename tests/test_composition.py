@@ -263,10 +263,9 @@ def test_nvml_events_count_as_up_from_the_start_so_a_first_fault_merges(tmp_path
     cfg = dataclasses.replace(config(tmp_path, sc), gpus=GpusConfig())
     clock = ScaledClock(1.0)
     daemon = Daemon(cfg, ScenarioBackend(sc, clock), clock, serve_http=False)
-    assert daemon.node.events is not None
+    assert daemon.xids.events is not None
     daemon.start()
     try:
-        assert daemon.xids.nvml_events_up
         assert daemon.state.view().sources["nvml_events"].up
     finally:
         daemon.stop()

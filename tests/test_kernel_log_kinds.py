@@ -1,5 +1,5 @@
 """Kernel-log sources as kinds (issue 24 item 3): one module each (its reader, whether it
-can serve this host, how it is built) and one registry line; ``XidInputs`` has no
+can serve this host, how it is built) and one registry line; ``XidIntake`` has no
 ``if``/``isinstance`` chain over them."""
 
 from __future__ import annotations
@@ -14,8 +14,10 @@ from conftest import ROOT
 from gpuwatchd.config.sections import SourcesConfig
 from gpuwatchd.configfile.loader import ConfigError, load_config
 from gpuwatchd.core.clock import SystemClock
+from gpuwatchd.core.nodestate import NodeState
+from gpuwatchd.core.records import XidEvent
+from gpuwatchd.sources.intake import XidIntake, choose_kernel_log
 from gpuwatchd.sources.kernel.registry import BY_NAME, KERNEL_LOG_CHOICES, KINDS, OPTIONS
-from gpuwatchd.sources.xid_inputs import XidInputs, choose_kernel_log
 
 
 def test_every_kind_the_config_names_is_in_the_registry() -> None:
@@ -33,19 +35,27 @@ def test_auto_takes_the_first_kind_that_can_serve(tmp_path: Path) -> None:
     assert choose_kernel_log(explicit, object()) == "kmsg"
 
 
-def test_xid_inputs_builds_the_kind_from_the_registry(tmp_path: Path) -> None:
+class Dropped:
+    def emit(self, record: XidEvent) -> None:
+        pass
+
+
+def test_xid_intake_builds_the_kind_from_the_registry(tmp_path: Path) -> None:
     kmsg = tmp_path / "kmsg"
     kmsg.write_text("")
     sources = SourcesConfig(kernel_log="kmsg", kmsg_path=str(kmsg))
-    inputs = XidInputs(sources, str(tmp_path), object(), SystemClock(), print, lambda *a: None)
+    clock = SystemClock()
+    inputs = XidIntake(
+        sources, 1.0, str(tmp_path), object(), clock, NodeState("n1", clock.now()), Dropped()
+    )
     assert inputs.source is not None and inputs.source.name == "kmsg"
     health = inputs.state_health()
     assert health is not None and health.name == "kmsg_position"
 
 
-def test_xid_inputs_names_no_kind() -> None:
-    """Adding a kind touches its module and the registry, not ``XidInputs``."""
-    text = (ROOT / "gpuwatchd" / "sources" / "xid_inputs.py").read_text()
+def test_xid_intake_names_no_kind() -> None:
+    """Adding a kind touches its module and the registry, not ``XidIntake``."""
+    text = (ROOT / "gpuwatchd" / "sources" / "intake.py").read_text()
     names = {n.id for n in ast.walk(ast.parse(text)) if isinstance(n, ast.Name)}
     assert not names & {"JournaldSource", "KmsgSource", "journal_available", "kmsg_available"}
 

@@ -52,7 +52,7 @@ def test_line_handler_never_raises_and_never_trusts_forgery(
     lines: list[str], trusted: bool
 ) -> None:
     events: list[XidEvent] = []
-    handler = KernelLineHandler("kmsg", GpuResolver(make_infos(8)), events.append)
+    handler = KernelLineHandler("kmsg", GpuResolver(make_infos(8)), events)
     for line in lines:
         handler.handle(line, 1.0, trusted)
     if not trusted:

@@ -55,7 +55,7 @@ def test_a_crashed_reader_is_reported_and_restarted(tmp_path: Path) -> None:
     dump.write_text(XID.format(seq=1) + "\n")
     events: list[XidEvent] = []
     states: list[tuple[bool, str]] = []
-    handler = KernelLineHandler("kmsg", GpuResolver(make_infos(8)), events.append)
+    handler = KernelLineHandler("kmsg", GpuResolver(make_infos(8)), events)
     registry = HeartbeatRegistry(SystemClock())
     source = KmsgSource(
         handler,
@@ -91,13 +91,14 @@ def test_a_poison_message_is_skipped_not_fatal() -> None:
     """A message whose handling raises is counted and skipped; the next one is read."""
     events: list[XidEvent] = []
 
-    def emit(event: XidEvent) -> None:
-        if not events and event.xid == 79:
+    class Consumer:
+        def append(self, event: XidEvent) -> None:
+            if not events and event.xid == 79:
+                events.append(event)
+                raise ValueError("a consumer bug on the first XID")
             events.append(event)
-            raise ValueError("a consumer bug on the first XID")
-        events.append(event)
 
-    handler = KernelLineHandler("journald", GpuResolver(make_infos(8)), emit)
+    handler = KernelLineHandler("journald", GpuResolver(make_infos(8)), Consumer())
     line = "NVRM: Xid (PCI:0000:2a:00): {}, text"
     assert handler.handle(line.format(79), 1.0, True) is None
     assert handler.counters.errors == 1

@@ -21,7 +21,7 @@ XID48 = "NVRM: Xid (PCI:0000:5d:00): 48, pid=2011, name=python3, An uncorrectabl
 
 
 def make_source(tmp_path: Path, events: list[XidEvent], backfill: float = 1e9) -> JournaldSource:
-    handler = KernelLineHandler("journald", GpuResolver(make_infos(8)), events.append)
+    handler = KernelLineHandler("journald", GpuResolver(make_infos(8)), events)
     return JournaldSource(
         handler,
         SystemClock(),

@@ -39,7 +39,7 @@ def run_file(
     dump = tmp_path / "kmsg.txt"
     dump.write_text("\n".join(records) + "\n")
     events: list[XidEvent] = []
-    handler = KernelLineHandler("kmsg", GpuResolver(make_infos(8)), events.append)
+    handler = KernelLineHandler("kmsg", GpuResolver(make_infos(8)), events)
     source = KmsgSource(
         handler,
         SystemClock(),
@@ -79,7 +79,7 @@ def real_device_source() -> tuple[KmsgSource, list[tuple[bool, str]]]:
     if not os.access("/dev/kmsg", os.R_OK):
         pytest.fail("/dev/kmsg is not readable: run the tests as root (CI does)")
     states: list[tuple[bool, str]] = []
-    handler = KernelLineHandler("kmsg", GpuResolver(make_infos(8)), lambda e: None)
+    handler = KernelLineHandler("kmsg", GpuResolver(make_infos(8)), [])
     source = KmsgSource(handler, SystemClock(), status=lambda up, d: states.append((up, d)))
     source.start()
     return source, states

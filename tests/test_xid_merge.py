@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from gpuwatchd.core.records import XidEvent
 from gpuwatchd.sources.incidents import IncidentMerger
 
@@ -18,21 +20,51 @@ def nvml(t: float, xid: int = 31, pci: str = PCI) -> XidEvent:
     return XidEvent(t, "nvml", xid, pci_bus_id=pci, gpu=2, uuid="GPU-x")
 
 
+class Collected:
+    """An ``IncidentMerger`` driven as the intake drives it: what it returns is collected."""
+
+    def __init__(
+        self,
+        m: IncidentMerger,
+        out: list[XidEvent],
+        kernel_up: bool,
+        nvml_up: bool,
+        mismatches: list[tuple[int, str]] | None,
+    ) -> None:
+        self.m, self.out, self.mismatches = m, out, mismatches
+        self.kernel_up, self.nvml_up = kernel_up, nvml_up
+
+    def submit(self, event: XidEvent, now: float) -> None:
+        got = self.m.submit(event, now, kernel_up=self.kernel_up, nvml_up=self.nvml_up)
+        if got is not None:
+            self.out.append(got)
+
+    def expire(self, now: float) -> None:
+        for late in self.m.expire(now):
+            if late.emit:
+                self.out.append(late.event)
+            if self.mismatches is not None:
+                self.mismatches.append((late.event.xid, late.missing))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.m, name)
+
+
+class Outlet:
+    def __init__(self) -> None:
+        self.records: list[XidEvent] = []
+
+    def emit(self, record: XidEvent) -> None:
+        self.records.append(record)
+
+
 def merger(
     out: list[XidEvent],
     kernel_up: bool = True,
     nvml_up: bool = True,
     mismatches: list[tuple[int, str]] | None = None,
-) -> IncidentMerger:
-    return IncidentMerger(
-        3.0,
-        out.append,
-        kernel_up=lambda: kernel_up,
-        nvml_up=lambda: nvml_up,
-        on_mismatch=(lambda e, m: mismatches.append((e.xid, m)))
-        if mismatches is not None
-        else None,
-    )
+) -> Collected:
+    return Collected(IncidentMerger(3.0), out, kernel_up, nvml_up, mismatches)
 
 
 def test_first_sight_is_the_incident_and_its_partner_enriches_it() -> None:
@@ -136,23 +168,29 @@ def test_the_expirer_thread_reports_a_mismatch_at_the_window_end_without_ticking
 
     from gpuwatchd.configfile.loader import default_config
     from gpuwatchd.core.clock import SystemClock
-    from gpuwatchd.sources.xid_inputs import XidInputs
+    from gpuwatchd.core.nodestate import NodeState
+    from gpuwatchd.sources.intake import XidIntake
 
     base = default_config()
-    sources = dataclasses.replace(base.sources, kernel_log="none", merge_window=0.3)
-    out: list[XidEvent] = []
-    inputs = XidInputs(sources, None, object(), SystemClock(), out.append, lambda *a: None)
-    inputs.start()
+    # a kmsg reader that is never started: its path only has to be named
+    sources = dataclasses.replace(
+        base.sources, kernel_log="kmsg", kmsg_path="/nonexistent/kmsg", merge_window=0.3
+    )
+    out = Outlet()
+    clock = SystemClock()
+    state = NodeState("n1", clock.now())
+    intake = XidIntake(sources, 1.0, None, object(), clock, state, out)
+    intake.start()
     try:
-        inputs.nvml_events_up = True
-        inputs._kernel_up = True  # a kernel path that is up but misses this fault
-        inputs.nvml_event(nvml(time.time()))
+        # a kernel path that says it is up but misses this fault
+        state.source("kmsg", up=True, now=clock.now())
+        intake.nvml_event(nvml(time.time()))
         deadline = time.monotonic() + 3.0
-        while inputs.merger.mismatch["kernel"] == 0 and time.monotonic() < deadline:
+        while intake.merger.mismatch["kernel"] == 0 and time.monotonic() < deadline:
             time.sleep(0.02)
-        assert inputs.merger.mismatch == {"kernel": 1, "nvml": 0}
-        assert len(out) == 1  # the first sighting went out at once, alone
+        assert intake.merger.mismatch == {"kernel": 1, "nvml": 0}
+        assert len(out.records) == 1  # the first sighting went out at once, alone
     finally:
         started = time.monotonic()
-        inputs.stop()
+        intake.stop()
         assert time.monotonic() - started < 3.0  # stop wakes the idle expirer (5 s idle)

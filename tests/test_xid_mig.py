@@ -34,7 +34,7 @@ MIG_GI = (
 
 def test_trusted_mig_records_become_events_with_their_instance() -> None:
     events: list[XidEvent] = []
-    handler = KernelLineHandler("kmsg", GpuResolver(make_infos(8)), events.append)
+    handler = KernelLineHandler("kmsg", GpuResolver(make_infos(8)), events)
     handler.handle(MIG_CI, 10.0, True)
     handler.handle(MIG_GI, 11.0, True)
     assert [(e.xid, e.gpu, e.gpu_instance, e.compute_instance, e.pid) for e in events] == [
@@ -49,7 +49,7 @@ def test_trusted_mig_records_become_events_with_their_instance() -> None:
 
 def test_mig_text_a_user_wrote_is_still_forged() -> None:
     events: list[XidEvent] = []
-    handler = KernelLineHandler("journald", GpuResolver(make_infos(8)), events.append)
+    handler = KernelLineHandler("journald", GpuResolver(make_infos(8)), events)
     handler.handle(MIG_CI, 10.0, False)  # user transport
     handler.handle("tmpfs: Unknown parameter '" + MIG_CI + "'", 11.0, True)  # echoed
     assert events == []

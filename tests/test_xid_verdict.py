@@ -46,29 +46,28 @@ def test_the_fatal_set_is_judged_by_the_decoded_verdict() -> None:
 
 
 def test_an_nvml_event_of_a_message_judged_code_waits_for_its_kernel_line() -> None:
-    out: list[XidEvent] = []
-    m = IncidentMerger(
-        3.0,
-        out.append,
-        kernel_up=lambda: True,
-        nvml_up=lambda: True,
-        hold=message_judged_codes(),
+    m = IncidentMerger(3.0, hold=message_judged_codes())
+    up = {"kernel_up": True, "nvml_up": True}
+    got = m.submit(XidEvent(10.0, "nvml", 145, pci_bus_id=PCI, gpu=2), 10.0, **up)
+    assert got is None  # held: NVML cannot say whether it is fatal
+    pair = m.submit(XidEvent(10.2, "kmsg", 145, pci_bus_id=PCI, message=NONFATAL_145), 10.2, **up)
+    assert pair is not None
+    assert (pair.source, pair.enriches, pair.message, pair.gpu) == (
+        "kmsg+nvml",
+        False,
+        NONFATAL_145,
+        2,
     )
-    m.submit(XidEvent(10.0, "nvml", 145, pci_bus_id=PCI, gpu=2), 10.0)
-    assert out == []  # held: NVML cannot say whether it is fatal
-    m.submit(XidEvent(10.2, "kmsg", 145, pci_bus_id=PCI, message=NONFATAL_145), 10.2)
-    assert [(e.source, e.enriches, e.message, e.gpu) for e in out] == [
-        ("kmsg+nvml", False, NONFATAL_145, 2)
+    # no kernel line within the window: the NVML event goes out alone, then
+    assert m.submit(XidEvent(20.0, "nvml", 149, pci_bus_id=PCI, gpu=2), 20.0, **up) is None
+    late = m.expire(23.0)
+    assert [(x.event.source, x.event.xid, x.emit, x.missing) for x in late] == [
+        ("nvml", 149, True, "kernel")
     ]
-    # no kernel line within the window: the NVML event is emitted alone, then
-    m.submit(XidEvent(20.0, "nvml", 149, pci_bus_id=PCI, gpu=2), 20.0)
-    assert len(out) == 1
-    m.expire(23.0)
-    assert [(e.source, e.xid, e.enriches) for e in out[1:]] == [("nvml", 149, False)]
     assert m.mismatch["kernel"] == 1
     # other codes keep first sight
-    m.submit(XidEvent(30.0, "nvml", 48, pci_bus_id=PCI, gpu=2), 30.0)
-    assert out[-1].xid == 48
+    first = m.submit(XidEvent(30.0, "nvml", 48, pci_bus_id=PCI, gpu=2), 30.0, **up)
+    assert first is not None and first.xid == 48
 
 
 def test_decoded_reports_are_counted_by_verdict() -> None:

@@ -94,6 +94,7 @@ TABLE: dict[str, str] = {
     "test_pci.py": "sources",
     "test_poller.py": "sources",
     "test_xid_merge.py": "sources",
+    "test_xid_intake.py": "sources",
     "test_first_page_merged.py": "sources",
     # scenario
     "test_scenario.py": "scenario",

@@ -216,15 +216,17 @@ def cmd_scan(args: argparse.Namespace) -> int:
     from gpuwatchd.core.clock import SystemClock
     from gpuwatchd.sources.kernel.linehandler import GpuResolver, KernelLineHandler
 
-    catalog = _catalog_or_exit(args)
-    if catalog is None:
+    found = _catalog_or_exit(args)
+    if found is None:
         return 1
+    catalog: Catalog = found
     kmsg = args.kmsg is not None
 
-    def emit(event: XidEvent) -> None:
-        sys.stdout.write(json.dumps(_event_report(event, catalog, kmsg)) + "\n")
+    class Printer:
+        def append(self, event: XidEvent) -> None:
+            sys.stdout.write(json.dumps(_event_report(event, catalog, kmsg)) + "\n")
 
-    handler = KernelLineHandler("kmsg" if kmsg else "journald", GpuResolver(), emit)
+    handler = KernelLineHandler("kmsg" if kmsg else "journald", GpuResolver(), Printer())
     path = args.kmsg if kmsg else args.journal
     if not os.path.exists(path):
         print(f"{PROG} scan: {path}: no such file or directory", file=sys.stderr)

@@ -161,6 +161,12 @@ class NodeState:
             )
             self._touch()
 
+    def source_up(self, name: str) -> bool:
+        """Whether the source last reported itself up (never reported: not up)."""
+        with self._lock:
+            health = self._sources.get(name)
+        return health is not None and health.up
+
     def count_xid(
         self,
         gpu: int | None,

@@ -73,7 +73,6 @@ class Simulation:
         self.xids = self.node.xids
         self.renderer = self.node.renderer
         self.node.open_gpus()
-        self.xids.nvml_events_up = self.node.events is not None
         self.poller = self.node.poller(scenario.step, scenario.step)
         self._next_note = 0
         self._next_tick: float | None = None  # clock time of the next periodic evaluation
@@ -98,8 +97,6 @@ class Simulation:
 
     def _inputs(self) -> None:
         """Kernel lines and NVML events due by now; an urgent one is judged at once."""
-        if self.node.events is not None:
-            self.node.events.step(0.0)
         self.xids.pump(self.clock.now(), self.clock.monotonic())
         if self.pipeline.urgent:
             self._evaluate()
@@ -159,7 +156,7 @@ class Simulation:
 
     def finish(self) -> None:
         """Flush XID reports still waiting for a partner."""
-        self.xids.merger.expire(float("inf"))
+        self.xids.flush()
 
     def exposition(self) -> bytes:
         return self.renderer.families().render()

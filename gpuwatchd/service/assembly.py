@@ -1,7 +1,7 @@
 """The composition root: one place that builds a node's whole pipeline.
 
 ``Node(config, clock, backend, wiring)`` builds the node state, the rule engine, the
-actions (outbox, receivers, drain), the XID inputs (kernel log, NVML events, incident
+actions (outbox, receivers, drain), the XID intake (kernel log, NVML events, incident
 merger), the hand-off between them and the metrics renderer, for every way gpuwatchd
 runs: ``run`` and ``demo`` drive it with threads (``service.daemon.Daemon``), ``simulate``
 and ``rules test`` step it on a virtual clock (``harness.simulate.Simulation``). Only the
@@ -31,18 +31,16 @@ from gpuwatchd.core.fieldcheck import FieldCheck, field_status
 from gpuwatchd.core.fields import decode_clock_event_reasons
 from gpuwatchd.core.health import HEALTH_STATES, firing_by_gpu, gpu_health
 from gpuwatchd.core.nodestate import GpuState, NodeState, NodeView
-from gpuwatchd.core.records import GpuInfo, GpuStatus, XidEvent
+from gpuwatchd.core.records import GpuInfo, GpuStatus
 from gpuwatchd.core.reloading import Prepared, RestartOnly, SectionOwner
 from gpuwatchd.core.statehealth import StoreHealth, state_families
 from gpuwatchd.exposition.metrics import GPU_LABELS, MetricsRenderer, gpu_label_text
 from gpuwatchd.rules.stage import SIMULATE_BOOT_ID, RulesStage, rules_stage
 from gpuwatchd.service.handoff import Handoff, Record
 from gpuwatchd.service.pipeline import Pipeline, Stage
-from gpuwatchd.sources.gpu.backend import Backend, SupervisedBackend, XidEventSource
+from gpuwatchd.sources.gpu.backend import Backend, SupervisedBackend
 from gpuwatchd.sources.gpu.poller import Poller
-from gpuwatchd.sources.gpu.xid_events import SUPERVISED_EVENT_WAIT_S, XidEventReader
-from gpuwatchd.sources.xid_inputs import XidInputs
-from gpuwatchd.xid.catalog import decoded_verdict, sxid_verdict
+from gpuwatchd.sources.intake import XidIntake
 
 if TYPE_CHECKING:  # actions (and httpx) load only when a config has receivers or a drain
     import httpx
@@ -203,13 +201,14 @@ class Node:
         if self.actions is not None and isinstance(self.rules, RulesStage):
             self.actions.use_current(self.rules.engine.current)
         self.listeners: list[Callable[[Record], None]] = []
-        self.xids = XidInputs(
+        self.xids = XidIntake(
             config.sources,
+            config.poll.interval,
             config.state_dir if wiring.durable else None,
             backend,
             clock,
-            self._xid,
-            self.source_status,
+            self.state,
+            self,
         )
         self.renderer = MetricsRenderer.for_config(
             self.state.view,
@@ -226,20 +225,6 @@ class Node:
         self.infos: list[GpuInfo] = []
         if isinstance(backend, SupervisedBackend):
             backend.set_status(self.source_status)
-        self.events: XidEventReader | None = None
-        if config.sources.nvml_events and isinstance(backend, XidEventSource):
-            self.events = XidEventReader(
-                backend,
-                clock,
-                self.xids.nvml_event,
-                self._events_status,
-                # the worker's queue returns an event at once and close() wakes it, so
-                # its wait can be long; libnvidia-ml's own wait cannot be cut short
-                wait_s=max(config.poll.interval, SUPERVISED_EVENT_WAIT_S)
-                if isinstance(backend, SupervisedBackend)
-                else config.poll.interval,
-                retry_s=config.poll.interval,
-            )
 
     def owners(self) -> list[SectionOwner]:
         """Who applies each config section this node was built from at a reload, or says
@@ -305,49 +290,8 @@ class Node:
         for listener in self.listeners:
             listener(record)
 
-    def _xid(self, event: XidEvent) -> None:
-        """A trusted XID incident (first sight), or its partner's enrichment."""
-        extra = {"gpu": event.gpu, "xid": event.xid, "pci_bus_id": event.pci_bus_id}
-        if event.enriches:
-            log.info(
-                "XID %d on GPU %s (%s) confirmed via %s: pid %s (%s): %s",
-                event.xid,
-                event.gpu,
-                event.pci_bus_id,
-                event.source,
-                event.pid,
-                event.process or "-",
-                event.message or "-",
-                extra=extra,
-            )
-        else:
-            if event.trusted and event.kind == "sxid":
-                self.state.count_sxid(event.pci_bus_id or "", sxid_verdict(event.message))
-            elif event.trusted:
-                self.state.count_xid(
-                    event.gpu,
-                    event.xid,
-                    gpu_instance=event.gpu_instance,
-                    compute_instance=event.compute_instance,
-                    verdict=decoded_verdict(event.xid, event.message, event.kind),
-                )
-            log.warning(
-                "XID %d on GPU %s (%s) via %s: %s",
-                event.xid,
-                event.gpu,
-                event.pci_bus_id,
-                event.source,
-                event.message or "-",
-                extra=extra,
-            )
-        self.emit(event)
-
     def source_status(self, name: str, up: bool, detail: str) -> None:
         self.state.source(name, up=up, now=self.clock.now(), detail=detail)
-
-    def _events_status(self, name: str, up: bool, detail: str) -> None:
-        self.xids.nvml_events_up = up
-        self.source_status(name, up, detail)
 
     def set_pci_gpus(self, count: int | None) -> None:
         """The PCI watcher's count of NVIDIA GPUs on the bus; a change is judged at once."""

@@ -2,7 +2,7 @@
 
 ``Daemon`` runs the node for ``run`` (wall clock) and ``demo`` (sped-up clock): one poll
 worker per GPU and a scheduler (``Poller``), the kernel-log reader and the NVML XID event
-reader (``XidInputs``, ``XidEventReader``), the PCI watcher, the evaluator and the HTTP
+reader (both in ``XidIntake``), the PCI watcher, the evaluator and the HTTP
 server. The evaluator is the only thread that touches the rule engine: it runs once per
 evaluation period (``rules.evaluation_interval``, or the poll interval when longer) and
 at once when an urgent record arrives (an XID, a lost GPU, a sample whose change a rule
@@ -260,13 +260,7 @@ class Daemon:
         assert self.poller is not None
         self.poller.start()
         self._watch_workers()
-        events = self.node.events
-        if events is not None:
-            poll = self.config.poll
-            events.heartbeat = self.heartbeats.register(
-                "nvml-events", 3 * max(poll.interval, events.wait_s) + poll.call_timeout + 1
-            )
-            events.start()
+        self.xids.start_events(self.heartbeats, self.config.poll.call_timeout)
         threadnames.publish()
 
     def _reopen_loop(self) -> None:
@@ -372,8 +366,6 @@ class Daemon:
         self.pipeline.handoff.wake()  # the evaluator leaves its wait
         if self.poller is not None:
             self.poller.stop()
-        if self.node.events is not None:
-            self.node.events.stop(wait=False)  # joined once the backend is closed
         if self.http is not None:
             self.http.stop()
         if self.status_socket is not None:
@@ -388,8 +380,7 @@ class Daemon:
         for hook in self.on_stop:
             hook()
         self.node.close()
-        if self.node.events is not None:
-            self.node.events.stop()
+        self.xids.join_events()  # the closed backend ended its wait
 
     def _last_look(self) -> None:
         """Judge what reached the hand-off after the evaluator's last turn: records that

@@ -8,7 +8,8 @@ is expected within ``window`` seconds; when it comes, the pair is emitted again 
 enriching ``XidEvent`` (``enriches=True``, ``source`` naming both, e.g. ``kmsg+nvml``,
 with the kernel line's text, pid and process) that updates the same incident and is never
 counted, paged or drained again. A partner that never comes is counted as a mismatch after
-the window (one of the paths is broken). Pure: time is passed in.
+the window (one of the paths is broken). Pure: time and whether each path is up are
+passed in, and what goes out is returned (``submit``, ``expire``), never called back.
 
 One exception to first sight: an NVML event of a code judged by its message (``hold``: the
 NVLink5 XIDs 144-150 by their decoded registers, XID 154 by its recovery action) says too
@@ -21,7 +22,6 @@ from __future__ import annotations
 
 import threading
 from collections import deque
-from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from gpuwatchd.core.families import Families
@@ -35,6 +35,15 @@ class _Pending:
     event: XidEvent
     arrived: float
     held: bool = False  # not emitted yet: waits for its kernel line (see ``hold``)
+
+
+@dataclass(frozen=True)
+class Late:
+    """A first sighting whose partner did not come within the window."""
+
+    event: XidEvent
+    missing: str  # the silent path: "kernel" or "nvml"
+    emit: bool  # a held NVML event: it goes out now, judged on what NVML said
 
 
 def _key(event: XidEvent) -> tuple[str, int]:
@@ -62,19 +71,11 @@ class IncidentMerger:
     def __init__(
         self,
         window: float,
-        emit: Callable[[XidEvent], None],
         *,
-        kernel_up: Callable[[], bool],
-        nvml_up: Callable[[], bool],
-        on_mismatch: Callable[[XidEvent, str], None] | None = None,
         hold: frozenset[int] = frozenset(),
     ) -> None:
         self.window = window
         self.hold = hold
-        self.emit = emit
-        self.kernel_up = kernel_up
-        self.nvml_up = nvml_up
-        self.on_mismatch = on_mismatch
         self._pending: dict[tuple[str, int], deque[_Pending]] = {}
         self._lock = threading.Lock()
         self.merged = 0
@@ -93,13 +94,18 @@ class IncidentMerger:
         self._bus_loss[pci] = now
         return last is not None and now - last < self.window
 
-    def submit(self, event: XidEvent, now: float) -> None:
+    def submit(
+        self, event: XidEvent, now: float, *, kernel_up: bool, nvml_up: bool
+    ) -> XidEvent | None:
+        """Take one report; returns what goes out now (the incident, its enrichment) or
+        None (a duplicate, or a held NVML event). ``kernel_up``/``nvml_up``: whether each
+        path is working now, so that a partner is expected."""
         with self._lock:
             if self._duplicate_bus_loss(event, now):
                 self.duplicates += 1
-                return
+                return None
         nvml = _is_nvml(event)
-        partner_expected = self.kernel_up() if nvml else (self.nvml_up() and event.kind == "xid")
+        partner_expected = kernel_up if nvml else (nvml_up and event.kind == "xid")
         held = nvml and partner_expected and event.xid in self.hold
         out: XidEvent | None = event
         with self._lock:
@@ -118,12 +124,11 @@ class IncidentMerger:
                 self.new_pending.set()
                 if held:
                     out = None
-        if out is not None:
-            self.emit(out)
+        return out
 
-    def expire(self, now: float) -> None:
-        """Count first sightings whose partner did not come within the window (and emit
-        the held NVML events among them)."""
+    def expire(self, now: float) -> list[Late]:
+        """Count first sightings whose partner did not come within the window and return
+        them (the held NVML events among them go out now)."""
         late: list[_Pending] = []
         with self._lock:
             for key in list(self._pending):
@@ -132,14 +137,12 @@ class IncidentMerger:
                     late.append(queue.popleft())
                 if not queue:
                     del self._pending[key]
+        out = []
         for pending in late:
-            event = pending.event
-            if pending.held:  # its kernel line never came: judged on what NVML said
-                self.emit(event)
-            missing = "kernel" if _is_nvml(event) else "nvml"
+            missing = "kernel" if _is_nvml(pending.event) else "nvml"
             self.mismatch[missing] += 1
-            if self.on_mismatch is not None:
-                self.on_mismatch(event, missing)
+            out.append(Late(pending.event, missing, pending.held))
+        return out
 
     def next_expiry(self) -> float | None:
         """When the oldest first sighting's window ends (the clock of ``submit``), or None."""

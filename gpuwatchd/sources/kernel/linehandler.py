@@ -4,7 +4,9 @@ Shared by the journald and /dev/kmsg sources and by ``xid scan``: the trust deci
 made by the source (``_TRANSPORT=kernel`` and facility 0 for journald, facility 0 for
 kmsg) and passed in; this module parses each trusted message as one kernel record (the
 driver's header at its first character, see ``gpuwatchd.xid.parser``), maps the PCI
-address to a GPU, and keeps the per-source counters exported as metrics.
+address to a GPU, and keeps the per-source counters exported as metrics. Each trusted
+XID goes to the handler's ``sink`` (anything with ``append``: the XID intake in the daemon,
+a list in a test, the printer of ``xid scan``).
 """
 
 from __future__ import annotations
@@ -12,8 +14,9 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
+from typing import Protocol
 
 from gpuwatchd.core.families import Families
 from gpuwatchd.core.records import GpuInfo, XidEvent
@@ -23,6 +26,12 @@ log = logging.getLogger(__name__)
 
 SOURCES = ("journald", "kmsg", "scenario")
 FORGED_LOG_EVERY = 60.0  # seconds between two warnings about forged lines (all counted)
+
+
+class XidSink(Protocol):
+    """Where a handler puts each trusted XID it found."""
+
+    def append(self, event: XidEvent, /) -> None: ...
 
 
 @dataclass
@@ -74,11 +83,11 @@ class KernelLineHandler:
         self,
         source: str,
         resolver: GpuResolver,
-        emit: Callable[[XidEvent], None],
+        sink: XidSink,
     ) -> None:
         self.source = source
         self.resolver = resolver
-        self.emit = emit
+        self.sink = sink
         self.counters = LineCounters()
         self._stream = XidStream()
         self._lock = threading.Lock()
@@ -150,7 +159,7 @@ class KernelLineHandler:
             self.counters.last_xid_at = timestamp
             if event.gpu is None:
                 self.counters.unmapped += 1
-        self.emit(event)
+        self.sink.append(event)
         return event
 
 

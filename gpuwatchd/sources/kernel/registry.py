@@ -2,7 +2,7 @@
 
 Adding a kind: write ``sources/kernel/<kind>.py`` (its reader, the readers of its own
 ``sources`` keys and a ``KIND``: see ``kind.KernelLogKind``) and add its ``KIND`` here;
-``XidInputs`` picks it up from this list, and the config loader takes the values of
+``XidIntake`` picks it up from this list, and the config loader takes the values of
 ``sources.kernel_log`` (``KERNEL_LOG_CHOICES``) and the kinds' keys (``OPTIONS``) from it.
 """
 
