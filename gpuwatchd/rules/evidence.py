@@ -33,7 +33,7 @@ class Activity:
     Every question the memory rules ask costs O(log n) in the number of kept buckets,
     whatever the history: the episode starts are kept as a running count beside the
     buckets, the regime breaks (gaps longer than ``quiet``) as a list per ``quiet`` asked
-    about, and the peak of a regime as a running maximum per window width, extended as the
+    about, and the peak of a regime as prefix maxima per window width, extended as the
     regime grows. A late point (a clock step) rebuilds them once."""
 
     __slots__ = ("_breaks", "_dropped", "_epoch", "_peaks", "_starts", "buckets", "version")
@@ -46,7 +46,8 @@ class Activity:
         # _starts[i]: episode starts (gap EPISODE_GAP) among buckets[: i + 1], plus a constant
         self._starts: list[int] = []
         self._breaks: dict[int, list[int]] = {}  # quiet -> absolute i: a gap > quiet before i
-        self._peaks: dict[int, tuple[int, int, int, int]] = {}  # width -> (epoch, lo, hi, best)
+        # width -> (epoch, absolute lo, prefix maxima of the window counts from lo)
+        self._peaks: dict[int, tuple[int, int, list[int]]] = {}
 
     def mark(self, t: float) -> None:
         """The counter grew at time ``t``."""
@@ -163,20 +164,51 @@ class Activity:
         """The most active buckets any ``width``-bucket window inside ``[b0, b1)`` held."""
         buckets = self.buckets
         lo = bisect.bisect_left(buckets, b0)
-        hi = bisect.bisect_left(buckets, b1)
+        return self.peak_at(lo, bisect.bisect_left(buckets, b1), width)
+
+    def peak_at(self, lo: int, hi: int, width: int) -> int:
+        """``peak`` over the buckets ``[lo, hi)`` (indexes into ``buckets``). Kept per width
+        as prefix maxima from ``lo`` (the regime's first bucket, for the memory rules), one
+        entry per bucket, extended as the regime grows: any later ``hi`` costs one index,
+        an earlier one too (a look at a past bucket), and only a new ``lo`` (a new regime,
+        retention, a late point) starts the list over."""
+        if hi <= lo:
+            return 0
         d = self._dropped
-        best = 0
-        first = lo
         seen = self._peaks.get(width)
-        if seen is not None and seen[0] == self._epoch and seen[1] == lo + d and seen[2] <= hi + d:
-            best, first = seen[3], seen[2] - d  # the same regime, grown: extend its maximum
-        for i in range(first, hi):
-            j = max(bisect.bisect_right(buckets, buckets[i] - width, lo, i), lo)
-            best = max(best, i - j + 1)
-        if len(self._peaks) >= 64 and width not in self._peaks:  # the scan's widths too
-            self._peaks.clear()
-        self._peaks[width] = (self._epoch, lo + d, hi + d, best)
-        return best
+        if seen is None or seen[0] != self._epoch or seen[1] != lo + d:
+            if len(self._peaks) >= 64:  # the scan's widths too; never grow without bound
+                self._peaks.clear()
+            seen = self._peaks[width] = (self._epoch, lo + d, [])
+        maxima = seen[2]
+        if hi - lo > len(maxima):
+            buckets = self.buckets
+            best = maxima[-1] if maxima else 0
+            right = bisect.bisect_right
+            for i in range(lo + len(maxima), hi):
+                n = i - max(right(buckets, buckets[i] - width, lo, i), lo) + 1
+                if n > best:
+                    best = n
+                maxima.append(best)
+        return maxima[hi - lo - 1]
+
+    def window_at(self, s1: int, hi: int, w0: int, width: int) -> tuple[int, int, int, int]:
+        """One look's counts for the window ``[w0, buckets[hi])`` of a regime whose first
+        bucket is ``buckets[s1 - 1]`` (``s1 <= hi``, ``buckets[s1 - 1] < w0``): the active
+        buckets in the window, those between the regime's first bucket and the window,
+        the window's episodes and the regime's peak before it (``peak_at``). One bisect
+        and a few indexes: the memory rules' scan asks this of every width it tests."""
+        lo = bisect.bisect_left(self.buckets, w0, s1, hi)
+        if hi <= lo:
+            return 0, lo - s1, 0, 0
+        starts = self._starts
+        return hi - lo, lo - s1, 1 + starts[hi - 1] - starts[lo], self.peak_at(s1 - 1, lo, width)
+
+    def episodes_at(self, lo: int, hi: int) -> int:
+        """``episodes`` (gap ``EPISODE_GAP``) over the buckets ``[lo, hi)`` (indexes)."""
+        if hi <= lo:
+            return 0
+        return 1 + self._starts[hi - 1] - self._starts[lo]
 
 
 def binomial_tail(x: int, n: int, p: float) -> float:
