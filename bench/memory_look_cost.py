@@ -12,8 +12,11 @@ periodic evaluation does.
 "before" is the regime bookkeeping as it was up to commit 601502f (``NaiveActivity``
 below: the regime start found by walking back through the whole history, the episodes
 and the peak counted bucket by bucket, every look); "after" is ``rules/evidence.py`` now
-(running counts, per-``quiet`` regime breaks, a peak extended as the regime grows). Both
-read the same buckets and must agree on every verdict (checked here on every look).
+(running counts, per-``quiet`` regime breaks, a regime's counts read by index once per
+look, its peak as prefix maxima per window width extended per new bucket). Both read the
+same buckets and must agree on every verdict (checked here on every look). Each look is
+timed on its own: the average and the worst over a day of looks, and the first look on a
+fresh history (cold caches, as after a daemon start).
 
     .venv/bin/python bench/memory_look_cost.py [--looks 288] [--repeat 5]
 """
@@ -76,10 +79,32 @@ class NaiveActivity(Activity):
             best = max(best, i - j + 1)
         return best
 
+    def window_at(self, s1: int, hi: int, w0: int, width: int) -> tuple[int, int, int, int]:
+        buckets = self.buckets
+        start = buckets[s1 - 1]
+        b1 = buckets[hi - 1] + 1 if hi else w0
+        return (
+            self.count(w0, b1),
+            self.count(start + 1, w0),
+            self.episodes(w0, b1),
+            self.peak(start, w0, width),
+        )
 
-def history(n: int, shape: str, seed: int) -> list[float]:
-    """``n`` distinct active buckets over the 29 days before ``T_END`` (one regime)."""
+
+def history(n: int, shape: str, seed: int) -> tuple[list[float], list[float]]:
+    """``n`` distinct active buckets over the 29 days before ``T_END`` (one regime), and
+    none during the looks; ``chronic``: a trickle for 40 days, longer than the history
+    kept (so retention moves the regime's first kept bucket on as errors come), that goes
+    on at the same density through the two days of looks."""
     rng = random.Random(f"{shape}:{n}:{seed}")
+    if shape == "chronic":
+        first = int((T_END - 40 * DAY) // BUCKET)
+        last = int((T_END + DAY) // BUCKET)
+        density = n / (29 * 144)
+        picks = [b for b in range(first, last) if rng.random() < density]
+        times = [b * BUCKET + 1.0 for b in picks]
+        cut = T_END - 2 * DAY
+        return [t for t in times if t < cut], [t for t in times if t >= cut]
     first = int((T_END - 29 * DAY) // BUCKET)
     last = int(T_END // BUCKET)
     span = last - first
@@ -90,7 +115,7 @@ def history(n: int, shape: str, seed: int) -> list[float]:
         while len(chosen) < n:
             chosen.add(first + int(span * rng.random() ** 0.5))
         picks = list(chosen)
-    return [b * BUCKET + 1.0 for b in sorted(picks)]
+    return [b * BUCKET + 1.0 for b in sorted(picks)], []
 
 
 def build(cls: type[Activity], times: list[float]) -> Activity:
@@ -101,23 +126,52 @@ def build(cls: type[Activity], times: list[float]) -> Activity:
 
 
 def time_looks(
-    act: Activity, rules: list[MemoryTrend], looks: int, repeat: int, memo: bool = False
-) -> tuple[float, list[object]]:
-    """Microseconds per look (per rule), best of ``repeat``; the verdicts of the last run.
-    With ``memo``, each rule keeps its last verdict as the evaluator does (``JudgeMemo``)."""
+    cls: type[Activity],
+    times: list[float],
+    rules: list[MemoryTrend],
+    looks: int,
+    repeat: int,
+    memo: bool = False,
+    live: list[float] | None = None,
+) -> tuple[float, float, float, list[object]]:
+    """Microseconds per GPU look (all ``rules``) over the last day of looks, after a day
+    of untimed looks (a daemon that has been running): the average and the worst (each
+    look's time the best of ``repeat`` runs, so the machine's other jobs count as little
+    as they can); and the costliest look of the first day, on a fresh history (caches
+    cold: a daemon start). The verdicts of the last run's timed day. With ``memo``, each
+    rule keeps its last verdict as the evaluator does (``JudgeMemo``). ``live``: errors
+    that come during the looks (marked, untimed, before the first look after them)."""
+    warmup = [T_END - 2 * DAY + k * 300.0 for k in range(looks)]
     nows = [T_END - DAY + k * 300.0 for k in range(looks)]
-    best = float("inf")
+    live = live or []
+    per = [float("inf")] * looks
+    cold = float("inf")
     verdicts: list[object] = []
+    clock = time.perf_counter
     for _ in range(repeat):
-        verdicts = []
+        act = build(cls, times)
         memos = [JudgeMemo() if memo else None for _ in rules]
-        t0 = time.perf_counter()
-        for now in nows:
+        pending = list(live)
+        first = 0.0
+        for now in warmup:
+            while pending and pending[0] <= now:
+                act.mark(pending.pop(0))
+            t0 = clock()
+            for c, m in zip(rules, memos, strict=True):
+                judge(c, act, now, m)
+            first = max(first, clock() - t0)
+        cold = min(cold, first)
+        verdicts = []
+        for i, now in enumerate(nows):
+            while pending and pending[0] <= now:
+                act.mark(pending.pop(0))
+            t0 = clock()
             for c, m in zip(rules, memos, strict=True):
                 verdicts.append(judge(c, act, now, m))
-        dt = time.perf_counter() - t0
-        best = min(best, dt)
-    return best / (looks * len(rules)) * 1e6, verdicts
+            dt = clock() - t0
+            if dt < per[i]:
+                per[i] = dt
+    return sum(per) / looks * 1e6, max(per) * 1e6, cold * 1e6, verdicts
 
 
 def main() -> int:
@@ -126,29 +180,46 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--seed", type=int, default=1)
     args = ap.parse_args()
+    accel = MemoryTrend(
+        signal="acceleration", windows=(DAY, 3 * DAY), alpha=0.02, scan=DAY, scan_alpha=0.1
+    )
     rules = [
-        MemoryTrend(
-            signal="acceleration", windows=(DAY, 3 * DAY), alpha=0.02, scan=DAY, scan_alpha=0.1
-        ),
+        accel,
         MemoryTrend(signal="corroborated", windows=(DAY,), min_active=1, min_episodes=1),
     ]
     print(f"# {platform.python_implementation()} {platform.python_version()}, {platform.node()}")
-    print("active buckets | shape  | before us/look | after us/look | memo us/look | hits")
-    for n in (0, 1000, 2000):
-        for shape in ("steady", "rising"):
-            times = history(n, shape, args.seed)
-            old = build(NaiveActivity, times)
-            new = build(Activity, times)
-            assert old.buckets == new.buckets
-            before, v_old = time_looks(old, rules, args.looks, args.repeat)
-            after, v_new = time_looks(new, rules, args.looks, args.repeat)
-            memoed, v_memo = time_looks(new, rules, args.looks, args.repeat, memo=True)
+    print("# us per GPU look: both rules (before, after, with the memo) and the acceleration")
+    print("# rule alone with the memo; avg/worst over the second day of looks; cold: the")
+    print("# costliest look of the first day (fresh history, caches cold: a daemon start)")
+    print(
+        "active | shape   | before avg | after avg | memo avg/worst | accel avg/worst | cold | hits"
+    )
+    for n in (0, 1000, 2000, 4000):
+        for shape in ("steady", "rising", "chronic"):
+            if n == 0 and shape == "chronic":
+                continue
+            times, live = history(n, shape, args.seed)
+            assert build(NaiveActivity, times).buckets == build(Activity, times).buckets
+            before, _, _, v_old = time_looks(
+                NaiveActivity, times, rules, args.looks, args.repeat, live=live
+            )
+            after, _, _, v_new = time_looks(
+                Activity, times, rules, args.looks, args.repeat, live=live
+            )
+            memo_avg, memo_worst, cold, v_memo = time_looks(
+                Activity, times, rules, args.looks, args.repeat, memo=True, live=live
+            )
+            acc_avg, acc_worst, _, _ = time_looks(
+                Activity, times, [accel], args.looks, args.repeat, memo=True, live=live
+            )
             if v_old != v_new or v_new != v_memo:
                 print(f"verdicts differ at n={n} {shape}", file=sys.stderr)
                 return 1
             hits = sum(v is not None for v in v_new)
             print(
-                f"{n:14d} | {shape:6s} | {before:14.1f} | {after:13.1f} | {memoed:12.1f} | {hits}"
+                f"{n:6d} | {shape:7s} | {before:10.1f} | {after:9.1f} |"
+                f" {memo_avg:6.1f}/{memo_worst:7.1f} | {acc_avg:6.1f}/{acc_worst:8.1f} |"
+                f" {cold:7.1f} | {hits}"
             )
     return 0
 

@@ -187,3 +187,19 @@ def test_the_cli_shows_per_family_progress_on_a_terminal_only() -> None:
     quiet = _backtest(subprocess.PIPE)
     out, err = quiet.communicate(timeout=300)
     assert quiet.returncode == 0 and err == b"" and b"sram-only" in out
+
+
+@pytest.mark.parametrize("name", ["leak-weekly-daily-hourly", "leak-regular-cadence"])
+def test_every_leak_ends_inside_its_trace(name: str) -> None:
+    # A weekly phase of up to 19 days after a start of up to 3, then up to 8 daily days and
+    # an hourly one: 31 days that a 30-day trace cut short, so the DBE came after the
+    # scenario's end and the backtest refused the file (seeds 4, 7, 9 of the weekly leak
+    # at --files 12). Every event and the DBE now lie inside the trace, and every
+    # generated file parses.
+    family = bt.family_named(name)
+    for seed in range(1, 11):
+        for text, traces in bt.generate(family, seed, 12):
+            for tr in traces:
+                assert tr.dbe_at is not None and 0 <= tr.dbe_at < tr.days * DAY
+                assert all(0 <= t < tr.days * DAY for t, _ in tr.events)
+            parse_scenario(text, f"{name}-{seed}.yaml")

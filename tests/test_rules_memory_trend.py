@@ -12,6 +12,8 @@ import pytest
 from rulekit import Node
 
 from gpuwatchd.core.errors import ConfigError
+from gpuwatchd.core.units import format_duration
+from gpuwatchd.harness.backtest import family_named
 from gpuwatchd.rules.conditions.memory_trend import JudgeMemo, MemoryTrend, judge
 from gpuwatchd.rules.evidence import (
     BUCKET,
@@ -627,3 +629,166 @@ def test_memoised_looks_give_the_same_verdicts(seed: int) -> None:
             hits += fresh is not None
         t += 120.0
     assert hits > 0  # the rules did fire: the equality covered hits, not only silence
+
+
+# The acceleration test as it was before the incremental scan (issue 25 item 4): every
+# window walks the bucket list from the regime's start. The reference for the verdicts.
+def _full_accelerated(
+    c: MemoryTrend, buckets: list[int], b1: int, width: int, quiet: int, alpha: float
+) -> object:
+    w0 = b1 - width
+    recent = [b for b in buckets if w0 <= b < b1]
+    x = len(recent)
+    if x < c.min_active:
+        return None
+    episodes = sum(1 for i, b in enumerate(recent) if i == 0 or b - recent[i - 1] > 6)
+    if episodes < c.min_episodes:
+        return None
+    before = [b for b in buckets if b < b1]
+    i = len(before) - 1
+    while i > 0 and before[i] - before[i - 1] <= quiet:
+        i -= 1
+    start = before[i]
+    if (w0 - start) * BUCKET < c.min_baseline:
+        return None
+    baseline = w0 - start - 1
+    if baseline <= 0:
+        return None
+    y = sum(1 for b in before if start + 1 <= b < w0)
+    p0 = c.factor * width / (c.factor * width + baseline)
+    if x <= (x + y) * p0:
+        return None
+    regime = [b for b in before if start <= b < w0]
+    peak = 0
+    j = 0
+    for i, b in enumerate(regime):  # a sliding window over the regime, from its start
+        while regime[j] <= b - width:
+            j += 1
+        peak = max(peak, i - j + 1)
+    if peak >= max(c.min_active, c.peak_ratio * x):
+        return None
+    p = rate_ratio_p_value(x, float(width), y, float(baseline), c.factor)
+    if p >= alpha:
+        return None
+    return float(x), {
+        "active": x,
+        "episodes": episodes,
+        "p_value": f"{p:.1e}",
+        "baseline_rate": round(y / (baseline * BUCKET / 86400.0), 2),
+        "recent_rate": round(x / (width * BUCKET / 86400.0), 2),
+        "window": format_duration(width * BUCKET),
+    }
+
+
+def _full_judge(c: MemoryTrend, buckets: list[int], now: float) -> object:
+    b1 = int(now // BUCKET) + 1
+    quiet = int(c.quiet // BUCKET)
+    for window in c.windows:
+        hit = _full_accelerated(
+            c, buckets, b1, int(window // BUCKET), quiet, c.alpha / len(c.windows)
+        )
+        if hit is not None:
+            return hit
+    if b1 - 1 not in buckets:
+        return None
+    step = int(c.scan // BUCKET)
+    before = [b for b in buckets if b < b1]
+    i = len(before) - 1
+    while i > 0 and before[i] - before[i - 1] <= quiet:
+        i -= 1
+    start = before[i]
+    fixed = {int(w // BUCKET) for w in c.windows}
+    width = step
+    while b1 - width - start >= max(c.scan_baseline / BUCKET, c.scan_ratio * width):
+        if width not in fixed:
+            hit = _full_accelerated(c, buckets, b1, width, quiet, c.scan_alpha)
+            if hit is not None:
+                return hit
+        width += step
+    return None
+
+
+SHIPPED_ACCELERATION = MemoryTrend(
+    signal="acceleration", windows=(DAY, 3 * DAY), alpha=0.02, scan=DAY, scan_alpha=0.1
+)
+
+
+def _compare_with_full_scan(times: list[float], c: MemoryTrend, stride: int) -> int:
+    """Marks ``times`` in order and, at every active bucket and every ``stride``-th bucket,
+    checks judge() (incremental: shared regime bookkeeping, prefix-maximum peaks, the memo)
+    against the full rescan; returns the hits seen."""
+    a = Activity()
+    memo = JudgeMemo()
+    times = sorted(times)
+    if not times:
+        return 0
+    hits = 0
+    k = 0
+    b = int(times[0] // BUCKET)
+    last = int(times[-1] // BUCKET) + 2
+    while b <= last:
+        marked = False
+        while k < len(times) and int(times[k] // BUCKET) == b:
+            a.mark(times[k])
+            k += 1
+            marked = True
+        if marked or b % stride == 0:
+            now = b * BUCKET + 300.0
+            full = _full_judge(c, list(a.buckets), now)
+            assert judge(c, a, now, memo) == full, (b, full)
+            hits += full is not None
+        b += 1
+    return hits
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_incremental_scan_matches_the_full_scan_on_random_histories(seed: int) -> None:
+    # Randomised histories: a trickle, sessions, a rise, a silence that starts a new regime
+    # (where quiet is short); the incremental verdicts equal the full rescan's, hits and values.
+    rng = random.Random(seed)
+    c = SHIPPED_ACCELERATION
+    if seed % 2:
+        c = MemoryTrend(
+            signal="acceleration",
+            windows=(DAY,),
+            alpha=0.05,
+            scan=DAY / 2,
+            scan_alpha=0.2,
+            min_active=2,
+            min_episodes=2,
+            peak_ratio=0.5,
+            quiet=5 * DAY,
+            scan_baseline=2 * DAY,
+        )
+    times: list[float] = []
+    t = T0
+    end = T0 + 26 * DAY
+    while t < end:
+        phase = (t - T0) / (end - T0)
+        rate = 1 / (3 * DAY) if phase < 0.4 else (0.3 + 12 * phase**3) / DAY
+        if 0.15 < phase < 0.22 or 0.88 < phase < 0.92:
+            rate = 4 / DAY  # a busy spell that subsides (the peak veto's case)
+        if 0.5 < phase < 0.75:
+            rate = 0.0  # a silence (a new regime where quiet is short)
+        t += rng.expovariate(rate) if rate > 0 else DAY
+        if rng.random() < 0.1:  # a session: several buckets in a row
+            times.extend(t + i * BUCKET for i in range(rng.randint(2, 12)))
+        times.append(t)
+    hits = _compare_with_full_scan([x for x in times if x < end], c, stride=5)
+    assert hits > 0
+
+
+@pytest.mark.parametrize(
+    "name", ["leak-weekly-daily-hourly", "leak-doubling-24h", "sessions-on-trickle", "trickle"]
+)
+def test_incremental_scan_matches_the_full_scan_on_backtest_traces(name: str) -> None:
+    # The backtest's own traces (one GPU each): the same verdicts at every active bucket.
+    family = family_named(name)
+    rng = random.Random(f"incremental:{name}")
+    total = 0
+    for _ in range(2):
+        trace = family.make(rng)
+        times = [T0 + t for t, text in trace.events if text.startswith("add:")]
+        total += _compare_with_full_scan(times, SHIPPED_ACCELERATION, stride=13)
+    if name.startswith("leak"):
+        assert total > 0

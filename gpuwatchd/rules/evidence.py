@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import bisect
 import math
+from collections import deque
 
 BUCKET = 600.0  # seconds per activity bucket
 EPISODE_GAP = 6  # buckets of silence (1 hour) that separate two episodes
@@ -33,8 +34,8 @@ class Activity:
     Every question the memory rules ask costs O(log n) in the number of kept buckets,
     whatever the history: the episode starts are kept as a running count beside the
     buckets, the regime breaks (gaps longer than ``quiet``) as a list per ``quiet`` asked
-    about, and the peak of a regime as a running maximum per window width, extended as the
-    regime grows. A late point (a clock step) rebuilds them once."""
+    about, and the peak of a regime as a sliding maximum of window counts per width, extended as
+    buckets come. A late point (a clock step) rebuilds them once."""
 
     __slots__ = ("_breaks", "_dropped", "_epoch", "_peaks", "_starts", "buckets", "version")
 
@@ -46,7 +47,7 @@ class Activity:
         # _starts[i]: episode starts (gap EPISODE_GAP) among buckets[: i + 1], plus a constant
         self._starts: list[int] = []
         self._breaks: dict[int, list[int]] = {}  # quiet -> absolute i: a gap > quiet before i
-        self._peaks: dict[int, tuple[int, int, int, int]] = {}  # width -> (epoch, lo, hi, best)
+        self._peaks: dict[int, _Peaks] = {}  # window width -> its window counts
 
     def mark(self, t: float) -> None:
         """The counter grew at time ``t``."""
@@ -163,20 +164,99 @@ class Activity:
         """The most active buckets any ``width``-bucket window inside ``[b0, b1)`` held."""
         buckets = self.buckets
         lo = bisect.bisect_left(buckets, b0)
-        hi = bisect.bisect_left(buckets, b1)
+        return self.peak_at(lo, bisect.bisect_left(buckets, b1), width)
+
+    def peak_at(self, lo: int, hi: int, width: int) -> int:
+        """``peak`` over the buckets ``[lo, hi)`` (indexes into ``buckets``).
+
+        A window that reaches back before ``buckets[lo]`` (its end before
+        ``buckets[lo] + width``) holds every bucket from ``lo`` to its end, so the best of
+        those is the last one's count. Every later window lies inside the kept history, and
+        its count does not depend on ``lo``: those counts are kept per width (``_Peaks``),
+        one per bucket, computed once when the bucket is first asked about, and their
+        maximum over ``[k, hi)`` is a sliding maximum (a monotone deque). While looks move
+        forward in time (``lo`` and ``hi`` never go back) a look costs O(1) amortised per
+        width, whatever the history: a new regime or retention moving ``lo`` only slides
+        the window. A look at the past starts the deque over (O(n), tests and benches)."""
+        if hi <= lo:
+            return 0
+        buckets = self.buckets
+        k = bisect.bisect_left(buckets, buckets[lo] + width, lo, hi)
+        best = k - lo  # the windows that reach back before lo: the last one holds k - lo
+        if k >= hi:
+            return best
         d = self._dropped
-        best = 0
-        first = lo
-        seen = self._peaks.get(width)
-        if seen is not None and seen[0] == self._epoch and seen[1] == lo + d and seen[2] <= hi + d:
-            best, first = seen[3], seen[2] - d  # the same regime, grown: extend its maximum
-        for i in range(first, hi):
-            j = max(bisect.bisect_right(buckets, buckets[i] - width, lo, i), lo)
-            best = max(best, i - j + 1)
-        if len(self._peaks) >= 64 and width not in self._peaks:  # the scan's widths too
-            self._peaks.clear()
-        self._peaks[width] = (self._epoch, lo + d, hi + d, best)
-        return best
+        pk = self._peaks.get(width)
+        if pk is None or pk.epoch != self._epoch or pk.base > k + d:
+            if len(self._peaks) >= 64:  # the scan's widths too; never grow without bound
+                self._peaks.clear()
+            pk = self._peaks[width] = _Peaks(self._epoch, k + d)
+        return max(best, pk.max(buckets, d, k, hi, width))
+
+    def window_at(self, s1: int, hi: int, w0: int, width: int) -> tuple[int, int, int, int]:
+        """One look's counts for the window ``[w0, buckets[hi])`` of a regime whose first
+        bucket is ``buckets[s1 - 1]`` (``s1 <= hi``, ``buckets[s1 - 1] < w0``): the active
+        buckets in the window, those between the regime's first bucket and the window,
+        the window's episodes and the regime's peak before it (``peak_at``). One bisect
+        and a few indexes: the memory rules' scan asks this of every width it tests."""
+        lo = bisect.bisect_left(self.buckets, w0, s1, hi)
+        if hi <= lo:
+            return 0, lo - s1, 0, 0
+        starts = self._starts
+        return hi - lo, lo - s1, 1 + starts[hi - 1] - starts[lo], self.peak_at(s1 - 1, lo, width)
+
+    def episodes_at(self, lo: int, hi: int) -> int:
+        """``episodes`` (gap ``EPISODE_GAP``) over the buckets ``[lo, hi)`` (indexes)."""
+        if hi <= lo:
+            return 0
+        return 1 + self._starts[hi - 1] - self._starts[lo]
+
+
+class _Peaks:
+    """One window width's counts: ``counts[i - base]`` active buckets in the ``width``
+    buckets that end with bucket ``i`` (absolute index), and a monotone deque of the
+    indexes in ``[k, hi)`` whose counts no later index beats (its front: the maximum)."""
+
+    __slots__ = ("base", "counts", "epoch", "hi", "k", "queue")
+
+    def __init__(self, epoch: int, base: int) -> None:
+        self.epoch = epoch
+        self.base = base
+        self.counts: list[int] = []
+        self.queue: deque[int] = deque()
+        self.k = base
+        self.hi = base
+
+    def max(self, buckets: list[int], d: int, k: int, hi: int, width: int) -> int:
+        """The most any window ending in ``[k, hi)`` (local indexes) held."""
+        k += d
+        hi += d
+        queue = self.queue
+        if k < self.k or hi < self.hi:  # a look back in time: start over from k
+            queue.clear()
+            self.hi = k
+        counts = self.counts
+        if self.base + len(counts) < k:  # none kept is asked for any more: start at k
+            counts.clear()
+            queue.clear()
+            self.base = self.hi = k
+        base = self.base
+        right = bisect.bisect_right
+        for i in range(base + len(counts), hi):  # counts of the buckets not yet seen
+            j = i - d
+            counts.append(j - right(buckets, buckets[j] - width, 0, j) + 1)
+        for i in range(max(self.hi, k), hi):
+            n = counts[i - base]
+            while queue and counts[queue[-1] - base] <= n:
+                queue.pop()
+            queue.append(i)
+        while queue and queue[0] < k:
+            queue.popleft()
+        self.k, self.hi = k, hi
+        if k - base > 4096:  # the regime moved on (retention, a new one): keep it bounded
+            del counts[: k - base]
+            base = self.base = k
+        return counts[queue[0] - base] if queue else 0
 
 
 def binomial_tail(x: int, n: int, p: float) -> float:

@@ -36,6 +36,7 @@ at least ``quiet`` of silence). One condition, three signals (``signal``):
 
 from __future__ import annotations
 
+import bisect
 import logging
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -171,70 +172,86 @@ def _judge(c: MemoryTrend, act: Activity, b1: int) -> Hit | None:
                 return None  # an old regime: acceleration's business
             values["regime_age"] = format_duration(max(b1 - start, 0) * BUCKET)
         return float(x), values
+    buckets = act.buckets
+    hi = bisect.bisect_left(buckets, b1)
+    if hi == 0:
+        return None  # no activity before b1
+    start = act.regime_start(b1, quiet)
+    assert start is not None
+    # the regime's bookkeeping, found once per look and shared by every window tested
+    r = _Regime(act, b1, hi, start, bisect.bisect_right(buckets, start, 0, hi))
     alpha = c.alpha / len(c.windows)
     for window in c.windows:
-        hit = _accelerated(c, act, b1, int(window // BUCKET), quiet, alpha)
+        hit = _accelerated(c, r, int(window // BUCKET), alpha)
         if hit is not None:
             return hit
     if c.scan > 0:
-        return _scanned(c, act, b1, quiet)
+        return _scanned(c, r)
     return None
 
 
-def _scanned(c: MemoryTrend, act: Activity, b1: int, quiet: int) -> Hit | None:
+class _Regime:
+    """One look's view of the regime that holds at ``b1``: the index past the last bucket
+    before ``b1`` (``hi``), the regime's first bucket (``start``) and the index just past
+    it (``s1``). The windows read their counts as index differences from these (one bisect
+    for where each window begins), so testing one more window costs O(log n)."""
+
+    __slots__ = ("act", "b1", "hi", "s1", "start")
+
+    def __init__(self, act: Activity, b1: int, hi: int, start: int, s1: int) -> None:
+        self.act = act
+        self.b1 = b1
+        self.hi = hi
+        self.start = start
+        self.s1 = s1
+
+
+def _scanned(c: MemoryTrend, r: _Regime) -> Hit | None:
     """The change-point scan: windows of ``k * c.scan`` back from ``b1``, the shortest
     first, while the regime before them is long enough to be a baseline. It runs in an
     active bucket only: a rise shows most where new activity just came (later, the same
     windows hold no more events and a longer baseline), and so it costs nothing on the
-    looks between errors."""
-    if act.count(b1 - 1, b1) == 0:
-        return None
-    start = act.regime_start(b1, quiet)
-    if start is None:
-        return None
+    looks between errors. Each width reads the regime's counts by index (``_Regime``) and
+    its peak from prefix maxima kept per width (``Activity.peak_at``): nothing is rescanned
+    from the regime's start when a new bucket comes."""
+    if r.act.buckets[r.hi - 1] != r.b1 - 1:
+        return None  # no activity in the newest bucket
     step = max(int(c.scan // BUCKET), 1)
     least = c.scan_baseline / BUCKET
     fixed = {int(w // BUCKET) for w in c.windows}
     width = step
     while True:
-        baseline = b1 - width - start
+        baseline = r.b1 - width - r.start
         if baseline < least or baseline < c.scan_ratio * width:
             return None
         if width not in fixed:
-            hit = _accelerated(c, act, b1, width, quiet, c.scan_alpha)
+            hit = _accelerated(c, r, width, c.scan_alpha)
             if hit is not None:
                 return hit
         width += step
 
 
-def _accelerated(
-    c: MemoryTrend, act: Activity, b1: int, width: int, quiet: int, alpha: float
-) -> Hit | None:
-    w0 = b1 - width
-    x = act.count(w0, b1)
-    if x < c.min_active:
-        return None
-    episodes = act.episodes(w0, b1)
-    if episodes < c.min_episodes:
-        return None
-    start = act.regime_start(b1, quiet)
-    assert start is not None  # x > 0
-    if (w0 - start) * BUCKET < c.min_baseline:
+def _accelerated(c: MemoryTrend, r: _Regime, width: int, alpha: float) -> Hit | None:
+    act = r.act
+    w0 = r.b1 - width
+    if (w0 - r.start) * BUCKET < c.min_baseline:
         return None  # a young regime: a step, not (yet) an acceleration
     # The regime's first bucket is the stopping time that defines the regime: it is active
     # by construction, so it is no evidence of the rate. Under H0 the activity after it is
     # the Poisson process; counting it would add one sure event to the baseline.
-    baseline = w0 - start - 1
+    baseline = w0 - r.start - 1
     if baseline <= 0:
         return None
-    y = act.count(start + 1, w0)
+    x, y, episodes, peak = act.window_at(r.s1, r.hi, w0, width)  # w0 > start
+    if x < c.min_active or episodes < c.min_episodes:
+        return None
     p0 = c.factor * width / (c.factor * width + baseline)
     if x <= (x + y) * p0:
         return None  # at most the expected count: p >= 0.5 > alpha (and no sum to take)
+    if peak >= max(c.min_active, c.peak_ratio * x):
+        return None  # an earlier window of this regime was as busy, and it subsided
     if binomial_tail_floor(x, x + y, p0) >= alpha:
         return None  # surely not significant (Slud's bound): no exact sum to take
-    if act.peak(start, w0, width) >= max(c.min_active, c.peak_ratio * x):
-        return None  # an earlier window of this regime was as busy, and it subsided
     p = rate_ratio_p_value(x, float(width), y, float(baseline), c.factor)
     if p >= alpha:
         return None
@@ -242,7 +259,7 @@ def _accelerated(
         # Overdispersion: the baseline's day counts vary more than a Poisson process's, so
         # the counts carry less evidence than their size says; test them scaled down by the
         # dispersion factor (quasi-Poisson), the recent count rounded down.
-        phi = act.dispersion(start + 1, w0)
+        phi = act.dispersion(r.start + 1, w0)
         if phi > 1.0:
             p = rate_ratio_p_value(
                 int(x / phi), float(width), round(y / phi), float(baseline), c.factor
