@@ -42,6 +42,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
+import slurm_support  # noqa: E402
 from slurm_support import Slurm, start_slurm  # noqa: E402
 
 from gpuwatchd.actions.drivers import DrainError, SlurmDriver  # noqa: E402
@@ -84,7 +85,15 @@ def main() -> int:
     ap.add_argument("--recheck", type=float, default=30.0)
     ap.add_argument("--timeout", type=float, default=600.0, help="give up after this")
     ap.add_argument("--json", help="write the numbers here")
+    ap.add_argument(
+        "--plugin-dir",
+        help="Slurm's plugin directory, for a Slurm unpacked into a private prefix "
+        "(bench/fleet_storm_remote.sh)",
+    )
+    ap.add_argument("--log-dir", help="keep the tails of slurmctld's logs here")
     args = ap.parse_args()
+    if args.plugin_dir:
+        slurm_support.SLURM_CONF = f"PluginDir={args.plugin_dir}\n" + slurm_support.SLURM_CONF
     work = Path(tempfile.mkdtemp(prefix="gpuwatchd-fleet-storm-"))
     cluster, procs = start_slurm(work, extra=args.nodes)
     os.environ["SLURM_CONF"] = cluster.env["SLURM_CONF"]
@@ -129,10 +138,22 @@ def main() -> int:
         began = time.monotonic()
         start.set()
         samples: list[int] = []
+        changed_at = 0.0  # when the drained count last changed: the settle time
+        sample_failures = 0
         decided_at: float | None = None
         while time.monotonic() - began < args.timeout:
-            out = cluster.run("sinfo", "--noheader", "--list-reasons", "--Node", "--format", "%E")
-            samples.append(sum(1 for line in out.splitlines() if line.startswith("gpuwatchd:")))
+            try:
+                out = cluster.run(
+                    "sinfo", "--noheader", "--list-reasons", "--Node", "--format", "%E"
+                )
+            except (AssertionError, subprocess.TimeoutExpired):
+                # a saturated slurmctld refuses the sampler too: count it, keep sampling
+                sample_failures += 1
+            else:
+                count = sum(1 for ln in out.splitlines() if ln.startswith("gpuwatchd:"))
+                if not samples or count != samples[-1]:
+                    changed_at = time.monotonic() - began
+                samples.append(count)
             with lock:
                 done = len(outcome) == len(threads)
             if done and decided_at is None:
@@ -153,10 +174,12 @@ def main() -> int:
             "peak_drained": max(samples, default=0),
             "final_drained": final,
             "decided_s": decided_at,
+            "settle_s": changed_at,  # the drained count's last change, seconds from the XID
             "span_s": span,
             "stages_answered": answered,  # had at least one answer (drained or held back)
             "stages_drained_or_done": decided,
             "samples": len(samples),
+            "sample_failures": sample_failures,
             # where this machine's CPU went: slurmctld itself, and the Slurm client processes
             # (sinfo/scontrol) that a real fleet runs on its own 2,000 nodes
             "slurmctld_cpu_s": ctld1 - ctld0,
@@ -174,6 +197,13 @@ def main() -> int:
     finally:
         for p in reversed(procs):
             p.stop()
+        if args.log_dir:  # the controller's own account, before the work dir goes
+            keep = Path(args.log_dir)
+            keep.mkdir(parents=True, exist_ok=True)
+            for name in ("slurmctld.log", "ctld.out", "slurmd.log", "slurmd.out", "slurm.conf"):
+                if (work / name).exists():
+                    tail = (work / name).read_bytes()[-2_000_000:]
+                    (keep / f"n{args.nodes}-{name}").write_bytes(tail)
         subprocess.run(["rm", "-rf", str(work)], check=False)
     return 0
 
