@@ -25,7 +25,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "bench")]
 
-from fleet_storm import cpu_of  # noqa: E402
+from fleet_storm import cpu_of, use_plugin_dir  # noqa: E402
 from slurm_support import start_slurm  # noqa: E402
 
 from gpuwatchd.actions.drivers import SlurmDriver  # noqa: E402
@@ -59,9 +59,15 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("-n", "--nodes", type=int, action="append")
     ap.add_argument("--rounds", type=int, default=20)
+    ap.add_argument("--plugin-dir", help="Slurm's plugin directory (bench/fleet_storm_remote.sh)")
+    ap.add_argument("--json", help="write the numbers here")
     args = ap.parse_args()
+    if args.plugin_dir:
+        use_plugin_dir(args.plugin_dir)
     results = [measure(n, args.rounds) for n in args.nodes or [500]]
     print(json.dumps(results, indent=2))
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
     return 0
 
 

@@ -78,6 +78,11 @@ def rpc_delta(
     return dict(sorted(out.items(), key=lambda kv: -kv[1][1]))
 
 
+def use_plugin_dir(path: str) -> None:
+    """Slurm's plugins are in ``path`` (a Slurm unpacked into a private prefix)."""
+    slurm_support.SLURM_CONF = f"PluginDir={path}\n" + slurm_support.SLURM_CONF
+
+
 def cpu_of(pid: int) -> float:
     """CPU seconds (user + system) of a running process, from /proc."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -106,7 +111,7 @@ def main() -> int:
     ap.add_argument("--log-dir", help="keep the tails of slurmctld's logs here")
     args = ap.parse_args()
     if args.plugin_dir:
-        slurm_support.SLURM_CONF = f"PluginDir={args.plugin_dir}\n" + slurm_support.SLURM_CONF
+        use_plugin_dir(args.plugin_dir)
     work = Path(tempfile.mkdtemp(prefix="gpuwatchd-fleet-storm-"))
     cluster, procs = start_slurm(work, extra=args.nodes)
     os.environ["SLURM_CONF"] = cluster.env["SLURM_CONF"]

@@ -30,7 +30,10 @@
 #
 # Knobs (environment): FLEET_SIZES ("500 2000"), FLEET_PERCENT (5), FLEET_PKG, PYTHON (python3),
 # FLEET_LOADER (auto), FLEET_STORM_TIMEOUT (seconds of storm per size: "100 240" for the sizes
-# in order; the last value repeats). The whole run stays under 8 minutes at the defaults.
+# in order; the last value repeats), FLEET_CENSUS_SIZES (empty: also run
+# bench/fleet_census_cost.py at these sizes, at most 2 minutes). The whole run stays under 8
+# minutes at the defaults. The work dir is under $TMPDIR (else /tmp), or under .fleetwork/ in
+# this repo where /tmp does not let files be executed.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -41,7 +44,17 @@ PY=${PYTHON:-python3}
 LOADER=${FLEET_LOADER:-auto}
 TIMEOUTS=${FLEET_STORM_TIMEOUT:-"100 240"}
 RESULTS=${OUT:-$PWD/fleet-storm-out}
-WORK=$(mktemp -d "${TMPDIR:-/tmp}/gpuwatchd-fleet-remote.XXXXXX")
+runs_here() { # DIR: can a file under it be executed (a noexec /tmp cannot)?
+    local f rc
+    f=$(mktemp "$1/gpuwatchd-exec.XXXXXX") || return 1
+    printf '#!/bin/sh\nexit 0\n' > "$f" && chmod +x "$f" && "$f"
+    rc=$?
+    rm -f "$f"
+    return $rc
+}
+BASE=${TMPDIR:-/tmp}
+runs_here "$BASE" 2>/dev/null || { BASE=$ROOT/.fleetwork && mkdir -p "$BASE"; }
+WORK=$(mktemp -d "$BASE/gpuwatchd-fleet-remote.XXXXXX")
 BENCH_PID=""
 SETSID=()
 
@@ -74,6 +87,7 @@ cleanup() {
         [ -n "$pid" ] && kill -KILL "$pid" 2>/dev/null || true
     done < <(find "$WORK" -name 'slurm*.pid' 2>/dev/null)
     rm -rf "$WORK"
+    [ "$BASE" != "$ROOT/.fleetwork" ] || rmdir "$BASE" 2>/dev/null || true
     say "done (status $rc); results in $RESULTS"
     exit "$rc"
 }
@@ -233,21 +247,16 @@ command -v setsid >/dev/null 2>&1 && SETSID=(setsid)
 export PATH="$WORK/bin:$PATH"
 unset SLURM_CONF
 read -r -a timeouts <<< "$TIMEOUTS"
-i=0
 status=0
-for n in $SIZES; do
-    t=${timeouts[$i]:-${timeouts[-1]}}
-    i=$((i + 1))
-    say "storm: $n nodes, budget $PERCENT %, at most $t s of storm"
-    started=$SECONDS
-    "${SETSID[@]}" "$PY" -I -S -c "$BOOT" "$SITE" "$ROOT/bench/fleet_storm.py" \
-        -n "$n" --percent "$PERCENT" --timeout "$t" --plugin-dir "$PLUGINS" \
-        --json "$RESULTS/fleet_storm_$n.json" --log-dir "$RESULTS/logs" &
+run_bench() { # WHAT LIMIT_S SCRIPT ARGS...: one bench, stopped after LIMIT_S seconds
+    local what=$1 limit=$2
+    shift 2
+    local started=$SECONDS
+    "${SETSID[@]}" "$PY" -I -S -c "$BOOT" "$SITE" "$@" &
     BENCH_PID=$!
-    # slurm start-up and the report get 45 s on top of the storm
     while kill -0 "$BENCH_PID" 2>/dev/null; do
-        if [ $((SECONDS - started)) -gt $((${t%.*} + 45)) ]; then
-            say "storm at $n nodes ran past $((${t%.*} + 45)) s: stopping it"
+        if [ $((SECONDS - started)) -gt "$limit" ]; then
+            say "$what ran past $limit s: stopping it"
             stop_bench
             status=4
             break
@@ -255,11 +264,29 @@ for n in $SIZES; do
         sleep 1
     done
     if [ -n "$BENCH_PID" ]; then
-        wait "$BENCH_PID" || { say "bench at $n nodes failed (status $?)"; status=4; }
+        wait "$BENCH_PID" || { say "$what failed (status $?)"; status=4; }
         BENCH_PID=""
     fi
-    say "storm at $n nodes took $((SECONDS - started)) s"
+    say "$what took $((SECONDS - started)) s"
     left=$(pgrep -a -f "$WORK" | grep -v -e pgrep -e fleet_storm_remote || true)
-    [ -z "$left" ] || say "left running after the bench: $left"
+    [ -z "$left" ] || say "left running after $what: $left"
+}
+i=0
+for n in $SIZES; do
+    t=${timeouts[$i]:-${timeouts[-1]}}
+    i=$((i + 1))
+    say "storm: $n nodes, budget $PERCENT %, at most $t s of storm"
+    # slurm start-up and the report get 45 s on top of the storm
+    run_bench "storm at $n nodes" $((${t%.*} + 45)) "$ROOT/bench/fleet_storm.py" \
+        -n "$n" --percent "$PERCENT" --timeout "$t" --plugin-dir "$PLUGINS" \
+        --json "$RESULTS/fleet_storm_$n.json" --log-dir "$RESULTS/logs"
 done
+# optional: what one census costs slurmctld at these sizes (FLEET_CENSUS_SIZES="2000 10000")
+census=()
+for n in ${FLEET_CENSUS_SIZES:-}; do census+=(-n "$n"); done
+if [ ${#census[@]} -gt 0 ]; then
+    say "census cost at ${FLEET_CENSUS_SIZES}"
+    run_bench "census cost" 120 "$ROOT/bench/fleet_census_cost.py" "${census[@]}" \
+        --rounds 10 --plugin-dir "$PLUGINS" --json "$RESULTS/fleet_census_cost.json"
+fi
 exit $status
