@@ -9,8 +9,10 @@ all seeing the same XID within ``--spread`` seconds (default 1). A stage held ba
 again after a jittered ``--recheck``. The controller is sampled every 100 ms.
 
 Prints (and ``--json`` writes): peak gpuwatchd drains at any sample, the final count, the
-time until every stage had decided, slurmctld's RPC rate and mean RPC time over the storm
-(``sdiag`` before and after), and how many Slurm calls failed.
+time until every stage had decided and until the count last changed, slurmctld's RPC rate
+and mean RPC time over the storm (``sdiag`` before and after, also per message type), how
+many cheap and full censuses, choosing re-reads and claim writes the stages made, and how
+many Slurm calls failed.
 
     python3 bench/fleet_storm.py -n 100
     python3 bench/fleet_storm.py -n 500 --percent 5 --json out.json
@@ -37,32 +39,49 @@ import sys
 import tempfile
 import threading
 import time
+from collections import Counter
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
+import slurm_support  # noqa: E402
 from slurm_support import Slurm, start_slurm  # noqa: E402
 
 from gpuwatchd.actions.drain.drivers.base import DrainError  # noqa: E402
 from gpuwatchd.actions.drain.drivers.slurm import SlurmDriver  # noqa: E402
-from gpuwatchd.actions.fleet import FleetBudget  # noqa: E402
+from gpuwatchd.actions.fleet import CHOOSING_POLL, Census, Claim, FleetBudget  # noqa: E402
 from gpuwatchd.config.actions import FleetDrainConfig  # noqa: E402
 
 REASON = "gpuwatchd: XID 79 GPU 3 00000000:3E:00.0"
 
 
-def sdiag(cluster: Slurm) -> tuple[int, float]:
-    """(RPCs served, total RPC microseconds) from slurmctld's statistics."""
+def sdiag(cluster: Slurm) -> dict[str, tuple[int, float]]:
+    """Per RPC message type: (served, total microseconds), from slurmctld's statistics."""
     out = cluster.run("sdiag")
-    count = 0
-    micros = 0.0
     section = out.split("Remote Procedure Call statistics by message type", 1)[-1]
     section = section.split("Remote Procedure Call statistics by user", 1)[0]
-    for m in re.finditer(r"count:\s*(\d+)\s+ave_time:\s*(\d+)\s+total_time:\s*(\d+)", section):
-        count += int(m.group(1))
-        micros += float(m.group(3))
-    return count, micros
+    found = re.finditer(
+        r"(\w+)\s*\(\s*\d+\)\s*count:\s*(\d+)\s+ave_time:\s*\d+\s+total_time:\s*(\d+)", section
+    )
+    return {m.group(1): (int(m.group(2)), float(m.group(3))) for m in found}
+
+
+def rpc_delta(
+    before: dict[str, tuple[int, float]], after: dict[str, tuple[int, float]]
+) -> dict[str, tuple[int, float]]:
+    """RPCs served between two ``sdiag`` reads, per type: (count, total milliseconds)."""
+    out = {}
+    for kind, (count, micros) in after.items():
+        c0, m0 = before.get(kind, (0, 0.0))
+        if count > c0:
+            out[kind] = (count - c0, (micros - m0) / 1000.0)
+    return dict(sorted(out.items(), key=lambda kv: -kv[1][1]))
+
+
+def use_plugin_dir(path: str) -> None:
+    """Slurm's plugins are in ``path`` (a Slurm unpacked into a private prefix)."""
+    slurm_support.SLURM_CONF = f"PluginDir={path}\n" + slurm_support.SLURM_CONF
 
 
 def cpu_of(pid: int) -> float:
@@ -85,7 +104,15 @@ def main() -> int:
     ap.add_argument("--recheck", type=float, default=30.0)
     ap.add_argument("--timeout", type=float, default=600.0, help="give up after this")
     ap.add_argument("--json", help="write the numbers here")
+    ap.add_argument(
+        "--plugin-dir",
+        help="Slurm's plugin directory, for a Slurm unpacked into a private prefix "
+        "(bench/fleet_storm_remote.sh)",
+    )
+    ap.add_argument("--log-dir", help="keep the tails of slurmctld's logs here")
     args = ap.parse_args()
+    if args.plugin_dir:
+        use_plugin_dir(args.plugin_dir)
     work = Path(tempfile.mkdtemp(prefix="gpuwatchd-fleet-storm-"))
     cluster, procs = start_slurm(work, extra=args.nodes)
     os.environ["SLURM_CONF"] = cluster.env["SLURM_CONF"]
@@ -94,11 +121,36 @@ def main() -> int:
     outcome: dict[str, str] = {}
     lock = threading.Lock()
     start = threading.Event()
+    # what the stages asked of slurmctld, by the protocol's step: full and cheap censuses,
+    # the choosing phase's re-reads (one per CHOOSING_POLL wait), claim writes
+    calls: Counter[str] = Counter()
+
+    def tally(what: str) -> None:
+        with lock:
+            calls[what] += 1
 
     def stage(node: str) -> None:
         rng = random.Random(node)
         driver = SlurmDriver(node, 60.0)
-        budget = FleetBudget(cfg, driver.fleet_view(cfg), node)
+        view = driver.fleet_view(cfg)
+        census_of, write_of = view.census, view.write_claim
+
+        def census(full: bool = True) -> Census:
+            tally("census_full" if full else "census_cheap")
+            return census_of(full)
+
+        def write_claim(node: str, claim: Claim | None) -> None:
+            tally("claim_writes")
+            write_of(node, claim)
+
+        def pause(seconds: float) -> None:
+            if seconds == CHOOSING_POLL:
+                tally("choosing_rereads")
+            time.sleep(seconds)
+
+        view.census = census  # type: ignore[method-assign]
+        view.write_claim = write_claim  # type: ignore[method-assign]
+        budget = FleetBudget(cfg, view, node, sleep=pause)
 
         def gate() -> str | None:
             verdict = budget.check(REASON)
@@ -124,23 +176,38 @@ def main() -> int:
         threads = [threading.Thread(target=stage, args=(n,), daemon=True) for n in cluster.others]
         for t in threads:
             t.start()
-        rpcs0, micros0 = sdiag(cluster)
+        rpcs0 = sdiag(cluster)
         ctld = procs[0].popen.pid
         ctld0, clients0 = cpu_of(ctld), children_cpu()
         began = time.monotonic()
         start.set()
         samples: list[int] = []
+        changed_at = 0.0  # when the drained count last changed: the settle time
+        sample_failures = 0
         decided_at: float | None = None
         while time.monotonic() - began < args.timeout:
-            out = cluster.run("sinfo", "--noheader", "--list-reasons", "--Node", "--format", "%E")
-            samples.append(sum(1 for line in out.splitlines() if line.startswith("gpuwatchd:")))
+            try:
+                out = cluster.run(
+                    "sinfo", "--noheader", "--list-reasons", "--Node", "--format", "%E"
+                )
+            except (AssertionError, subprocess.TimeoutExpired):
+                # a saturated slurmctld refuses the sampler too: count it, keep sampling
+                sample_failures += 1
+            else:
+                count = sum(1 for ln in out.splitlines() if ln.startswith("gpuwatchd:"))
+                if not samples or count != samples[-1]:
+                    changed_at = time.monotonic() - began
+                samples.append(count)
             with lock:
                 done = len(outcome) == len(threads)
             if done and decided_at is None:
                 decided_at = time.monotonic() - began
                 break
             time.sleep(0.1)
-        rpcs1, micros1 = sdiag(cluster)
+        rpcs1 = sdiag(cluster)
+        rpcs = rpc_delta(rpcs0, rpcs1)
+        served = sum(c for c, _ in rpcs.values())
+        served_ms = sum(ms for _, ms in rpcs.values())
         span = time.monotonic() - began
         ctld1, clients1 = cpu_of(ctld), children_cpu()
         with lock:
@@ -154,18 +221,24 @@ def main() -> int:
             "peak_drained": max(samples, default=0),
             "final_drained": final,
             "decided_s": decided_at,
+            "settle_s": changed_at,  # the drained count's last change, seconds from the XID
             "span_s": span,
             "stages_answered": answered,  # had at least one answer (drained or held back)
             "stages_drained_or_done": decided,
             "samples": len(samples),
+            "sample_failures": sample_failures,
             # where this machine's CPU went: slurmctld itself, and the Slurm client processes
             # (sinfo/scontrol) that a real fleet runs on its own 2,000 nodes
             "slurmctld_cpu_s": ctld1 - ctld0,
             "client_cpu_s": clients1 - clients0,
             "client_cpu_ms_per_stage": (clients1 - clients0) * 1000 / max(1, answered),
             "load_avg_1m_end": os.getloadavg()[0],
-            "rpc_per_s": (rpcs1 - rpcs0) / span,
-            "rpc_mean_ms": (micros1 - micros0) / max(1, rpcs1 - rpcs0) / 1000.0,
+            "rpc_per_s": served / span,
+            "rpc_mean_ms": served_ms / max(1, served),
+            "rpc_by_type": {
+                k: {"count": c, "total_ms": round(ms, 1)} for k, (c, ms) in rpcs.items()
+            },
+            "stage_calls": dict(sorted(calls.items())),
             "slurm_call_errors": len(errors),
             "first_errors": sorted(set(errors))[:3],
         }
@@ -175,6 +248,13 @@ def main() -> int:
     finally:
         for p in reversed(procs):
             p.stop()
+        if args.log_dir:  # the controller's own account, before the work dir goes
+            keep = Path(args.log_dir)
+            keep.mkdir(parents=True, exist_ok=True)
+            for name in ("slurmctld.log", "ctld.out", "slurmd.log", "slurmd.out", "slurm.conf"):
+                if (work / name).exists():
+                    tail = (work / name).read_bytes()[-2_000_000:]
+                    (keep / f"n{args.nodes}-{name}").write_bytes(tail)
         subprocess.run(["rm", "-rf", str(work)], check=False)
     return 0
 

@@ -10,16 +10,14 @@ from __future__ import annotations
 
 import json
 import subprocess
-import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import pytest
-from actions_support import HttpReceiver, make_config, sink_for, transition
+from actions_support import HttpReceiver, transition
 from conftest import GPUWATCHD, ROOT, free_port
-from slurm_support import Slurm, start_slurm
+from fleet_support import alerts, at_once, module_slurm, ours, slurm_controller
+from slurm_support import Slurm
 
 from gpuwatchd.actions import ActionsSink
 from gpuwatchd.actions.fleet import BREAKER_RULE, BUDGET_RULE
@@ -28,67 +26,19 @@ from gpuwatchd.core.clock import VirtualClock
 
 NODES = 20
 BUDGET = 3
-PREFIX = "gpuwatchd:"
 CLOCK = VirtualClock(time.time())
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Slurm]:
-    found, procs = start_slurm(tmp_path_factory.mktemp("breaker"), extra=NODES)
-    try:
-        with pytest.MonkeyPatch.context() as mp:
-            mp.setenv("SLURM_CONF", found.env["SLURM_CONF"])
-            yield found
-    finally:
-        for p in reversed(procs):
-            p.stop()
-
-
-def ours(cluster: Slurm) -> list[str]:
-    return sorted(n for n, r in cluster.reasons().items() if r.startswith(PREFIX))
-
-
-def config_text(node: str, url: str) -> str:
-    return f"""receivers:
-  - {{name: ops, type: webhook, url: "{url}/hook"}}
-routing: {{group_wait: 0s, group_by: [node, alertname]}}
-drain:
-  mode: slurm
-  node: {node}
-  resume: true
-  resume_hold: 0s
-  state_file: null
-  fleet: {{max_nodes: {BUDGET}, recheck: 1m, jitter: 0s, breaker: true}}
-"""
+cluster = module_slurm(NODES)
 
 
 def daemon(tmp_path: Path, node: str, url: str) -> ActionsSink:
-    work = tmp_path / node
-    work.mkdir()
-    return sink_for(make_config(work, config_text(node, url), name="drain.yaml"), CLOCK)
-
-
-def at_once(sinks: list[ActionsSink]) -> None:
-    start = threading.Barrier(len(sinks))
-    errors: list[BaseException] = []
-
-    def run(sink: ActionsSink) -> None:
-        start.wait()
-        try:
-            sink.run_pending()
-        except BaseException as exc:  # surfaced below
-            errors.append(exc)
-
-    threads = [threading.Thread(target=run, args=(s,)) for s in sinks]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors, errors
+    fleet = f"{{max_nodes: {BUDGET}, recheck: 1m, jitter: 0s, breaker: true}}"
+    return slurm_controller(tmp_path, node, url, fleet, CLOCK)
 
 
 def pages(rx: HttpReceiver, rule: str) -> list[dict[str, Any]]:
-    return [a for r in rx.requests for a in r.json()["alerts"] if a["labels"]["alertname"] == rule]
+    return alerts(rx, rule)
 
 
 def fleet_cli(tmp_path: Path, cluster: Slurm, *args: str) -> str:

@@ -8,16 +8,24 @@ still-active incident."""
 from __future__ import annotations
 
 import contextlib
-import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import pytest
-from actions_support import HttpReceiver, make_config, sink_for, transition
+from actions_support import HttpReceiver, transition
 from conftest import free_port
-from slurm_support import Slurm, start_slurm
+from fleet_support import (
+    OUR_REASON,
+    PREFIX,
+    alerts,
+    at_once,
+    controller,
+    drain_config,
+    module_slurm,
+    ours,
+    slurm_controller,
+)
+from slurm_support import Slurm
 from test_drainhelper import helper_socket  # noqa: F401 - a socket serving the real helper
 
 from gpuwatchd.actions import ActionsSink
@@ -27,40 +35,15 @@ from gpuwatchd.core.clock import VirtualClock
 
 NODES = 50
 BUDGET = 5
-PREFIX = "gpuwatchd:"
+FLEET = f"fleet: {{max_nodes: {BUDGET}, recheck: 1m, jitter: 0s}}"
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Slurm]:
-    found, procs = start_slurm(tmp_path_factory.mktemp("slurm50"), extra=NODES)
-    try:
-        with pytest.MonkeyPatch.context() as mp:
-            mp.setenv("SLURM_CONF", found.env["SLURM_CONF"])  # the daemons' sinfo/scontrol
-            yield found
-    finally:
-        for p in reversed(procs):
-            p.stop()
+cluster = module_slurm(NODES)
 
 
 def daemon(tmp_path: Path, node: str, url: str) -> ActionsSink:
-    work = tmp_path / node
-    work.mkdir()
-    cfg = make_config(
-        work,
-        f"""receivers:
-  - {{name: ops, type: webhook, url: "{url}/hook"}}
-routing: {{group_wait: 0s, group_by: [node, alertname]}}
-drain:
-  mode: slurm
-  node: {node}
-  resume: true
-  resume_hold: 0s
-  state_file: null
-  fleet: {{max_nodes: {BUDGET}, recheck: 1m, window: 1h, jitter: 0s}}
-""",
-        name="drain.yaml",
-    )
-    return sink_for(cfg, CLOCK)
+    fleet = f"{{max_nodes: {BUDGET}, recheck: 1m, window: 1h, jitter: 0s}}"
+    return slurm_controller(tmp_path, node, url, fleet, CLOCK)
 
 
 CLOCK = VirtualClock(time.time())  # moved to the wall clock when a test starts
@@ -75,49 +58,26 @@ def fresh(cluster: Slurm) -> None:
     cluster.admin("Comment=", node=f"gw[001-{NODES:03d}]")
 
 
-def ours(cluster: Slurm) -> list[str]:
-    return sorted(n for n, r in cluster.reasons().items() if r.startswith(PREFIX))
-
-
-def at_once(sinks: dict[str, ActionsSink], cluster: Slurm) -> tuple[int, float]:
+def watched(sinks: dict[str, ActionsSink], cluster: Slurm) -> tuple[int, float]:
     """Every daemon acts at the same moment; returns the most drains seen meanwhile and
     for how long (seconds) there were more than the budget."""
-    start = threading.Barrier(len(sinks) + 1)
-    errors: list[BaseException] = []
-
-    def run(sink: ActionsSink) -> None:
-        start.wait()
-        try:
-            sink.run_pending()
-        except BaseException as exc:  # surfaced below
-            errors.append(exc)
-
-    threads = [threading.Thread(target=run, args=(s,)) for s in sinks.values()]
-    for t in threads:
-        t.start()
-    start.wait()
     most = 0
     over: list[float] = []
-    while any(t.is_alive() for t in threads):
+
+    def sample() -> None:
+        nonlocal most
         count = len(ours(cluster))
         most = max(most, count)
         if count > BUDGET:
             over.append(time.monotonic())
-        time.sleep(0.05)
-    for t in threads:
-        t.join()
-    assert not errors, errors
+
+    at_once(list(sinks.values()), sample)
     return max(most, len(ours(cluster))), (over[-1] - over[0] if over else 0.0)
 
 
 def budget_pages(rx: HttpReceiver, node: str) -> list[dict[str, Any]]:
     """The fleet budget pages the receiver got from ``node``."""
-    return [
-        a
-        for r in rx.requests
-        for a in r.json()["alerts"]
-        if a["labels"]["alertname"] == BUDGET_RULE and a["labels"]["node"] == node
-    ]
+    return alerts(rx, BUDGET_RULE, node)
 
 
 def test_fifty_nodes_one_xid_storm_drains_only_the_budget(cluster: Slurm, tmp_path: Path) -> None:
@@ -131,7 +91,7 @@ def test_fifty_nodes_one_xid_storm_drains_only_the_budget(cluster: Slurm, tmp_pa
         for node, sink in sinks.items():
             sink.deliver([fires[node]], CLOCK.now())
         started = time.monotonic()
-        most, over = at_once(sinks, cluster)
+        most, over = watched(sinks, cluster)
         took = time.monotonic() - started
         drained = ours(cluster)
         assert len(drained) == BUDGET, drained  # exactly the budget once settled
@@ -158,7 +118,7 @@ def test_fifty_nodes_one_xid_storm_drains_only_the_budget(cluster: Slurm, tmp_pa
         # within a minute every waiting incident asks again (each at a random moment of
         # 45-60 s): still no room, no new page
         CLOCK.advance(61)
-        assert at_once(sinks, cluster) == (BUDGET, 0.0)
+        assert watched(sinks, cluster) == (BUDGET, 0.0)
         assert ours(cluster) == drained
         assert all(len(budget_pages(rx, n)) == (0 if n in drained else 1) for n in sinks)
 
@@ -175,10 +135,10 @@ def test_fifty_nodes_one_xid_storm_drains_only_the_budget(cluster: Slurm, tmp_pa
         # one (issue 28: with no backoff, the held-back nodes replayed the storm every
         # recheck): a minute later nobody has asked, two minutes later two places fill
         CLOCK.advance(61)
-        at_once(sinks, cluster)
+        watched(sinks, cluster)
         assert len(ours(cluster)) == BUDGET - 2
         CLOCK.advance(60)
-        at_once(sinks, cluster)
+        watched(sinks, cluster)
         after = ours(cluster)
         assert len(after) == BUDGET and not set(after) & set(drained[:2]), after
         assert cluster.state()[:2] == admin_before[:2]
@@ -206,7 +166,7 @@ def test_a_second_wave_that_finds_the_budget_full_still_names_the_driver_event(
             for n in wave:
                 fire = transition(at=CLOCK.now(), drain=True, node=n, xid=79)
                 sinks[n].deliver([fire], CLOCK.now())
-            at_once({n: sinks[n] for n in wave}, cluster)
+            watched({n: sinks[n] for n in wave}, cluster)
         drained = ours(cluster)
         assert len(drained) == BUDGET and set(drained) <= set(names[:25]), drained
         for node in set(names) - set(drained):
@@ -229,10 +189,10 @@ def test_a_drain_left_above_the_budget_by_a_restart_is_released(
     fresh(cluster)
     early = list(cluster.others[10:15])
     for node in early:  # five drains the budget allows, stamped first
-        cluster.admin("State=DRAIN", "Reason=gpuwatchd: XID 79 GPU 3 00000000:3E:00.0", node=node)
+        cluster.admin("State=DRAIN", f"Reason={OUR_REASON}", node=node)
     time.sleep(1.1)
     late = cluster.others[20]
-    cluster.admin("State=DRAIN", "Reason=gpuwatchd: XID 79 GPU 3 00000000:3E:00.0", node=late)
+    cluster.admin("State=DRAIN", f"Reason={OUR_REASON}", node=late)
     rx = HttpReceiver(free_port()).start()
     sink = daemon(tmp_path, late, rx.url)
     try:
@@ -262,9 +222,9 @@ def test_a_release_that_failed_is_tried_and_re_counted_again(
     CLOCK.advance(max(0.0, time.time() - CLOCK.now()))
     fresh(cluster)
     for node in cluster.others[10:15]:  # the budget, taken
-        cluster.admin("State=DRAIN", "Reason=gpuwatchd: XID 79 GPU 3 00000000:3E:00.0", node=node)
+        cluster.admin("State=DRAIN", f"Reason={OUR_REASON}", node=node)
     late = cluster.others[21]
-    cluster.admin("State=DRAIN", "Reason=gpuwatchd: XID 79 GPU 3 00000000:3E:00.0", node=late)
+    cluster.admin("State=DRAIN", f"Reason={OUR_REASON}", node=late)
     broken = tmp_path / "broken"
     broken.touch()
     scontrol = tmp_path / "scontrol"
@@ -278,23 +238,8 @@ exec {shutil.which("scontrol") or need_binary("scontrol")} "$@"
     )  # fmt: skip
     scontrol.chmod(0o755)
     rx = HttpReceiver(free_port()).start()
-    work = tmp_path / late
-    work.mkdir()
-    cfg = make_config(
-        work,
-        f"""receivers:
-  - {{name: ops, type: webhook, url: "{rx.url}/hook"}}
-routing: {{group_wait: 0s, group_by: [node, alertname]}}
-drain:
-  mode: slurm
-  node: {late}
-  state_file: null
-  slurm: {{scontrol: {scontrol}}}
-  fleet: {{max_nodes: {BUDGET}, recheck: 1m, jitter: 0s}}
-""",
-        name="drain.yaml",
-    )
-    sink = sink_for(cfg, CLOCK)
+    drain = f"mode: slurm\nslurm: {{scontrol: {scontrol}}}\n{FLEET}"
+    sink = controller(tmp_path, late, drain_config(late, rx.url, drain), CLOCK)
     try:
         sink.deliver([transition(at=CLOCK.now(), drain=True, node=late, xid=79)], CLOCK.now())
         sink.run_pending()
@@ -381,26 +326,11 @@ def test_the_budget_works_through_the_root_drain_helper(
     )  # fmt: skip
     full = list(cluster.others[10:15])
     for node in full:
-        cluster.admin("State=DRAIN", "Reason=gpuwatchd: XID 79 GPU 3 00000000:3E:00.0", node=node)
+        cluster.admin("State=DRAIN", f"Reason={OUR_REASON}", node=node)
     rx = HttpReceiver(free_port()).start()
-    work = tmp_path / me
-    work.mkdir()
     command = json.dumps([*GPUWATCHD, "drain-helper", "request", "--socket", path])
-    cfg = make_config(
-        work,
-        f"""receivers:
-  - {{name: ops, type: webhook, url: "{rx.url}/hook"}}
-routing: {{group_wait: 0s, group_by: [node, alertname]}}
-drain:
-  mode: exec
-  node: {me}
-  state_file: null
-  exec: {{command: {command}}}
-  fleet: {{max_nodes: {BUDGET}, recheck: 1m, jitter: 0s}}
-""",
-        name="drain.yaml",
-    )
-    sink = sink_for(cfg, CLOCK)
+    drain = f"mode: exec\nexec: {{command: {command}}}\n{FLEET}"
+    sink = controller(tmp_path, me, drain_config(me, rx.url, drain), CLOCK)
     try:
         sink.deliver([transition(at=CLOCK.now(), drain=True, node=me, xid=79)], CLOCK.now())
         sink.run_pending()

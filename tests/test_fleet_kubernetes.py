@@ -10,6 +10,7 @@ import contextlib
 import copy
 import json
 import random
+import textwrap
 import threading
 import time
 import urllib.parse
@@ -19,8 +20,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from actions_support import BackloggedServer, HttpReceiver, make_config, sink_for, transition
+from actions_support import BackloggedServer, HttpReceiver, transition
 from conftest import free_port
+from fleet_support import alerts, at_once, controller, drain_config
 from test_actions_kubernetes import TOKEN, ContractError, apply_json_patch, check_event
 
 from gpuwatchd.actions import ActionsSink
@@ -59,6 +61,21 @@ class Cluster:
     def _next(self) -> str:
         self.rv += 1
         return str(self.rv)
+
+    def put_lease(self, annotations: dict[str, str]) -> None:
+        """The budget's Lease as if a daemon had written it, with these annotations."""
+        with self.lock:
+            self.leases[LEASE] = {
+                "apiVersion": "coordination.k8s.io/v1",
+                "kind": "Lease",
+                "metadata": {
+                    "name": LEASE,
+                    "namespace": "gpuwatchd",
+                    "resourceVersion": self._next(),
+                    "annotations": annotations,
+                },
+                "spec": {},
+            }
 
     def _node(self, name: str) -> dict[str, Any]:
         return {
@@ -204,6 +221,8 @@ CLOCK = VirtualClock(time.time())  # moved to the wall clock when a test starts
 
 
 def daemon(tmp_path: Path, node: str, port: int, url: str, fleet: str = "") -> ActionsSink:
+    """The drain controller of ``node`` against the contract server on ``port``, with a
+    budget of 10 % (``fleet``: more lines for ``drain.fleet``)."""
     work = tmp_path / node
     work.mkdir()
     kc = work / "kubeconfig"
@@ -216,46 +235,17 @@ clusters: [{{name: c1, cluster: {{server: "http://127.0.0.1:{port}"}}}}]
 users: [{{name: gpuwatchd, user: {{token: {TOKEN}}}}}]
 """
     )
-    cfg = make_config(
-        work,
-        f"""receivers:
-  - {{name: ops, type: webhook, url: "{url}/hook"}}
-routing: {{group_wait: 0s, group_by: [node, alertname]}}
-drain:
-  mode: kubernetes
-  node: {node}
-  resume: true
-  resume_hold: 0s
-  state_file: null
-  kubernetes: {{kubeconfig: {kc}}}
-  fleet:
-    max_percent: 10
-    selector: nvidia.com/gpu.present=true
-    recheck: 1m
-    jitter: 0s
-{fleet}""",
-        name="drain.yaml",
-    )
-    return sink_for(cfg, CLOCK)
-
-
-def at_once(sinks: list[ActionsSink]) -> None:
-    start = threading.Barrier(len(sinks))
-    errors: list[BaseException] = []
-
-    def run(sink: ActionsSink) -> None:
-        start.wait()
-        try:
-            sink.run_pending()
-        except BaseException as exc:
-            errors.append(exc)
-
-    threads = [threading.Thread(target=run, args=(s,)) for s in sinks]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors, errors
+    drain = f"""mode: kubernetes
+resume: true
+resume_hold: 0s
+kubernetes: {{kubeconfig: {kc}}}
+fleet:
+  max_percent: 10
+  selector: nvidia.com/gpu.present=true
+  recheck: 1m
+  jitter: 0s
+{textwrap.indent(fleet, "  ")}"""
+    return controller(tmp_path, node, drain_config(node, url, drain), CLOCK)
 
 
 def test_fifty_daemons_take_exactly_the_budget_through_the_lease(
@@ -288,12 +278,7 @@ def test_fifty_daemons_take_exactly_the_budget_through_the_lease(
         with_fields = [q for q in cluster.node_lists if "fieldSelector" in q]
         assert with_fields and len(with_fields) * 2 == len(cluster.node_lists)
         print(f"lease writes refused as stale: {cluster.lease_conflicts}")
-        budget = [
-            a
-            for r in rx.requests
-            for a in r.json()["alerts"]
-            if a["labels"]["alertname"] == BUDGET_RULE
-        ]
+        budget = alerts(rx, BUDGET_RULE)
         assert sorted(a["labels"]["node"] for a in budget) == sorted(set(names) - set(ours))
         missing = [
             a["annotations"]["summary"]
@@ -376,18 +361,7 @@ def test_budget_places_stamped_in_the_future_are_dropped(
     CLOCK.advance(max(0.0, time.time() - CLOCK.now()))
     ahead = time.time() + 365 * 86400
     fake = {f"gpu-{i:02d}": {"at": ahead, "reason": "gpuwatchd: XID 79"} for i in range(40, 45)}
-    with cluster.lock:
-        cluster.leases[LEASE] = {
-            "apiVersion": "coordination.k8s.io/v1",
-            "kind": "Lease",
-            "metadata": {
-                "name": LEASE,
-                "namespace": "gpuwatchd",
-                "resourceVersion": cluster._next(),
-                "annotations": {PLACES: json.dumps(fake)},
-            },
-            "spec": {},
-        }
+    cluster.put_lease({PLACES: json.dumps(fake)})
     rx = HttpReceiver(free_port()).start()
     sink = daemon(tmp_path, "gpu-00", port, rx.url)
     try:
@@ -410,18 +384,8 @@ def test_a_daemon_that_keeps_losing_the_lease_race_backs_off_and_takes_its_place
     daemon waits a random time in a window that doubles with each loss (capped at 1 s),
     then takes its place. Failed on main: no backoff, and it gave up after 32 tries."""
     cluster, port = api
+    cluster.put_lease({PLACES: "{}"})
     with cluster.lock:
-        cluster.leases[LEASE] = {
-            "apiVersion": "coordination.k8s.io/v1",
-            "kind": "Lease",
-            "metadata": {
-                "name": LEASE,
-                "namespace": "gpuwatchd",
-                "resourceVersion": cluster._next(),
-                "annotations": {PLACES: "{}"},
-            },
-            "spec": {},
-        }
         cluster.rivals = 40
     waits: list[float] = []
     fleet = FleetDrainConfig(max_nodes=BUDGET, selector="nvidia.com/gpu.present=true")
@@ -483,7 +447,7 @@ def test_the_breaker_and_the_reset_through_the_lease(
     CLOCK.advance(max(0.0, time.time() - CLOCK.now()))
     rx = HttpReceiver(free_port()).start()
     names = [f"gpu-{i:02d}" for i in range(12)]
-    sinks = {n: daemon(tmp_path, n, port, rx.url, "    breaker: true\n") for n in names}
+    sinks = {n: daemon(tmp_path, n, port, rx.url, "breaker: true") for n in names}
     try:
         for n, sink in sinks.items():
             sink.deliver([transition(at=CLOCK.now(), drain=True, node=n, xid=79)], CLOCK.now())
@@ -493,10 +457,7 @@ def test_the_breaker_and_the_reset_through_the_lease(
         assert json.loads(cluster.leases[LEASE]["metadata"]["annotations"][STOP])["what"] == (
             "tripped"
         )
-        breaker = [
-            a for r in rx.requests for a in r.json()["alerts"]
-            if a["labels"]["alertname"] == BREAKER_RULE
-        ]  # fmt: skip
+        breaker = alerts(rx, BREAKER_RULE)
         assert [a["status"] for a in breaker] == ["firing"], breaker
         assert "XID 79 on" in breaker[0]["annotations"]["summary"]
 
