@@ -3,7 +3,7 @@
 
 N drain stages (default 1,000), one thread each, each with its own API client and the
 daemon's ``KubeFleetView``, call ``reserve`` at the same moment against the Kubernetes API
-contract server of tests/test_fleet_kubernetes.py (real HTTP; one resourceVersion counter;
+contract server of tests/fleet/test_fleet_kubernetes.py (real HTTP; one resourceVersion counter;
 a write with a stale resourceVersion gets 409, as the API server does), with a budget of
 10 % of N + 1 nodes. Every stage is handed the same census read before the storm (nothing
 cordoned yet): the bench measures the Lease race, not N node lists.

@@ -23,7 +23,7 @@ how many stages had an answer, so a run that only measured its own machine shows
 stage starts real processes, as many at once as a real fleet would (no cap): on the 2-vCPU
 development VM 500 stages took 31 s, and 2,000 had not drained one node after 244 s
 (256 CPU-seconds of sinfo/scontrol against 9.9 for slurmctld). Size the machine first.
-The real-daemon version at 50 nodes is tests/test_fleet_storm.py. Results: docs/fleet.md.
+The real-daemon version at 50 nodes is tests/fleet/test_fleet_storm.py. Results: docs/fleet.md.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The issue's NVML stall at full length: one GPU's NVML calls hang for 60 s in the real
 daemon (scenario backend, 8 GPUs, wall time), with a real sd_notify socket and
-WATCHDOG_USEC. tests/test_fault_gpu.py plays the same with a 6 s stall in CI.
+WATCHDOG_USEC. tests/faults/test_fault_gpu.py plays the same with a 6 s stall in CI.
 
 Measures: when the GPU was marked stale (from the stall's start), /metrics latency during
 the stall (p50, p99, max over a scrape every 50 ms), the longest gap between fresh samples

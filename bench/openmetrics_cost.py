@@ -7,7 +7,7 @@ Prometheus asks for OpenMetrics first. This bench prints, side by side:
    (cached): the text format, gpuwatchd's OpenMetrics, and the same families through
    prometheus_client's generic OpenMetrics exposition (the path before issue 23).
 2. Over HTTP: `gpuwatchd run` (1 s polls) scraped alternately with the text format's
-   Accept header and with the header Prometheus 2.42 sends (tests/test_openmetrics.py
+   Accept header and with the header Prometheus 2.42 sends (tests/exposition/test_openmetrics.py
    checks on a real Prometheus that it asks for OpenMetrics first): p50 latency each, and
    the daemon's RSS after the scrapes.
 

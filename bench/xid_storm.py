@@ -1,7 +1,7 @@
 """An XID storm against the real daemon: N kernel-log lines per second for S seconds, XIDs
 among them, through the kmsg path (a file of /dev/kmsg records the daemon follows; the
 machine's real kernel log is never written). The issue's figure is 50,000 lines/s for
-60 s; tests/test_fault_storm.py plays 10 s of it in CI.
+60 s; tests/faults/test_fault_storm.py plays 10 s of it in CI.
 
 Measures: lines handled per second (and how long the daemon took to catch up after the
 writer stopped), XID lines counted against XID lines written, RSS before / peak / after,

@@ -3,7 +3,7 @@
 # complete), a wheel, into dist/ (or the folder given). One command, from any directory:
 #     packaging/build-python.sh            # -> dist/gpuwatchd-<version>.tar.gz, ...-py3-none-any.whl
 # `pip install dist/gpuwatchd-*.whl` in any Python >= 3.11 venv then runs `gpuwatchd demo`
-# (tests/test_wheel.py). The build runs in a throwaway venv with the build backend that
+# (tests/packaging/test_wheel.py). The build runs in a throwaway venv with the build backend that
 # pyproject.toml names (fetched by pip on the first run, then from pip's cache); the
 # development venv is not used. Needs python3-venv (scripts/bootstrap.sh installs it).
 set -eu

@@ -6,7 +6,7 @@ POSTs to ``/api/v2/alerts`` at the fault (timed so that the fault is now). ``sto
 that body as many nodes (the node's name replaced), concurrently from a few threads, to a
 running Alertmanager. ``FleetAlertmanager`` starts one on the shipped
 packaging/alertmanager/gpuwatchd-fleet.yml with its receivers pointed at a local capture.
-Used by tests/test_alertmanager_fleet.py and bench/fleet_pages.py.
+Used by tests/fleet/test_alertmanager_fleet.py and bench/fleet_pages.py.
 """
 
 from __future__ import annotations

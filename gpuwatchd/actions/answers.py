@@ -148,7 +148,7 @@ def deadline_transport(backend: DeadlineBackend) -> httpx.HTTPTransport:
     """httpx's own transport (TLS verified, no proxy from the environment), its connection
     pool built on ``backend``. httpx takes no network backend, so the pool it made is
     replaced by one with the same settings (httpx 0.28: ``HTTPTransport._pool``);
-    ``tests/test_actions_receivers.py`` fails if that stops working."""
+    ``tests/actions/test_actions_receivers.py`` fails if that stops working."""
     transport = httpx.HTTPTransport(trust_env=False)
     limits = httpx.Limits(max_connections=100, max_keepalive_connections=20, keepalive_expiry=5)
     transport._pool = httpcore.ConnectionPool(

@@ -19,7 +19,7 @@ Two kinds of view keep it (docs/fleet.md, "How concurrent daemons keep to it"):
   clock is compared across nodes (a claim's time only lets a dead daemon's claim expire).
 
 ``claim_protocol`` is that protocol as a generator of scheduler operations, driven by
-``FleetBudget`` against the real view and by tests/test_fleet_model.py against a model
+``FleetBudget`` against the real view and by tests/fleet/test_fleet_model.py against a model
 with random timings, clock skew and failures. The rest of this module is pure.
 """
 

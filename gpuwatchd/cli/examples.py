@@ -2,7 +2,7 @@
 
 ``attach(parser)`` gives each command (every leaf of the parser tree, ``xid parse`` as
 much as ``run``) the examples listed here, unless it brought its own epilog (``check``).
-Every example line is a real invocation: tests/test_cli_output.py parses each one with
+Every example line is a real invocation: tests/cli/test_cli_output.py parses each one with
 the command's parser.
 """
 

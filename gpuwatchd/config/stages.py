@@ -1,6 +1,6 @@
 """Each stage's part of the config: what the composition root hands a stage to build it.
 
-No stage is built from the whole ``Config`` (tests/test_architecture.py checks that no
+No stage is built from the whole ``Config`` (tests/service/test_architecture.py checks that no
 stage module imports it, and that no stage constructor takes one): the composition root
 (``service.assembly``) cuts out the sections a stage reads with ``configfile.stages``, so
 what a stage depends on is written in one type, and a reload can ask each stage about its

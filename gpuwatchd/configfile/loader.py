@@ -124,7 +124,7 @@ def _const(value: T) -> Callable[[ReadContext], T]:
 
 # The kinds' registries are imported when the file has their section: the registry lives
 # in its stage's package, and a default daemon must not load the actions stage (httpx,
-# OpenSSL; tests/test_daemon_imports.py) to learn that there are no receivers.
+# OpenSSL; tests/service/test_daemon_imports.py) to learn that there are no receivers.
 def _read_receivers(r: Reader, node: Node, ctx: ReadContext) -> tuple[ReceiverConfig, ...]:
     from gpuwatchd.actions.receivers.registry import READERS
 

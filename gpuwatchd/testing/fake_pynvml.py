@@ -53,7 +53,7 @@ LINK_FIELD_IDS = frozenset({161, 162, 163, 164, 165, 166})
 HOPPER_NOT_SUPPORTED = frozenset({29, 30, 31, 92, 93, 38, 45, 52, 59, 160})
 # An H100 on driver 580.159.04 also answered NOT_SUPPORTED for the per-location ECC field
 # ids 7-20 (device memory 11/12 among them) while nvmlDeviceGetMemoryErrorCounter by
-# location answered (tests/test_gpu_fields.py, docs/real-gpu.md). ``h100_580()`` models it.
+# location answered (tests/sources/test_gpu_fields.py, docs/real-gpu.md). ``h100_580()`` models it.
 PER_LOCATION_ECC_FIELDS = frozenset(range(7, 21))
 
 

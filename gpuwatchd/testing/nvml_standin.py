@@ -1,6 +1,6 @@
 """A ``pynvml`` stand-in for the NVML worker process (``GPUWATCHD_NVML_MODULE``), over the
 shipped fake, that misbehaves as libnvidia-ml has been seen to: for the containment tests
-and drills (``tests/test_nvml_worker.py``).
+and drills (``tests/sources/test_nvml_worker.py``).
 
 ``GPUWATCHD_STANDIN`` picks the behaviour; the GPUs are two fake H100s with 18 NVLinks
 (PCI buses 18 and 29)::

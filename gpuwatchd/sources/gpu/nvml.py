@@ -953,7 +953,7 @@ class NvmlBackend:
                 )
                 if viol is not None:
                     fields[name] = viol.violationTime * 1e-9  # ns
-        # 1 ms of driver CPU per call on an H100 (tests/test_gpu_fields.py prints it): slow
+        # 1 ms of driver CPU per call on an H100 (tests/sources/test_gpu_fields.py prints it): slow
         if full and hasattr(nv, "nvmlDeviceGetMarginTemperature"):
             value = call(
                 "nvmlDeviceGetMarginTemperature",

@@ -1,6 +1,6 @@
 """Issue 23 item 7: a ticket that nobody closed is repeated at most daily, a page keeps the
 4 h repeat, and a group repeats as often as its most urgent firing alert asks. (Each repeat
-carries the alert's current text: tests/test_live_annotations.py.)
+carries the alert's current text: tests/rules/test_live_annotations.py.)
 
 Before: one corrected ECC error gave a ticket re-sent every 4 h."""
 

@@ -3,7 +3,7 @@
 - the same scenario through the threaded daemon (sped-up clock) and through simulate
   (virtual clock) gives the same alert transitions, ``gpus.ignore`` included;
 - ``status`` lists firing alerts whatever receivers exist (the demo's summary lists them:
-  tests/test_demo.py);
+  tests/harness/test_demo.py);
 - a rule that takes seconds per evaluation leaves every GPU fresh and the scrape fast;
 - the demo on a busy port runs one daemon on a free port (no lines printed twice).
 """

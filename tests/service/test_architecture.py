@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-PACKAGE = Path(__file__).resolve().parent.parent / "gpuwatchd"
+PACKAGE = Path(__file__).resolve().parent.parent.parent / "gpuwatchd"
 
 # Lower numbers are lower in the stack. A module may import its own package and any package
 # with a lower rank; packages of equal rank are independent stages and never import each other.

@@ -23,7 +23,7 @@ from gpuwatchd.sources.gpu.workerwire import WireError, info_from_wire, info_to_
 from gpuwatchd.testing.fake_pynvml import FakeNvml, h100
 from gpuwatchd.xid.catalog import sxid_verdict
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parent.parent.parent
 SWITCH_A = "00000000:04:00.0"
 SWITCH_B = "00000000:05:00.0"
 FATAL = "Fatal, Link 30 LTSSM Fault Up"

@@ -1,6 +1,6 @@
 """The newer NVML fields and the config's extra field ids on a real GPU (marked ``gpu``:
 skipped on CI, run on a lent GPU machine with ``scripts/test.sh -m gpu`` or
-``pytest -m gpu -s tests/test_gpu_fields.py``, which also prints what each GPU answered
+``pytest -m gpu -s tests/sources/test_gpu_fields.py``, which also prints what each GPU answered
 and what the two new getters cost)."""
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ from gpuwatchd.configfile.loader import (
     load_config,
 )
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parent.parent.parent
 SHIPPED = ROOT / "packaging" / "gpuwatchd.yaml"
 DOCS = ROOT / "docs" / "config.md"
 NO_ENV: dict[str, str] = {}

@@ -1,6 +1,6 @@
 """The exposition of a simulated scenario, compared with a golden file and linted.
 
-Run `pytest tests/test_golden_metrics.py --update-golden` after an intended change and
+Run `pytest tests/exposition/test_golden_metrics.py --update-golden` after an intended change and
 review the diff of tests/golden/metrics.txt like code.
 """
 

@@ -3,7 +3,7 @@ missing)". Two ways the newest XIDs went missing at a stop, both fixed:
 
 - the recurrence rules run on the periodic tick, so the XIDs that came after the last
   tick were in the engine but not grouped into episodes when the state was saved (see
-  tests/test_rules_xid_recurrence.py); a save now groups them first;
+  tests/rules/test_rules_xid_recurrence.py); a save now groups them first;
 - the evaluator left its loop without taking what waited in the hand-off (records that
   came while it was busy judging, and the first sightings the XID merger held until
   ``xids.stop`` let them go), and the kernel-log position was already past their lines:

@@ -23,7 +23,7 @@ from gpuwatchd.scenario.model import (
     parse_scenario,
 )
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SHIPPED = sorted(glob.glob(os.path.join(ROOT, "scenarios", "*.yaml")))
 
 HEAD = """\

@@ -16,7 +16,7 @@ from gpuwatchd.rules.loader import parse_rules
 from gpuwatchd.rules.model import RuleSet
 from gpuwatchd.rules.store import RecoveryRecord, StateStore
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parent.parent.parent
 SHIPPED = RuleSet(
     tuple(
         r

@@ -19,7 +19,7 @@ from gpuwatchd.rules.loader import load_rule_set
 from gpuwatchd.rules.store import StateStore
 from gpuwatchd.scenario.model import parse_scenario
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parent.parent.parent
 HOUR = 3600.0
 DAY = 86400.0
 

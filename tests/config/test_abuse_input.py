@@ -1,8 +1,8 @@
 """Bad input everywhere else: hostile YAML (alias bombs, merge-key bombs, recursive
 aliases, deep nesting, huge files, Python tags, binary junk) is refused within limits by
 the config, rule and scenario loaders, each with a located ``ConfigError``; and random
-rule files (hypothesis) never raise anything else. (tests/test_properties.py covers the
-XID parser, kmsg records, the config and scenario loaders; tests/test_abuse_http.py the
+rule files (hypothesis) never raise anything else. (tests/xid/test_properties.py covers the
+XID parser, kmsg records, the config and scenario loaders; tests/exposition/test_abuse_http.py the
 HTTP endpoints.)"""
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ from gpuwatchd.xid import Action, Catalog, XidSeverity, catalog_data, lookup, pa
 from gpuwatchd.xid import catalog as catalog_mod
 from gpuwatchd.xid.catalog import FATAL_BUCKETS
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parent.parent.parent
 GENERATOR = REPO / "tools" / "gen_xid_catalog.py"
 DATA_DIR = REPO / "data" / "xid"
 GENERATED = REPO / "gpuwatchd" / "xid" / "catalog_data.py"

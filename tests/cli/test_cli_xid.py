@@ -12,7 +12,7 @@ import pytest
 
 from gpuwatchd.cli import xid as cli_xid
 
-DATA = Path(__file__).parent / "data"
+DATA = Path(__file__).parent.parent / "data"
 KEYS = ["kind", "pci", "xid", "pid", "process", "message", "severity", "action"]
 
 
@@ -258,7 +258,7 @@ def test_docs_table_lists_every_code_answered_otherwise_than_its_bucket() -> Non
         rules = {r.split(" (")[0] for r in answering_rules(code, args, catalog)}
         if plain.get(entry.immediate) != rules:
             differ.add(code)
-    doc = (Path(__file__).resolve().parent.parent / "docs" / "xid.md").read_text()
+    doc = (Path(__file__).resolve().parent.parent.parent / "docs" / "xid.md").read_text()
     section = doc.split("## Where gpuwatchd's decision differs from NVIDIA's catalog")[1]
     section = section.split("\n## ")[0]
     listed: set[int] = set()

@@ -1,6 +1,6 @@
 """Issue 23 item 3: one health verdict everywhere, and one exit-code table.
 
-A GPU's health in ``status``, ``check``, the demo's summary (tests/test_demo.py), the
+A GPU's health in ``status``, ``check``, the demo's summary (tests/harness/test_demo.py), the
 status API and the metrics comes from ``core.health``: a firing page or ticket on a GPU
 shows there as ``failing``/``degraded`` with the rule names, and a GPU that stopped
 answering shows no old reading as current. Exit codes: 0 ok, 1 unhealthy, 2 cannot tell,

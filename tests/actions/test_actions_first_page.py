@@ -5,7 +5,7 @@ With the default routing (``group_wait`` 5s) the first message of a new group le
 soon as its transition is committed; what follows within the window (a fallen-off-bus
 cascade: XID 79, then GPU lost, then NVLink down) is folded into one update at the end of
 the window, except a page, which leaves at once too (issue 21;
-tests/test_actions_busy_group.py). Before this change the first message waited the whole
+tests/actions/test_actions_busy_group.py). Before this change the first message waited the whole
 ``group_wait``."""
 
 from __future__ import annotations

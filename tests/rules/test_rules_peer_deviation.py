@@ -12,7 +12,7 @@ from gpuwatchd.core.errors import ConfigError
 from gpuwatchd.rules.conditions.peer_deviation import PeerDeviation, deviations, peer_stats
 from gpuwatchd.rules.loader import load_rule_set
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parent.parent.parent
 RULE = """
 rules:
 - name: Hot

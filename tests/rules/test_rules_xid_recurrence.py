@@ -10,7 +10,7 @@ from rulekit import T0, Node, uuid_of
 from gpuwatchd.rules.loader import load_rule_set
 from gpuwatchd.rules.store import EPISODE_RETENTION, EPISODES_PER_GPU, StateStore
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parent.parent.parent
 
 HOUR = 3600.0
 DAY = 86400.0

@@ -265,7 +265,7 @@ def test_a_process_name_never_puts_terminal_escapes_into_the_log(tmp_path: Path)
     ``, `` and the rest, escape sequence included, led the XID's message, which the daemon's
     warning quoted raw, so reading the log cleared the screen (ESC, or BEL rang). Now every
     control character a log line quotes is written escaped, and the name stays whole (the
-    kernel's comm is at most 15 bytes: ``tests/test_xid_process_name.py``), so the warning
+    kernel's comm is at most 15 bytes: ``tests/xid/test_xid_process_name.py``), so the warning
     quotes the driver's message."""
     from fault_support import STEADY, Daemon, KmsgFile, fault_config, wait_until
 

@@ -16,7 +16,7 @@ from gpuwatchd.core.fields import add_derived_fields
 from gpuwatchd.scenario.model import Scenario, bundled_scenario_path, load_scenario
 from gpuwatchd.scenario.series import clamp
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 FILES = [
     *sorted(glob.glob(os.path.join(ROOT, "scenarios", "*.yaml"))),
     bundled_scenario_path("demo"),

@@ -22,7 +22,7 @@ from gpuwatchd.xid import (
     parse_line,
 )
 
-DATA = Path(__file__).parent / "data"
+DATA = Path(__file__).parent.parent / "data"
 CAPTURE_UUID = "GPU-5bd74941-55a1-07ff-7fbd-ea8a94f1b1c9"  # the lent H200 of the captures
 
 

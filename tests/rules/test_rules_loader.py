@@ -21,7 +21,7 @@ from gpuwatchd.rules import default_rule_files, load_rule_set, parse_rules, rule
 from gpuwatchd.rules.canonical import canonical_text
 from gpuwatchd.rules.loader import CONDITION_KEYS, RULE_KEYS
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parent.parent.parent
 SHIPPED = sorted(glob.glob(str(ROOT / "rules" / "*.yaml")))
 PROFILES = sorted(glob.glob(str(ROOT / "rules" / "profiles" / "*.yaml")))
 SCHEMA = ROOT / "rules" / "schema.json"

@@ -13,7 +13,7 @@ from gpuwatchd.rules.conditions.base import ConditionKind
 from gpuwatchd.rules.conditions.registry import BY_KEY, KINDS
 from gpuwatchd.rules.loader import CONDITION_KEYS
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parent.parent.parent
 
 
 def test_shipped_schema_is_generated_from_the_kinds() -> None:
