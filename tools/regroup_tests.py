@@ -114,6 +114,9 @@ TABLE: dict[str, str] = {
     "test_xid_recovery.py": "rules",
     "test_runbooks.py": "rules",
     "test_evaluation_period.py": "rules",
+    "test_drain_drivers_registry.py": "actions",
+    "test_rules_drain_outcome.py": "rules",
+    "test_drain_outcome_pages.py": "actions",
     "test_prometheus_rules.py": "rules",
     "test_live_annotations.py": "rules",
     # actions: receivers, routing, silences, the drain
