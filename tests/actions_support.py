@@ -224,7 +224,7 @@ class DrainRules:
             self.engine.observe(outcome)
             transitions = self.engine.evaluate(self.clock.now(), self.state.view())
             if transitions and self.sink is not None:
-                self.sink.submit(transitions)
+                self.sink.deliver(transitions, self.clock.now())
 
 
 def sink_for(config: Config, clock: Clock, *, start: bool = False, **options: Any) -> ActionsSink:

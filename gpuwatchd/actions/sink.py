@@ -229,9 +229,6 @@ class ActionsSink:
 
     # -- the Sink protocol -------------------------------------------------------------
     def deliver(self, transitions: list[AlertTransition], now: float) -> None:
-        self.submit(transitions)
-
-    def submit(self, transitions: list[AlertTransition]) -> None:
         """Commit transitions to the outbox (routing and drain incidents in the same
         transaction; groups that may speak now become deliveries), then wake the workers."""
         self.silences.refresh()

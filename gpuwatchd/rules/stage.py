@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from gpuwatchd.config.stages import RulesSettings
@@ -50,6 +50,10 @@ class RulesStage:
         self.settings = settings
         self.engine = engine
         self.extra_files = tuple(extra_files)
+        # the Stage's observe is the engine's own (no relay in between)
+        self.observe: Callable[[GpuSample | DeviceEvent | XidEvent | DrainOutcome], None] = (
+            engine.observe
+        )
         self._urgent_fields, self._urgent_links = engine.urgent_inputs(self.period)
 
     @property
@@ -81,9 +85,6 @@ class RulesStage:
         )
 
     # -- Stage ----------------------------------------------------------------------------
-    def observe(self, record: GpuSample | DeviceEvent | XidEvent | DrainOutcome) -> None:
-        self.engine.observe(record)
-
     def evaluate(self, now: float, view: NodeView) -> list[AlertTransition]:
         transitions = self.engine.evaluate(now, view)
         log_transitions(transitions)  # every fire and resolve at info level
