@@ -40,9 +40,9 @@ from gpuwatchd.actions.drain.drivers.base import (
     incident_env,
     run_argv,
 )
+from gpuwatchd.actions.drain.hold import HOLD_RESULTS, held, hold, to_hold
 from gpuwatchd.actions.drain.incidents import (
     Incident,
-    active_in,
     cancel_pending,
     drained_since,
     due,
@@ -51,14 +51,12 @@ from gpuwatchd.actions.drain.incidents import (
     gave_up_since,
     has_note,
     hold_back,
-    in_states,
     last_resolved,
     mark_done,
     mark_failed,
     mark_owned,
     mark_rate_limited,
     mark_resolved,
-    mark_resumed,
     next_pending_due,
     node_owned,
     note,
@@ -68,17 +66,15 @@ from gpuwatchd.actions.drain.incidents import (
     others_announced,
     pending_with_result,
     read_node_drain,
-    released,
-    resume_failed,
     schedule_retry,
     set_note,
     set_notified,
     silenced_active,
     to_announce,
-    unresolved_count,
     unsilence,
 )
 from gpuwatchd.actions.drain.report import HealthFile, drain_families, incident_summary, node_state
+from gpuwatchd.actions.drain.resume import RESUME_RESULTS, resume
 from gpuwatchd.actions.fleet import (
     FleetBudget,
     FleetView,
@@ -111,10 +107,6 @@ RESULTS = (
     "over_budget",
     "cancelled",
 )
-RESUME_RESULTS = ("resumed", "unnoted", "not_ours", "not_drained", "dry_run", "failed")
-HOLD_RESULTS = ("reasserted", "noted", "over_budget", "failed")
-# Incident states in which the node must stay out of service while the fault is active.
-HELD_STATES = ("drained", "already", "kept_admin", "noted")
 OVER_BUDGET = "over_budget"
 # the shipped rules that page on the drain's outcomes (rules/drain.yaml)
 LIMIT_RULE = "GpuwatchdDrainLimitReached"
@@ -595,32 +587,23 @@ class DrainController:
 
     # -- holding the node out of service ---------------------------------------------
     def _held(self) -> list[Incident]:
-        return active_in(self.store, HELD_STATES)
+        return held(self.store)
 
     def _hold(self, now: float) -> None:
         """While a drain incident is active, keep the node out of service whoever else
-        drained or resumed it (slurm, kubernetes; not in dry-run)."""
+        drained or resumed it (slurm, kubernetes; not in dry-run): ``hold.py``."""
         if not self.driver.reads_state or self.cfg.dry_run or now < self._hold_next:
             return
-        held = self._held()
-        if self.silenced_by is not None:
-            held = [i for i in held if self.silenced_by(i.record, now) is None]
-        if not held:
+        inc = to_hold(self.store, now, self.silenced_by)
+        if inc is None:
             return
         self._hold_next = now + self.cfg.hold_interval
-        inc = held[0]
-        try:
-            result = self.driver.hold(inc.reason, gate=self._gate(inc.reason))
-        except DrainError as exc:
-            self.last_error = str(exc)
-            self._record("hold", inc, "failed", str(exc))
-            return
-        if result is None:
-            return
-        if result.owns:
-            with self.store.tx() as conn:
-                mark_owned(conn, inc.reason, now, result.result)
-        self._record("hold", inc, result)
+        step = hold(self.store, self.driver, now, inc, self._gate(inc.reason))
+        if step.error is not None:
+            self.last_error = step.error
+            self._record("hold", inc, "failed", step.error)
+        elif step.result is not None:
+            self._record("hold", inc, step.result)
 
     def _rate_limited(self, inc: Incident, now: float) -> list[DrainOutcome]:
         self.rate_limited += 1
@@ -695,37 +678,24 @@ class DrainController:
         ]
 
     def _resume(self, now: float) -> None:
-        """Undo gpuwatchd's drain once no drain incident is unresolved and the hold is over."""
-        row = read_node_drain(self.store)
-        if (
-            not (row.owned or self._dry_run_drained())
-            or row.next_attempt > now
-            or row.resume_attempts >= self.cfg.attempts
-        ):
+        """Undo gpuwatchd's drain once no drain incident is unresolved and the hold is
+        over: ``resume.py``."""
+        step = resume(
+            self.store,
+            self.driver,
+            now,
+            self.cfg,
+            pretend_drained=self._dry_run_drained() is not None,
+            backoff=self._backoff,
+        )
+        if step is None:
             return
-        open_ = unresolved_count(self.store)
-        last = last_resolved(self.store)
-        if open_ or last is None or now < last + self.cfg.resume_hold:
+        if step.error is not None or step.result is None:
+            self.last_error = step.error
+            self._record("resume", step.incident, "failed", step.error or "")
             return
-        drained = in_states(self.store, ("drained", "already", "noted", "dry_run"))
-        inc = drained[-1] if drained else None
-        try:
-            result = self.driver.resume(
-                inc.as_mapping() if inc is not None else None, self.cfg.dry_run
-            )
-        except DrainError as exc:
-            self.last_error = str(exc)
-            attempts = row.resume_attempts + 1
-            with self.store.tx() as conn:
-                resume_failed(conn, attempts, now + self._backoff(attempts), str(exc))
-            self._record("resume", inc, "failed", str(exc))
-            return
-        with self.store.tx() as conn:
-            released(conn, result.result)
-            mark_resumed(conn, now)
-            set_note(conn, "dry_run_drained", "")
-        self._record("resume", inc, result)
-        if self.fleet is not None and result.result == "resumed":
+        self._record("resume", step.incident, step.result)
+        if self.fleet is not None and step.result.result == "resumed":
             try:
                 self.fleet.released()
             except DrainError as exc:  # the place expires by itself (docs/fleet.md)
