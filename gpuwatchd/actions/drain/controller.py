@@ -24,7 +24,6 @@ node counts as drained by gpuwatchd until a "would resume".
 from __future__ import annotations
 
 import logging
-import os
 import random
 import sqlite3
 import threading
@@ -37,8 +36,6 @@ from gpuwatchd.actions.drain.drivers.base import (
     DrainResult,
     Driver,
     Gate,
-    incident_env,
-    run_argv,
 )
 from gpuwatchd.actions.drain.hold import HOLD_RESULTS, held, hold, to_hold
 from gpuwatchd.actions.drain.incidents import (
@@ -58,12 +55,10 @@ from gpuwatchd.actions.drain.incidents import (
     mark_rate_limited,
     mark_resolved,
     next_pending_due,
-    node_owned,
     note,
     oldest_drain_since,
     open_incident,
     open_or_closed_since,
-    others_announced,
     pending_with_result,
     read_node_drain,
     schedule_retry,
@@ -73,6 +68,7 @@ from gpuwatchd.actions.drain.incidents import (
     to_announce,
     unsilence,
 )
+from gpuwatchd.actions.drain.notify import announce
 from gpuwatchd.actions.drain.report import HealthFile, drain_families, incident_summary, node_state
 from gpuwatchd.actions.drain.resume import RESUME_RESULTS, resume
 from gpuwatchd.actions.fleet import (
@@ -296,33 +292,15 @@ class DrainController:
             log.warning("drain for %s: the silence is over and it still fires", inc.reason)
 
     def _notify(self, inc: Incident) -> None:
-        with self.store.tx() as conn:
-            # One notice per drain: not when another alert of the cascade gave it already,
-            # nor when gpuwatchd holds the node drained (there is no drain to wait for).
-            others = others_announced(conn, PENDING, inc.key)
-            owned = node_owned(conn)
-            set_notified(conn, inc.key, 1)
-        argv = self.cfg.notify_command
-        if not argv:
-            return
-        if others or owned or self._dry_run_drained():
-            log.info("drain pending for %s: the node's drain is announced already", inc.reason)
-            return
-        if self.cfg.dry_run or not self.run_notify:
-            log.warning("drain pending for %s: would run %s (dry run)", inc.reason, argv[0])
-            return
-        env = {
-            **os.environ,
-            **incident_env("drain_pending", self.node, inc.as_mapping(), inc.reason),
-            "GPUWATCHD_DRAIN_AT": f"{inc.drain_at:.3f}",
-            "GPUWATCHD_GRACE_SECONDS": f"{inc.drain_at - inc.opened:g}",
-        }
-        try:
-            res = run_argv(argv, timeout=self.cfg.timeout, env=env)
-            if res.returncode != 0:
-                log.error("drain notify command %s exited with status %d", argv[0], res.returncode)
-        except DrainError as exc:
-            log.error("drain notify command: %s", exc)
+        announce(
+            self.store,
+            inc,
+            self.node,
+            self.cfg,
+            pending=PENDING,
+            pretend_drained=self._dry_run_drained() is not None,
+            run=self.run_notify,
+        )
 
     def _meta(self, name: str) -> str | None:
         return note(self.store, name)
