@@ -38,7 +38,7 @@ from test_fleet_kubernetes import LEASE, PLACES, Cluster, serving  # noqa: E402
 from gpuwatchd.actions.drain.drivers import kubernetes as kube  # noqa: E402
 from gpuwatchd.actions.drain.drivers.base import DrainError  # noqa: E402
 from gpuwatchd.actions.fleet import limit_for  # noqa: E402
-from gpuwatchd.config.actions import FleetDrainConfig, KubernetesDrainConfig  # noqa: E402
+from gpuwatchd.config.actions import FleetDrainConfig  # noqa: E402
 
 REASON = "gpuwatchd: XID 79 GPU 3 00000000:3E:00.0"
 
@@ -71,7 +71,7 @@ def main() -> int:
         views = [
             kube.KubeFleetView(
                 kube.KubeClient(f"http://127.0.0.1:{port}", token=TOKEN),
-                KubernetesDrainConfig(),
+                kube.KubernetesDrainConfig(),
                 fleet,
                 time.time,
             )

@@ -210,8 +210,11 @@ def _driver(cfg: HelperConfig) -> Any:
         from gpuwatchd.actions.drain.drivers.slurm import SlurmDriver
 
         return SlurmDriver(cfg.node, cfg.timeout, cfg.scontrol, cfg.sinfo)
-    from gpuwatchd.actions.drain.drivers.kubernetes import KubeClient, KubernetesDriver
-    from gpuwatchd.config.actions import KubernetesDrainConfig
+    from gpuwatchd.actions.drain.drivers.kubernetes import (
+        KubeClient,
+        KubernetesDrainConfig,
+        KubernetesDriver,
+    )
 
     kcfg = KubernetesDrainConfig(kubeconfig=cfg.kubeconfig)
     return KubernetesDriver(KubeClient.from_config(kcfg, cfg.timeout), cfg.node, kcfg, time.time)

@@ -36,13 +36,19 @@ def _view(config: Config) -> Any:
     drain = config.drain
     node = drain.node or config.node_name
     if drain.mode == "kubernetes":
-        from gpuwatchd.actions.drain.drivers.kubernetes import KubeClient, KubernetesDriver
+        from gpuwatchd.actions.drain.drivers.kubernetes import (
+            KubeClient,
+            KubernetesDrainConfig,
+            KubernetesDriver,
+        )
 
-        client = KubeClient.from_config(drain.kubernetes, drain.timeout)
-        return KubernetesDriver(client, node, drain.kubernetes, time.time).fleet_view(drain.fleet)
-    from gpuwatchd.actions.drain.drivers.slurm import SlurmDriver
+        kube = drain.section("kubernetes", KubernetesDrainConfig)
+        client = KubeClient.from_config(kube, drain.timeout)
+        return KubernetesDriver(client, node, kube, time.time).fleet_view(drain.fleet)
+    from gpuwatchd.actions.drain.drivers.slurm import SlurmDrainConfig, SlurmDriver
 
-    driver = SlurmDriver(node, drain.timeout, drain.slurm.scontrol, drain.slurm.sinfo)
+    slurm = drain.section("slurm", SlurmDrainConfig)
+    driver = SlurmDriver(node, drain.timeout, slurm.scontrol, slurm.sinfo)
     return driver.fleet_view(drain.fleet)
 
 

@@ -1,11 +1,13 @@
 """Config sections of the actions stage that no kind owns: ``routing`` and ``drain``, and
-the small value readers they share with the receiver kinds.
+the small value readers they share with the receiver and drain driver kinds.
 
 Each receiver kind's config type and reader live in its own module
-(``actions/receivers/<kind>.py``), what the kinds share in ``config/receivers.py``;
-``configfile/loader.py`` lists the readers. Every value is checked and every problem is
-reported as ``PATH:LINE:COL: message``. The schema is documented in docs/config.md and
-docs/actions.md.
+(``actions/receivers/<kind>.py``), what the kinds share in ``config/receivers.py``; each
+drain driver's own section (``drain.<mode>``) lives in its driver's module
+(``actions/drain/drivers/<driver>.py``) as a ``DriverSection`` subclass and a
+``DriverSectionReader``; ``configfile/loader.py`` asks the registries for the readers.
+Every value is checked and every problem is reported as ``PATH:LINE:COL: message``. The
+schema is documented in docs/config.md and docs/actions.md.
 """
 
 from __future__ import annotations
@@ -13,25 +15,17 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-from collections.abc import Collection
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, TypeVar
 
 from gpuwatchd.config.saferegex import regex_problem
 from gpuwatchd.config.yamlsrc import Node, Reader, type_name
 
 SEVERITIES = ("page", "ticket", "info")
-DRAIN_MODES = ("none", "exec", "slurm", "kubernetes")
-TAINT_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
 DEFAULT_STATE_FILE = "/run/gpuwatchd/health.json"
 _LABEL_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-_TAINT_KEY_RE = re.compile(
-    r"(?:[a-z0-9]([-a-z0-9]*[a-z0-9])?(?:\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
-    r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
-)
-_NAMESPACE_RE = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 _SELECTOR_RE = re.compile(r"[A-Za-z0-9_./=!,() -]{1,1024}")
-_CONDITION_RE = re.compile(r"[A-Z][A-Za-z0-9]{0,62}")
 
 
 # -- routing -------------------------------------------------------------------------------
@@ -64,27 +58,26 @@ class RoutingConfig:
 
 # -- drain ---------------------------------------------------------------------------------
 @dataclass(frozen=True)
-class ExecDrainConfig:
-    command: tuple[str, ...] = ()
+class DriverSection:
+    """A drain driver's own section (``drain.<mode>``, e.g. ``drain.slurm``). Each driver's
+    module subclasses it with its keys (frozen, every key with a default)."""
+
+
+S = TypeVar("S", bound=DriverSection)
 
 
 @dataclass(frozen=True)
-class SlurmDrainConfig:
-    scontrol: str = "scontrol"
-    sinfo: str = "sinfo"
+class DriverSectionReader:
+    """How ``drain.<mode>`` is read, as its driver's module gives it to the registry.
 
+    ``section``: its type (every key with a default); ``read(r, node, what)``: the section
+    (``None`` after recording a problem at its location); ``check(drain)``: what is missing
+    for the mode to work (``None``: nothing), reported at ``drain.mode``.
+    """
 
-@dataclass(frozen=True)
-class KubernetesDrainConfig:
-    kubeconfig: str | None = None
-    taint: bool = True
-    taint_key: str = "gpuwatchd.io/gpu-unhealthy"
-    taint_effect: str = "NoSchedule"
-    condition: bool = True
-    condition_type: str = "GpuUnhealthy"
-    events: bool = True
-    event_namespace: str = "default"
-    budget_namespace: str = "gpuwatchd"
+    section: type[DriverSection]
+    read: Callable[[Reader, Node, str], DriverSection | None]
+    check: Callable[[DrainConfig], str | None] = lambda drain: None
 
 
 @dataclass(frozen=True)
@@ -129,9 +122,14 @@ class DrainConfig:
     attempts: int = 5
     hold_interval: float = 30.0
     fleet: FleetDrainConfig = field(default_factory=FleetDrainConfig)
-    exec: ExecDrainConfig = field(default_factory=ExecDrainConfig)
-    slurm: SlurmDrainConfig = field(default_factory=SlurmDrainConfig)
-    kubernetes: KubernetesDrainConfig = field(default_factory=KubernetesDrainConfig)
+    # the drivers' own sections that differ from their defaults, by mode (``drain.slurm``
+    # under "slurm"); shown and read as keys of ``drain`` (``as_plain``, ``config_keys``)
+    drivers: Mapping[str, DriverSection] = field(default_factory=dict, metadata={"sections": True})
+
+    def section(self, mode: str, cls: type[S]) -> S:
+        """Driver ``mode``'s own section; its defaults when the file has none."""
+        value = self.drivers.get(mode)
+        return value if isinstance(value, cls) else cls()
 
 
 # -- small readers -------------------------------------------------------------------------
@@ -312,64 +310,62 @@ def _plain(d: Any) -> dict[str, Any]:
 
 
 # -- drain ---------------------------------------------------------------------------------
-def _read_drain_sub(r: Reader, node: Node | None, cls: type, what: str) -> Any:
-    d = cls()
+def read_driver_section(
+    r: Reader,
+    node: Node,
+    cls: type[S],
+    what: str,
+    read_value: Callable[[Reader, str, Node, str], Any],
+) -> S:
+    """A ``DriverSection`` of type ``cls``: its keys checked, each value read by
+    ``read_value(r, key, node, where)`` (``None`` after recording a problem; the default
+    stays), every key not written at its default."""
     keys = _keys(r, node, [f.name for f in dataclasses.fields(cls)], what)
     values: dict[str, Any] = {}
     for key, value_node in keys.items():
-        where = f"{what}.{key}"
-        default = getattr(d, key)
-        value: Any
-        if key == "command":
-            value = _strings(r, value_node, where, non_empty=True)
-        elif isinstance(default, bool):
-            value = r.boolean(value_node, where)
-        elif key == "kubeconfig":
-            value = None
-            if value_node.value is not None:
-                value = r.string(value_node, where)
-                if value is not None and not value.startswith("/"):
-                    r.error(value_node.loc, f"{where}: {value!r} is not an absolute path")
-                    value = None
-                if value is None:
-                    continue
-        elif key == "taint_effect":
-            value = r.string(value_node, where, TAINT_EFFECTS)
-        elif key == "taint_key":
-            value = r.string(value_node, where)
-            if value is not None and (len(value) > 316 or not _TAINT_KEY_RE.fullmatch(value)):
-                r.error(value_node.loc, f"{where}: {value!r} is not a Kubernetes taint key")
-                value = None
-        elif key in ("event_namespace", "budget_namespace"):
-            value = r.string(value_node, where)
-            if value is not None and not _NAMESPACE_RE.fullmatch(value):
-                r.error(value_node.loc, f"{where}: {value!r} is not a Kubernetes namespace name")
-                value = None
-        elif key == "condition_type":
-            value = r.string(value_node, where)
-            if value is not None and not _CONDITION_RE.fullmatch(value):
-                r.error(value_node.loc, f"{where}: {value!r} is not a condition type (CamelCase)")
-                value = None
-        else:  # scontrol, sinfo: a program name or path
-            value = r.string(value_node, where)
-            if value is not None and (not value or any(c.isspace() for c in value)):
-                r.error(value_node.loc, f"{where}: {value!r} is not a program name or path")
-                value = None
+        value = read_value(r, key, value_node, f"{what}.{key}")
         if value is not None:
             values[key] = value
-    return cls(**{**_plain(d), **values})
+    return cls(**values)
 
 
-def read_drain(r: Reader, node: Node | None) -> DrainConfig:
-    allowed = list(DrainConfig.__dataclass_fields__)
+def read_program(r: Reader, node: Node, what: str) -> str | None:
+    """A program name or path (no spaces: one argv word)."""
+    value = r.string(node, what)
+    if value is not None and (not value or any(c.isspace() for c in value)):
+        r.error(node.loc, f"{what}: {value!r} is not a program name or path")
+        return None
+    return value
+
+
+def read_argv(r: Reader, node: Node, what: str) -> tuple[str, ...] | None:
+    """A command as a list: program and arguments, none empty."""
+    return _strings(r, node, what, non_empty=True)
+
+
+def read_absolute_path(r: Reader, node: Node, what: str) -> str | None:
+    value = r.string(node, what)
+    if value is not None and not value.startswith("/"):
+        r.error(node.loc, f"{what}: {value!r} is not an absolute path")
+        return None
+    return value
+
+
+def read_drain(
+    r: Reader, node: Node | None, drivers: Mapping[str, DriverSectionReader]
+) -> DrainConfig:
+    """The ``drain`` section; ``drivers``: each drain driver's section reader, by mode (the
+    modes are ``none`` and these)."""
+    allowed = [f for f in DrainConfig.__dataclass_fields__ if f != "drivers"] + list(drivers)
     keys = _keys(r, node, allowed, "drain")
     d = DrainConfig()
     values: dict[str, Any] = {}
+    sections: dict[str, DriverSection] = {}
     for key, value_node in keys.items():
         where = f"drain.{key}"
         value: Any = None
         if key == "mode":
-            value = r.string(value_node, where, DRAIN_MODES)
+            value = r.string(value_node, where, ("none", *drivers))
         elif key in ("dry_run", "resume"):
             value = r.boolean(value_node, where)
         elif key == "node":
@@ -403,17 +399,16 @@ def read_drain(r: Reader, node: Node | None) -> DrainConfig:
             value = r.integer(value_node, where, minimum=1)
         elif key == "attempts":
             value = r.integer(value_node, where, minimum=1, maximum=100)
-        elif key == "exec":
-            value = _read_drain_sub(r, value_node, ExecDrainConfig, where)
-        elif key == "slurm":
-            value = _read_drain_sub(r, value_node, SlurmDrainConfig, where)
-        elif key == "kubernetes":
-            value = _read_drain_sub(r, value_node, KubernetesDrainConfig, where)
         elif key == "fleet":
             value = _read_fleet(r, value_node, where)
+        elif key in drivers:
+            section = drivers[key].read(r, value_node, where)
+            if section is not None and section != drivers[key].section():
+                sections[key] = section  # a section at its defaults is as good as none
+            continue
         if value is not None:
             values[key] = value
-    result = DrainConfig(**{**_plain(d), **values})
+    result = DrainConfig(**{**_plain(d), **values, "drivers": sections})
     if result.fleet.enabled and result.mode == "exec" and result.fleet.census is None:
         # the documented secure setup (exec through the root drain helper) has the budget:
         # the daemon counts with sinfo, the helper writes the claims (docs/fleet.md)
@@ -423,11 +418,10 @@ def read_drain(r: Reader, node: Node | None) -> DrainConfig:
             keys["fleet"].loc,
             f"drain.fleet.census: only for drain.mode exec (mode {result.mode} counts by itself)",
         )
-    if result.mode == "exec" and not result.exec.command and "mode" in keys:
-        r.error(
-            keys["mode"].loc,
-            "drain.mode: 'exec' needs drain.exec.command (a list: program and arguments)",
-        )
+    if result.mode in drivers and "mode" in keys:
+        problem = drivers[result.mode].check(result)
+        if problem is not None:
+            r.error(keys["mode"].loc, f"drain.mode: {problem}")
     return result
 
 

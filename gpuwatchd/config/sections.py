@@ -154,7 +154,8 @@ def as_plain(value: Any) -> Any:
     """Dataclasses to dicts, tuples to lists, value types to their config strings.
 
     A dataclass field with ``metadata={"secret": True}`` shows as ``SECRET_PLACEHOLDER``
-    when set; fields marked ``internal`` are left out.
+    when set; fields marked ``internal`` are left out; a mapping field marked ``sections``
+    (``DrainConfig.drivers``) shows its entries as keys of the parent.
     """
     if isinstance(value, ListenAddress | BackendSpec):
         return str(value)
@@ -168,7 +169,9 @@ def as_plain(value: Any) -> Any:
             if f.metadata.get("internal"):
                 continue
             item = getattr(value, f.name)
-            if f.metadata.get("secret") and item is not None:
+            if f.metadata.get("sections"):  # sections shown as keys of their parent
+                out.update({str(k): as_plain(v) for k, v in item.items()})
+            elif f.metadata.get("secret") and item is not None:
                 out[f.name] = SECRET_PLACEHOLDER
             else:
                 out[f.name] = as_plain(item)

@@ -6,7 +6,8 @@ result is a tree of frozen dataclasses; durations are float seconds.
 
 This module sits above every stage: it asks each owner for its section reader (the
 daemon-wide sections in ``config.sections``, the receivers' registry for each receiver
-kind's reader, ``config.actions`` for routing and drain, ``config.rules``) and lists them
+kind's reader, ``config.actions`` for routing and drain with the drain drivers' registry
+for each driver's section reader, ``config.rules``) and lists them
 in ``_ENTRIES``. No stage imports it: the composition root cuts a stage's own sections out
 of a ``Config`` (``configfile.stages``). Adding a section: a frozen dataclass and a reader
 ``(Reader, Node | None, ReadContext)`` beside its owner, an entry in ``_ENTRIES`` and the
@@ -22,7 +23,13 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
 from gpuwatchd.config import yamlsrc
-from gpuwatchd.config.actions import DrainConfig, RoutingConfig, read_drain, read_routing
+from gpuwatchd.config.actions import (
+    DrainConfig,
+    DriverSectionReader,
+    RoutingConfig,
+    read_drain,
+    read_routing,
+)
 from gpuwatchd.config.fields import read_fields
 from gpuwatchd.config.receivers import ReceiverConfig, read_receivers
 from gpuwatchd.config.rules import RulesConfig, read_rules
@@ -97,6 +104,11 @@ class Config:
         """
         out = as_plain(self)
         assert isinstance(out, dict)
+        # every drain driver's section, at its defaults where the file has none
+        drain = out["drain"]
+        sections = {mode: drain.pop(mode, None) for mode in self.drain.drivers}
+        for mode, reader in _driver_readers().items():
+            drain[mode] = sections.get(mode) or as_plain(reader.section())
         return out
 
 
@@ -139,6 +151,17 @@ def _read_sources(r: Reader, node: Node | None, ctx: ReadContext) -> SourcesConf
     return read_sources(r, node, ctx, registry.KERNEL_LOG_CHOICES[1:-1], registry.OPTIONS)
 
 
+def _driver_readers() -> Mapping[str, DriverSectionReader]:
+    from gpuwatchd.actions.drain.drivers.registry import READERS
+
+    return READERS
+
+
+def _read_drain(r: Reader, node: Node | None, ctx: ReadContext) -> DrainConfig:
+    # no section: the defaults, without loading the drivers (test_daemon_imports)
+    return read_drain(r, node, _driver_readers() if node is not None else {})
+
+
 _ENTRIES: dict[str, _Entry[Any]] = {
     "node_name": _Entry(read_node_name, default_node_name),
     "listen": _Entry(read_listen, _const(ListenAddress("127.0.0.1", DEFAULT_PORT))),
@@ -154,7 +177,7 @@ _ENTRIES: dict[str, _Entry[Any]] = {
         RoutingConfig,
         lambda r, n, ctx: read_routing(r, n, [rc.name for rc in ctx.seen.get("receivers", ())]),
     ),
-    "drain": _section_entry(DrainConfig, lambda r, n, ctx: read_drain(r, n)),
+    "drain": _section_entry(DrainConfig, _read_drain),
     "rules": _section_entry(RulesConfig, lambda r, n, ctx: read_rules(r, n, ctx.base_dir)),
     "xid": _section_entry(XidConfig, read_xid),
     "web": _section_entry(WebSection, read_web),
@@ -169,7 +192,11 @@ def config_keys() -> list[str]:
     for name, entry in _ENTRIES.items():
         out.append(name)
         if entry.section is not None:
-            out.extend(f"{name}.{f.name}" for f in dataclasses.fields(entry.section))
+            for f in dataclasses.fields(entry.section):
+                if f.metadata.get("sections"):  # the drain drivers' own sections
+                    out.extend(f"{name}.{mode}" for mode in _driver_readers())
+                else:
+                    out.append(f"{name}.{f.name}")
     return out
 
 

@@ -9,11 +9,12 @@ import pytest
 import yaml
 
 from gpuwatchd.actions import ActionsError, build_actions
+from gpuwatchd.actions.drain.drivers.kubernetes import KubernetesDrainConfig
 from gpuwatchd.actions.receivers.alertmanager import AlertmanagerReceiver
 from gpuwatchd.actions.receivers.pagerduty import PagerDutyReceiver
 from gpuwatchd.actions.receivers.slack import SlackReceiver
 from gpuwatchd.actions.receivers.webhook import WebhookReceiver
-from gpuwatchd.config.actions import DrainConfig, KubernetesDrainConfig, RouteConfig, RoutingConfig
+from gpuwatchd.config.actions import DrainConfig, RouteConfig, RoutingConfig
 from gpuwatchd.configfile.loader import ConfigError, load_config
 from gpuwatchd.configfile.stages import for_actions
 from gpuwatchd.core.clock import VirtualClock
@@ -164,7 +165,7 @@ def test_every_actions_setting_is_read(tmp_path: Path) -> None:
         3600.0,
     )
     assert (drain.timeout, drain.attempts, drain.state_file) == (10.0, 3, "/run/gw/health.json")
-    assert drain.kubernetes == KubernetesDrainConfig(
+    assert drain.section("kubernetes", KubernetesDrainConfig) == KubernetesDrainConfig(
         kubeconfig="/etc/gpuwatchd/kubeconfig",
         taint=False,
         taint_key="example.com/gpu-bad",

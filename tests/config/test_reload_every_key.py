@@ -177,7 +177,12 @@ def with_change(base: str, key: str, value: str) -> str:
 def dotted(config: Config, key: str) -> Any:
     value: Any = config
     for part in key.split("."):
-        value = getattr(value, part)
+        if hasattr(value, part):
+            value = getattr(value, part)
+            continue
+        # a section shown as a key of its parent (a drain driver's: drain.slurm)
+        (sections,) = (f for f in dataclasses.fields(value) if f.metadata.get("sections"))
+        value = getattr(value, sections.name).get(part)
     return value
 
 

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from gpuwatchd.actions.drain.drivers.kubernetes import KubernetesDrainConfig
 from gpuwatchd.actions.fleet import FleetDrain, correlated, counted, limit_for
 from gpuwatchd.config.actions import FleetDrainConfig
 from gpuwatchd.configfile.loader import ConfigError, load_config
@@ -40,7 +41,7 @@ def test_fleet_section_is_read(tmp_path: Path) -> None:
         max_nodes=20, max_percent=5.0, partition="gpu", window=7200.0, recheck=30.0
     )
     assert drain.fleet.enabled
-    k = drain.kubernetes
+    k = drain.section("kubernetes", KubernetesDrainConfig)
     assert (k.events, k.event_namespace, k.budget_namespace) == (False, "ops", "gpu-health")
     assert not load(tmp_path, "drain: {mode: slurm}\n").drain.fleet.enabled  # type: ignore[attr-defined]
 

@@ -32,9 +32,10 @@ from gpuwatchd.actions.drain.drivers.kubernetes import (
     PLACES,
     KubeClient,
     KubeFleetView,
+    KubernetesDrainConfig,
 )
 from gpuwatchd.actions.fleet import BUDGET_RULE
-from gpuwatchd.config.actions import FleetDrainConfig, KubernetesDrainConfig
+from gpuwatchd.config.actions import FleetDrainConfig
 from gpuwatchd.configfile.loader import load_config
 from gpuwatchd.core.alerts import AlertState
 from gpuwatchd.core.clock import VirtualClock

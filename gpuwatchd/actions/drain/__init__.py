@@ -9,15 +9,14 @@ from __future__ import annotations
 from gpuwatchd.actions.drain.controller import (
     DRAINED_STATES,
     FAILED_RULE,
-    HELD_STATES,
-    HOLD_RESULTS,
     LIMIT_RULE,
     OVER_BUDGET,
     PENDING,
     RESULTS,
-    RESUME_RESULTS,
     DrainController,
 )
+from gpuwatchd.actions.drain.hold import HELD_STATES, HOLD_RESULTS
+from gpuwatchd.actions.drain.resume import RESUME_RESULTS
 
 __all__ = [
     "DRAINED_STATES",

@@ -24,7 +24,6 @@ node counts as drained by gpuwatchd until a "would resume".
 from __future__ import annotations
 
 import logging
-import os
 import random
 import sqlite3
 import threading
@@ -37,12 +36,10 @@ from gpuwatchd.actions.drain.drivers.base import (
     DrainResult,
     Driver,
     Gate,
-    incident_env,
-    run_argv,
 )
+from gpuwatchd.actions.drain.hold import HOLD_RESULTS, held, hold, to_hold
 from gpuwatchd.actions.drain.incidents import (
     Incident,
-    active_in,
     cancel_pending,
     drained_since,
     due,
@@ -51,34 +48,29 @@ from gpuwatchd.actions.drain.incidents import (
     gave_up_since,
     has_note,
     hold_back,
-    in_states,
     last_resolved,
     mark_done,
     mark_failed,
     mark_owned,
     mark_rate_limited,
     mark_resolved,
-    mark_resumed,
     next_pending_due,
-    node_owned,
     note,
     oldest_drain_since,
     open_incident,
     open_or_closed_since,
-    others_announced,
     pending_with_result,
     read_node_drain,
-    released,
-    resume_failed,
     schedule_retry,
     set_note,
     set_notified,
     silenced_active,
     to_announce,
-    unresolved_count,
     unsilence,
 )
+from gpuwatchd.actions.drain.notify import announce
 from gpuwatchd.actions.drain.report import HealthFile, drain_families, incident_summary, node_state
+from gpuwatchd.actions.drain.resume import RESUME_RESULTS, resume
 from gpuwatchd.actions.fleet import (
     FleetBudget,
     FleetView,
@@ -111,10 +103,6 @@ RESULTS = (
     "over_budget",
     "cancelled",
 )
-RESUME_RESULTS = ("resumed", "unnoted", "not_ours", "not_drained", "dry_run", "failed")
-HOLD_RESULTS = ("reasserted", "noted", "over_budget", "failed")
-# Incident states in which the node must stay out of service while the fault is active.
-HELD_STATES = ("drained", "already", "kept_admin", "noted")
 OVER_BUDGET = "over_budget"
 # the shipped rules that page on the drain's outcomes (rules/drain.yaml)
 LIMIT_RULE = "GpuwatchdDrainLimitReached"
@@ -304,33 +292,15 @@ class DrainController:
             log.warning("drain for %s: the silence is over and it still fires", inc.reason)
 
     def _notify(self, inc: Incident) -> None:
-        with self.store.tx() as conn:
-            # One notice per drain: not when another alert of the cascade gave it already,
-            # nor when gpuwatchd holds the node drained (there is no drain to wait for).
-            others = others_announced(conn, PENDING, inc.key)
-            owned = node_owned(conn)
-            set_notified(conn, inc.key, 1)
-        argv = self.cfg.notify_command
-        if not argv:
-            return
-        if others or owned or self._dry_run_drained():
-            log.info("drain pending for %s: the node's drain is announced already", inc.reason)
-            return
-        if self.cfg.dry_run or not self.run_notify:
-            log.warning("drain pending for %s: would run %s (dry run)", inc.reason, argv[0])
-            return
-        env = {
-            **os.environ,
-            **incident_env("drain_pending", self.node, inc.as_mapping(), inc.reason),
-            "GPUWATCHD_DRAIN_AT": f"{inc.drain_at:.3f}",
-            "GPUWATCHD_GRACE_SECONDS": f"{inc.drain_at - inc.opened:g}",
-        }
-        try:
-            res = run_argv(argv, timeout=self.cfg.timeout, env=env)
-            if res.returncode != 0:
-                log.error("drain notify command %s exited with status %d", argv[0], res.returncode)
-        except DrainError as exc:
-            log.error("drain notify command: %s", exc)
+        announce(
+            self.store,
+            inc,
+            self.node,
+            self.cfg,
+            pending=PENDING,
+            pretend_drained=self._dry_run_drained() is not None,
+            run=self.run_notify,
+        )
 
     def _meta(self, name: str) -> str | None:
         return note(self.store, name)
@@ -595,32 +565,23 @@ class DrainController:
 
     # -- holding the node out of service ---------------------------------------------
     def _held(self) -> list[Incident]:
-        return active_in(self.store, HELD_STATES)
+        return held(self.store)
 
     def _hold(self, now: float) -> None:
         """While a drain incident is active, keep the node out of service whoever else
-        drained or resumed it (slurm, kubernetes; not in dry-run)."""
+        drained or resumed it (slurm, kubernetes; not in dry-run): ``hold.py``."""
         if not self.driver.reads_state or self.cfg.dry_run or now < self._hold_next:
             return
-        held = self._held()
-        if self.silenced_by is not None:
-            held = [i for i in held if self.silenced_by(i.record, now) is None]
-        if not held:
+        inc = to_hold(self.store, now, self.silenced_by)
+        if inc is None:
             return
         self._hold_next = now + self.cfg.hold_interval
-        inc = held[0]
-        try:
-            result = self.driver.hold(inc.reason, gate=self._gate(inc.reason))
-        except DrainError as exc:
-            self.last_error = str(exc)
-            self._record("hold", inc, "failed", str(exc))
-            return
-        if result is None:
-            return
-        if result.owns:
-            with self.store.tx() as conn:
-                mark_owned(conn, inc.reason, now, result.result)
-        self._record("hold", inc, result)
+        step = hold(self.store, self.driver, now, inc, self._gate(inc.reason))
+        if step.error is not None:
+            self.last_error = step.error
+            self._record("hold", inc, "failed", step.error)
+        elif step.result is not None:
+            self._record("hold", inc, step.result)
 
     def _rate_limited(self, inc: Incident, now: float) -> list[DrainOutcome]:
         self.rate_limited += 1
@@ -695,37 +656,24 @@ class DrainController:
         ]
 
     def _resume(self, now: float) -> None:
-        """Undo gpuwatchd's drain once no drain incident is unresolved and the hold is over."""
-        row = read_node_drain(self.store)
-        if (
-            not (row.owned or self._dry_run_drained())
-            or row.next_attempt > now
-            or row.resume_attempts >= self.cfg.attempts
-        ):
+        """Undo gpuwatchd's drain once no drain incident is unresolved and the hold is
+        over: ``resume.py``."""
+        step = resume(
+            self.store,
+            self.driver,
+            now,
+            self.cfg,
+            pretend_drained=self._dry_run_drained() is not None,
+            backoff=self._backoff,
+        )
+        if step is None:
             return
-        open_ = unresolved_count(self.store)
-        last = last_resolved(self.store)
-        if open_ or last is None or now < last + self.cfg.resume_hold:
+        if step.error is not None or step.result is None:
+            self.last_error = step.error
+            self._record("resume", step.incident, "failed", step.error or "")
             return
-        drained = in_states(self.store, ("drained", "already", "noted", "dry_run"))
-        inc = drained[-1] if drained else None
-        try:
-            result = self.driver.resume(
-                inc.as_mapping() if inc is not None else None, self.cfg.dry_run
-            )
-        except DrainError as exc:
-            self.last_error = str(exc)
-            attempts = row.resume_attempts + 1
-            with self.store.tx() as conn:
-                resume_failed(conn, attempts, now + self._backoff(attempts), str(exc))
-            self._record("resume", inc, "failed", str(exc))
-            return
-        with self.store.tx() as conn:
-            released(conn, result.result)
-            mark_resumed(conn, now)
-            set_note(conn, "dry_run_drained", "")
-        self._record("resume", inc, result)
-        if self.fleet is not None and result.result == "resumed":
+        self._record("resume", step.incident, step.result)
+        if self.fleet is not None and step.result.result == "resumed":
             try:
                 self.fleet.released()
             except DrainError as exc:  # the place expires by itself (docs/fleet.md)

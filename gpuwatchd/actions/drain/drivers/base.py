@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from gpuwatchd.actions.model import xid_of
-from gpuwatchd.config.actions import DrainConfig
+from gpuwatchd.config.actions import DrainConfig, DriverSectionReader
 from gpuwatchd.core.clock import Clock
 from gpuwatchd.core.errors import GpuwatchdError
 
@@ -133,9 +133,11 @@ def incident_env(
 
 
 class DriverKind(Protocol):
-    """One ``drain.mode``: its name and how its driver is built from the drain section."""
+    """One ``drain.mode``: its name, how its own section ``drain.<mode>`` is read, and how
+    its driver is built from the drain section."""
 
     mode: str
+    reader: DriverSectionReader
 
     def build(self, cfg: DrainConfig, node: str, clock: Clock) -> Driver:
         """The driver for ``node`` (``DrainError`` when it cannot be made)."""

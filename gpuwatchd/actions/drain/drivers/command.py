@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from gpuwatchd.actions.drain.drivers.base import (
@@ -16,9 +17,17 @@ from gpuwatchd.actions.drain.drivers.base import (
     run_argv,
     tail_text,
 )
-from gpuwatchd.actions.drain.drivers.slurm import SlurmFleetView
+from gpuwatchd.actions.drain.drivers.slurm import SlurmDrainConfig, SlurmFleetView
 from gpuwatchd.actions.fleet import Claim, Mark
-from gpuwatchd.config.actions import DrainConfig, FleetDrainConfig
+from gpuwatchd.config.actions import (
+    DrainConfig,
+    DriverSection,
+    DriverSectionReader,
+    FleetDrainConfig,
+    read_argv,
+    read_driver_section,
+)
+from gpuwatchd.config.yamlsrc import Node, Reader
 from gpuwatchd.core.clock import Clock
 
 
@@ -96,11 +105,37 @@ class ExecDriver:
         pass
 
 
+@dataclass(frozen=True)
+class ExecDrainConfig(DriverSection):
+    """``drain.exec``: the site command, as a list (program and arguments)."""
+
+    command: tuple[str, ...] = ()
+
+
+def _read_section(r: Reader, node: Node, what: str) -> ExecDrainConfig:
+    def value(r: Reader, key: str, node: Node, where: str) -> Any:
+        return read_argv(r, node, where)  # command
+
+    return read_driver_section(r, node, ExecDrainConfig, what, value)
+
+
+def _check(drain: DrainConfig) -> str | None:
+    if drain.section("exec", ExecDrainConfig).command:
+        return None
+    return "'exec' needs drain.exec.command (a list: program and arguments)"
+
+
 class ExecKind:
     mode = "exec"
+    reader = DriverSectionReader(ExecDrainConfig, _read_section, _check)
 
     def build(self, cfg: DrainConfig, node: str, clock: Clock) -> Driver:
-        return ExecDriver(cfg.exec.command, node, cfg.timeout, sinfo=cfg.slurm.sinfo)
+        return ExecDriver(
+            cfg.section("exec", ExecDrainConfig).command,
+            node,
+            cfg.timeout,
+            sinfo=cfg.section("slurm", SlurmDrainConfig).sinfo,
+        )
 
 
 KIND = ExecKind()

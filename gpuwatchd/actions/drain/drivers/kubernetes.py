@@ -36,6 +36,7 @@ import time
 import urllib.parse
 import uuid
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -44,7 +45,15 @@ import yaml
 
 from gpuwatchd.actions.drain.drivers.base import DrainError, DrainResult, Driver, Gate
 from gpuwatchd.actions.fleet import Census, Claim, FleetDrain, Mark, xid_of_reason
-from gpuwatchd.config.actions import DrainConfig, FleetDrainConfig, KubernetesDrainConfig
+from gpuwatchd.config.actions import (
+    DrainConfig,
+    DriverSection,
+    DriverSectionReader,
+    FleetDrainConfig,
+    read_absolute_path,
+    read_driver_section,
+)
+from gpuwatchd.config.yamlsrc import Node, Reader
 from gpuwatchd.core.clock import Clock
 
 # the logger keeps the name it had as actions/kube.py
@@ -78,6 +87,56 @@ def _pointer(key: str) -> str:
 
 def _k8s_time(ts: float) -> str:
     return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+TAINT_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
+_TAINT_KEY_RE = re.compile(
+    r"(?:[a-z0-9]([-a-z0-9]*[a-z0-9])?(?:\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+    r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
+)
+_NAMESPACE_RE = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+_CONDITION_RE = re.compile(r"[A-Z][A-Za-z0-9]{0,62}")
+
+
+@dataclass(frozen=True)
+class KubernetesDrainConfig(DriverSection):
+    """``drain.kubernetes``: credentials and what a drain writes on the Node."""
+
+    kubeconfig: str | None = None
+    taint: bool = True
+    taint_key: str = "gpuwatchd.io/gpu-unhealthy"
+    taint_effect: str = "NoSchedule"
+    condition: bool = True
+    condition_type: str = "GpuUnhealthy"
+    events: bool = True
+    event_namespace: str = "default"
+    budget_namespace: str = "gpuwatchd"
+
+
+def _read_value(r: Reader, key: str, node: Node, where: str) -> Any:
+    if key in ("taint", "condition", "events"):
+        return r.boolean(node, where)
+    if key == "kubeconfig":
+        return None if node.value is None else read_absolute_path(r, node, where)
+    if key == "taint_effect":
+        return r.string(node, where, TAINT_EFFECTS)
+    value = r.string(node, where)
+    if value is None:
+        return None
+    if key == "taint_key" and (len(value) > 316 or not _TAINT_KEY_RE.fullmatch(value)):
+        problem = "is not a Kubernetes taint key"
+    elif key in ("event_namespace", "budget_namespace") and not _NAMESPACE_RE.fullmatch(value):
+        problem = "is not a Kubernetes namespace name"
+    elif key == "condition_type" and not _CONDITION_RE.fullmatch(value):
+        problem = "is not a condition type (CamelCase)"
+    else:
+        return value
+    r.error(node.loc, f"{where}: {value!r} {problem}")
+    return None
+
+
+def _read_section(r: Reader, node: Node, what: str) -> KubernetesDrainConfig:
+    return read_driver_section(r, node, KubernetesDrainConfig, what, _read_value)
 
 
 class KubeClient:
@@ -786,10 +845,12 @@ class KubernetesDriver:
 
 class KubernetesKind:
     mode = "kubernetes"
+    reader = DriverSectionReader(KubernetesDrainConfig, _read_section)
 
     def build(self, cfg: DrainConfig, node: str, clock: Clock) -> Driver:
-        client = KubeClient.from_config(cfg.kubernetes, cfg.timeout)
-        return KubernetesDriver(client, node, cfg.kubernetes, clock.now)
+        section = cfg.section("kubernetes", KubernetesDrainConfig)
+        client = KubeClient.from_config(section, cfg.timeout)
+        return KubernetesDriver(client, node, section, clock.now)
 
 
 KIND = KubernetesKind()

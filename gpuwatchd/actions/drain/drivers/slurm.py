@@ -27,7 +27,15 @@ from gpuwatchd.actions.drain.drivers.base import (
 )
 from gpuwatchd.actions.fleet import CLAIM_PREFIX, MARK_PREFIX, Census, Claim, FleetDrain, Mark
 from gpuwatchd.actions.model import REASON_PREFIX
-from gpuwatchd.config.actions import DrainConfig, FleetDrainConfig
+from gpuwatchd.config.actions import (
+    DrainConfig,
+    DriverSection,
+    DriverSectionReader,
+    FleetDrainConfig,
+    read_driver_section,
+    read_program,
+)
+from gpuwatchd.config.yamlsrc import Node, Reader
 from gpuwatchd.core.clock import Clock
 
 # -- Slurm ---------------------------------------------------------------------------------
@@ -383,11 +391,28 @@ class SlurmDriver:
         pass
 
 
+@dataclass(frozen=True)
+class SlurmDrainConfig(DriverSection):
+    """``drain.slurm``: the Slurm programs (names on ``PATH`` or absolute paths)."""
+
+    scontrol: str = "scontrol"
+    sinfo: str = "sinfo"
+
+
+def _read_section(r: Reader, node: Node, what: str) -> SlurmDrainConfig:
+    def value(r: Reader, key: str, node: Node, where: str) -> Any:
+        return read_program(r, node, where)  # scontrol, sinfo
+
+    return read_driver_section(r, node, SlurmDrainConfig, what, value)
+
+
 class SlurmKind:
     mode = "slurm"
+    reader = DriverSectionReader(SlurmDrainConfig, _read_section)
 
     def build(self, cfg: DrainConfig, node: str, clock: Clock) -> Driver:
-        return SlurmDriver(node, cfg.timeout, cfg.slurm.scontrol, cfg.slurm.sinfo)
+        section = cfg.section("slurm", SlurmDrainConfig)
+        return SlurmDriver(node, cfg.timeout, section.scontrol, section.sinfo)
 
 
 KIND = SlurmKind()
