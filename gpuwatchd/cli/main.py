@@ -318,15 +318,15 @@ def _print_status(status: Any, notes: list[str], as_json: bool) -> int:
     """Print the daemon's status; the exit code is ``check``'s verdict on it (0 healthy,
     1 unhealthy), from the same per-GPU health (``core.health``)."""
     from gpuwatchd.cli import statusclient
-    from gpuwatchd.cli.check import Report, from_status, judge
+    from gpuwatchd.cli.check import Report, from_document, judge
     from gpuwatchd.cli.statustext import status_text
     from gpuwatchd.core.statusdoc import StatusDocument
 
     if not as_json:
         status = statusclient.clean(status)  # never a terminal escape from the wire
-    gpus, expected, firing = from_status(status)
-    report = judge(Report("daemon", "", gpus, expected, firing or []))
     doc = StatusDocument.from_json(status)
+    gpus, expected, firing = from_document(doc)
+    report = judge(Report("daemon", "", gpus, expected, firing or []))
     if as_json:  # json.dump escapes every control character
         json.dump(doc.as_json(), sys.stdout, indent=2, sort_keys=True)
         sys.stdout.write("\n")
