@@ -4,9 +4,16 @@ document's, never judged again here)."""
 
 from __future__ import annotations
 
-from gpuwatchd.actions.textstatus import status_lines
+from datetime import UTC, datetime
+
 from gpuwatchd.cli.statusclient import printable
-from gpuwatchd.core.statusdoc import StatusDocument
+from gpuwatchd.core.statusdoc import ActionsState, StatusDocument
+
+
+def _when(ts: float | None) -> str:
+    if ts is None:
+        return "-"
+    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:%M:%SZ")
 
 
 def status_text(doc: StatusDocument, notes: list[str], problems: list[str]) -> list[str]:
@@ -47,6 +54,45 @@ def status_text(doc: StatusDocument, notes: list[str], problems: list[str]) -> l
         waits = a.annotations.get("recovery")
         if waits:  # recovery on evidence: what the alert (and its drain) waits for
             out.append(f"      recovery: {printable(waits)}")
-    out += status_lines(dict(doc.actions))  # deliveries, silences, drain (when configured)
+    out += actions_lines(doc.actions)  # deliveries, silences, drain (when configured)
     out += [f"  problem: {problem}" for problem in problems]
+    return out
+
+
+def actions_lines(actions: ActionsState) -> list[str]:
+    """Lines for the actions stage's part: deliveries, silences, drain (when present)."""
+    out: list[str] = []
+    deliveries = actions.deliveries
+    if deliveries is not None:
+        out.append(f"  deliveries pending: {deliveries.pending}")
+        if deliveries.state_problem:
+            out.append(f"    OUTBOX IN MEMORY ONLY: {deliveries.state_problem}")
+        for r in deliveries.receivers:
+            line = f"    receiver {r.name} ({r.type}): {r.pending} pending"
+            if r.oldest_pending_seconds is not None:
+                line += f", oldest {r.oldest_pending_seconds:.0f}s"
+            if r.last_error:
+                line += f", last error: {r.last_error}"
+            out.append(line)
+        for a in deliveries.firing:
+            muted = f" (silenced by {a.silenced_by})" if a.silenced_by else ""
+            out.append(
+                f"    firing {a.rule} [{a.severity}] gpu={a.labels.get('gpu', '-')} "
+                f"since {_when(a.since)}{muted}"
+            )
+    if actions.silences is not None:
+        active = [s for s in actions.silences if s.active]
+        out.append(f"  silences active: {len(active)}")
+        for s in active:
+            what = f"GPU {s.gpu}" if s.gpu else "node"
+            out.append(f"    {s.id} {what} until {_when(s.ends_at)}: {s.reason} ({s.author})")
+    drain = actions.drain
+    if drain is not None and drain.configured:
+        line = f"  drain ({drain.mode}{', dry run' if drain.dry_run else ''}): {drain.state}"
+        if drain.state == "drain_pending":
+            line += f" at {_when(drain.drain_at)}"
+        if drain.reason:
+            line += f" - {drain.reason}"
+        line += f" [{drain.drains_in_window}/{drain.max_drains} drains in window]"
+        out.append(line)
     return out

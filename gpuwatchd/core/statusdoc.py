@@ -215,6 +215,243 @@ class ConfigState:
         }
 
 
+def _split(d: Mapping[str, Any], typed: frozenset[str]) -> dict[str, Any]:
+    return {k: v for k, v in d.items() if k not in typed}
+
+
+@dataclass(frozen=True)
+class ReceiverState:
+    """One receiver's deliveries: how many wait, the oldest's age, the last error."""
+
+    name: str
+    type: str
+    pending: int
+    oldest_pending_seconds: float | None
+    last_error: str | None
+    more: Mapping[str, Any] = field(default_factory=dict)
+
+    _TYPED = frozenset({"name", "type", "pending", "oldest_pending_seconds", "last_error"})
+
+    @classmethod
+    def from_json(cls, r: Mapping[str, Any]) -> ReceiverState:
+        error = r.get("last_error")
+        return cls(
+            name=str(r.get("name", "?")),
+            type=str(r.get("type", "?")),
+            pending=int(r.get("pending") or 0),
+            oldest_pending_seconds=_num(r.get("oldest_pending_seconds")),
+            last_error=None if error is None else str(error),
+            more=_split(r, cls._TYPED),
+        )
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "type": self.type,
+            "pending": self.pending,
+            "oldest_pending_seconds": self.oldest_pending_seconds,
+            "last_error": self.last_error,
+            **self.more,
+        }
+
+
+@dataclass(frozen=True)
+class DeliveryFiring:
+    """A firing alert as the outbox knows it, and the silence that mutes it, if any."""
+
+    rule: str
+    severity: str
+    labels: Mapping[str, str]
+    since: float | None
+    silenced_by: str | None
+    more: Mapping[str, Any] = field(default_factory=dict)
+
+    _TYPED = frozenset({"rule", "severity", "labels", "since", "silenced_by"})
+
+    @classmethod
+    def from_json(cls, a: Mapping[str, Any]) -> DeliveryFiring:
+        by = a.get("silenced_by")
+        return cls(
+            rule=str(a.get("rule", "?")),
+            severity=str(a.get("severity", "?")),
+            labels={str(k): str(v) for k, v in (a.get("labels") or {}).items()},
+            since=_num(a.get("since")),
+            silenced_by=None if by is None else str(by),
+            more=_split(a, cls._TYPED),
+        )
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "rule": self.rule,
+            "severity": self.severity,
+            "labels": dict(self.labels),
+            "since": self.since,
+            "silenced_by": self.silenced_by,
+            **self.more,
+        }
+
+
+@dataclass(frozen=True)
+class Deliveries:
+    """The outbox: pending deliveries by receiver, and the alerts it holds as firing."""
+
+    pending: int
+    state_problem: str | None
+    receivers: tuple[ReceiverState, ...]
+    firing: tuple[DeliveryFiring, ...]
+    more: Mapping[str, Any] = field(default_factory=dict)
+
+    _TYPED = frozenset({"pending", "state_problem", "receivers", "firing"})
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> Deliveries:
+        problem = d.get("state_problem")
+        return cls(
+            pending=int(d.get("pending") or 0),
+            state_problem=None if problem is None else str(problem),
+            receivers=tuple(ReceiverState.from_json(r) for r in d.get("receivers") or ()),
+            firing=tuple(DeliveryFiring.from_json(a) for a in d.get("firing") or ()),
+            more=_split(d, cls._TYPED),
+        )
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "pending": self.pending,
+            "state_problem": self.state_problem,
+            "receivers": [r.as_json() for r in self.receivers],
+            "firing": [a.as_json() for a in self.firing],
+            **self.more,
+        }
+
+
+@dataclass(frozen=True)
+class SilenceState:
+    """One silence: what it mutes, until when, why and who said so."""
+
+    id: str
+    gpu: str | None
+    ends_at: float | None
+    reason: str
+    author: str
+    active: bool
+    more: Mapping[str, Any] = field(default_factory=dict)
+
+    _TYPED = frozenset({"id", "gpu", "ends_at", "reason", "author", "active"})
+
+    @classmethod
+    def from_json(cls, s: Mapping[str, Any]) -> SilenceState:
+        gpu = s.get("gpu")
+        return cls(
+            id=str(s.get("id", "?")),
+            gpu=None if gpu is None else str(gpu),
+            ends_at=_num(s.get("ends_at")),
+            reason=str(s.get("reason", "")),
+            author=str(s.get("author", "")),
+            active=bool(s.get("active")),
+            more=_split(s, cls._TYPED),
+        )
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "gpu": self.gpu,
+            "ends_at": self.ends_at,
+            "reason": self.reason,
+            "author": self.author,
+            "active": self.active,
+            **self.more,
+        }
+
+
+@dataclass(frozen=True)
+class DrainState:
+    """The drain's summary: its mode and, when a drain is configured, the node's drain
+    state, the pending drain's time and reason, and the drains spent in the window."""
+
+    mode: str
+    dry_run: bool = False
+    state: str = ""
+    drain_at: float | None = None
+    reason: str | None = None
+    drains_in_window: int = 0
+    max_drains: int = 0
+    more: Mapping[str, Any] = field(default_factory=dict)
+
+    _TYPED = frozenset(
+        {"mode", "dry_run", "state", "drain_at", "reason", "drains_in_window", "max_drains"}
+    )
+
+    @property
+    def configured(self) -> bool:
+        return self.mode != "none"
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> DrainState:
+        mode = str(d.get("mode", "none"))
+        if mode == "none":
+            return cls(mode, more=_split(d, frozenset({"mode"})))
+        reason = d.get("reason")
+        return cls(
+            mode=mode,
+            dry_run=bool(d.get("dry_run")),
+            state=str(d.get("state", "?")),
+            drain_at=_num(d.get("drain_at")),
+            reason=None if reason is None else str(reason),
+            drains_in_window=int(d.get("drains_in_window") or 0),
+            max_drains=int(d.get("max_drains") or 0),
+            more=_split(d, cls._TYPED),
+        )
+
+    def as_json(self) -> dict[str, Any]:
+        if not self.configured:
+            return {"mode": self.mode, **self.more}
+        return {
+            "mode": self.mode,
+            "dry_run": self.dry_run,
+            "state": self.state,
+            "drain_at": self.drain_at,
+            "reason": self.reason,
+            "drains_in_window": self.drains_in_window,
+            "max_drains": self.max_drains,
+            **self.more,
+        }
+
+
+@dataclass(frozen=True)
+class ActionsState:
+    """The actions stage's part of the status (absent when nothing is configured to
+    receive): deliveries, silences, the drain."""
+
+    deliveries: Deliveries | None = None
+    silences: tuple[SilenceState, ...] | None = None
+    drain: DrainState | None = None
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any]) -> ActionsState:
+        deliveries, silences, drain = (doc.get(k) for k in ACTIONS_KEYS)
+        return cls(
+            deliveries=Deliveries.from_json(deliveries)
+            if isinstance(deliveries, Mapping)
+            else None,
+            silences=(
+                tuple(SilenceState.from_json(s) for s in silences if isinstance(s, Mapping))
+                if isinstance(silences, list)
+                else None
+            ),
+            drain=DrainState.from_json(drain) if isinstance(drain, Mapping) else None,
+        )
+
+    def as_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        if self.deliveries is not None:
+            out["deliveries"] = self.deliveries.as_json()
+        if self.silences is not None:
+            out["silences"] = [s.as_json() for s in self.silences]
+        if self.drain is not None:
+            out["drain"] = self.drain.as_json()
+        return out
+
+
 @dataclass(frozen=True)
 class StatusDocument:
     """The whole status of one node."""
@@ -231,9 +468,7 @@ class StatusDocument:
     xid_counts: tuple[Mapping[str, Any], ...] = ()
     nvml_worker: Mapping[str, Any] | None = None
     fields: Any = None
-    actions: Mapping[str, Any] = field(default_factory=dict)
-    """The actions stage's parts (deliveries, receivers' queue, silences, drain), as it
-    gave them; absent when no receiver or drain is configured."""
+    actions: ActionsState = field(default_factory=ActionsState)
     config: ConfigState | None = None
     more: Mapping[str, Any] = field(default_factory=dict)
 
@@ -292,7 +527,7 @@ class StatusDocument:
             xid_counts=tuple(doc.get("xid_counts") or ()),
             nvml_worker=_mapping(doc.get("nvml_worker")),
             fields=doc.get("fields"),
-            actions={k: v for k, v in rest.items() if k in ACTIONS_KEYS},
+            actions=ActionsState.from_json(rest),
             config=ConfigState.from_json(config) if isinstance(config, Mapping) else None,
             more={k: v for k, v in rest.items() if k not in ACTIONS_KEYS},
         )
@@ -320,7 +555,7 @@ class StatusDocument:
             out["nvml_worker"] = dict(self.nvml_worker)
         if self.fields is not None:
             out["fields"] = self.fields
-        out.update(self.actions)
+        out.update(self.actions.as_json())
         out.update(self.more)
         if self.config is not None:
             out["config"] = self.config.as_json()

@@ -34,7 +34,13 @@ from gpuwatchd.core.nodestate import GpuState, NodeState, NodeView
 from gpuwatchd.core.records import GpuInfo, GpuStatus
 from gpuwatchd.core.reloading import Prepared, RestartOnly, SectionOwner
 from gpuwatchd.core.statehealth import StoreHealth, state_families
-from gpuwatchd.core.statusdoc import FiringAlert, GpuEntry, SourceEntry, StatusDocument
+from gpuwatchd.core.statusdoc import (
+    ActionsState,
+    FiringAlert,
+    GpuEntry,
+    SourceEntry,
+    StatusDocument,
+)
 from gpuwatchd.exposition.metrics import GPU_LABELS, MetricsRenderer, gpu_label_text
 from gpuwatchd.rules.stage import SIMULATE_BOOT_ID, RulesStage, rules_stage
 from gpuwatchd.service.handoff import Handoff, Record
@@ -380,7 +386,7 @@ class Node:
                 d["readings_age_seconds"] = round(now - g.sample.timestamp, 3)
             health = gpu_health(g.status.value, by_gpu.get(str(g.info.index), ()))
             gpus.append(dataclasses.replace(GpuEntry.from_json(d, []), health=health))
-        actions = self.actions.status() if self.actions is not None else {}
+        actions = ActionsState.from_json(self.actions.status() if self.actions else {})
         return StatusDocument(
             node=view.node_name,
             version=__version__,

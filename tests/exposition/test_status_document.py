@@ -13,13 +13,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from actions_support import make_config
+from conftest import ROOT
 from test_status_page import RULE, Dom, firing_sim
 
+from gpuwatchd.actions.silences import add_silence, path_in
 from gpuwatchd.cli.main import _print_status
 from gpuwatchd.cli.statustext import status_text
 from gpuwatchd.core.statusdoc import StatusDocument
 from gpuwatchd.exposition.httpd import HttpServer
 from gpuwatchd.exposition.statuspage import render_page
+from gpuwatchd.harness.simulate import Simulation
+from gpuwatchd.scenario.model import load_scenario
 
 
 def _page_view(page: str) -> tuple[dict[str, str], list[str]]:
@@ -113,3 +118,44 @@ def test_a_document_without_verdicts_gets_the_same_verdict_everywhere() -> None:
     assert {str(g.index): g.health.health for g in doc.gpus} == want
     assert _page_view(render_page(doc).decode())[0] == want
     assert _text_view(status_text(doc, [], []))[0] == want
+
+
+def test_the_actions_part_reads_the_same_in_json_and_text(tmp_path: Path) -> None:
+    """Deliveries, silences and the drain: typed in the document, the same in the JSON
+    (key for key) and in the text of ``gpuwatchd status``."""
+    config = make_config(
+        tmp_path,
+        'receivers:\n  - {name: ops, type: webhook, url: "http://127.0.0.1:9/hook"}\n'
+        'drain:\n  mode: exec\n  exec: {command: ["/bin/true"]}\n',
+    )
+    sim = Simulation(load_scenario(str(ROOT / "scenarios" / "ecc-leak.yaml")), config)
+    silence = add_silence(  # simulate reads no silences file: its entry is added below
+        path_in(config.state_dir),
+        node=config.node_name,
+        gpu="3",
+        rule=None,
+        duration=7200.0,
+        reason="reseat GPU 3",
+        author="ops",
+        now=sim.t0,
+    )
+    for n in range(1, 4):
+        sim.step()
+        sim.advance_to(sim.t0 + n * sim.scenario.step)
+    built = sim.node.status()
+    assert StatusDocument.from_json(built) == sim.node.status_document()
+    wire = {**built, "silences": [silence.as_dict(sim.clock.now())]}  # as the daemon's sink
+    doc = StatusDocument.from_json(wire)
+    assert doc.as_json() == wire
+    assert doc.actions.drain is not None and doc.actions.drain.mode == "exec"
+    assert [s.gpu for s in doc.actions.silences or ()] == ["3"]
+    text = "\n".join(status_text(doc, [], []))
+    assert f"deliveries pending: {wire['deliveries']['pending']}" in text
+    assert "receiver ops (webhook): " in text
+    assert (
+        f"silences active: 1\n    {silence.id} GPU 3 until " in text
+        and "reseat GPU 3 (ops)" in text
+    )
+    drain = wire["drain"]
+    assert f"drain (exec): {drain['state']}" in text
+    assert f"[{drain['drains_in_window']}/{drain['max_drains']} drains in window]" in text
