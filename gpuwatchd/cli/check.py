@@ -43,6 +43,7 @@ from gpuwatchd.core.health import (
     FAILING,
     gpu_health,
 )
+from gpuwatchd.core.statusdoc import StatusDocument
 
 HEALTHY, UNHEALTHY, CANNOT_TELL = EXIT_OK, EXIT_UNHEALTHY, EXIT_CANNOT_TELL
 VERDICTS = {HEALTHY: "healthy", UNHEALTHY: "unhealthy", CANNOT_TELL: "unknown"}
@@ -139,23 +140,16 @@ def judge(report: Report, fail_on: str = "page") -> Report:
 def from_status(status: dict[str, Any]) -> tuple[list[Gpu], int | None, list[Firing] | None]:
     """GPU states, ``gpus.expected`` and firing alerts from /api/v1/status (``None`` for
     the alerts when the daemon's status has no ``alerts``: an older daemon)."""
-    gpus = [
-        Gpu(str(g.get("index", "?")), str(g.get("pci_bus_id", "")), str(g.get("status", "?")))
-        for g in status.get("gpus") or []
-    ]
-    expected = status.get("gpus_expected")
-    alerts = status.get("alerts")
+    return from_document(StatusDocument.from_json(status))
+
+
+def from_document(doc: StatusDocument) -> tuple[list[Gpu], int | None, list[Firing] | None]:
+    """GPU states, ``gpus.expected`` and firing alerts from the daemon's status document."""
+    gpus = [Gpu(str(g.index), g.pci_bus_id, g.status) for g in doc.gpus]
     firing = None
-    if isinstance(alerts, list):
-        firing = [
-            Firing(
-                str(a.get("rule", "?")),
-                str(a.get("severity", "?")),
-                (a.get("labels") or {}).get("gpu"),
-            )
-            for a in alerts
-        ]
-    return gpus, expected if isinstance(expected, int) else None, firing
+    if doc.alerts is not None:
+        firing = [Firing(a.rule, a.severity, a.gpu) for a in doc.alerts]
+    return gpus, doc.gpus_expected, firing
 
 
 def from_metrics(text: str) -> tuple[list[Gpu], int | None, list[Firing]]:

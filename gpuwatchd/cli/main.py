@@ -318,57 +318,21 @@ def _print_status(status: Any, notes: list[str], as_json: bool) -> int:
     """Print the daemon's status; the exit code is ``check``'s verdict on it (0 healthy,
     1 unhealthy), from the same per-GPU health (``core.health``)."""
     from gpuwatchd.cli import statusclient
-    from gpuwatchd.cli.check import Report, from_status, judge
+    from gpuwatchd.cli.check import Report, from_document, judge
+    from gpuwatchd.cli.statustext import status_text
+    from gpuwatchd.core.statusdoc import StatusDocument
 
     if not as_json:
         status = statusclient.clean(status)  # never a terminal escape from the wire
-    gpus, expected, firing = from_status(status)
+    doc = StatusDocument.from_json(status)
+    gpus, expected, firing = from_document(doc)
     report = judge(Report("daemon", "", gpus, expected, firing or []))
     if as_json:  # json.dump escapes every control character
-        json.dump(status, sys.stdout, indent=2, sort_keys=True)
+        json.dump(doc.as_json(), sys.stdout, indent=2, sort_keys=True)
         sys.stdout.write("\n")
         return report.code
-    print(f"node {status['node']}  gpuwatchd {status['version']}  backend {status['backend']}")
-    for note in notes:
-        print(statusclient.printable(note))
-    now = status.get("now")
-    for g, judged in zip(status["gpus"], report.gpus, strict=True):
-        health = judged.health + (f" ({', '.join(judged.rules)})" if judged.rules else "")
-        r = g.get("readings") if judged.health in ANSWERING else None
-        if r is None:  # it does not answer: no reading is current
-            last = g.get("last_readings") or g.get("readings") or {}
-            at = g.get("last_readings_at")
-            temp = last.get("temperature_gpu")
-            ago = f" {now - at:.0f}s ago" if isinstance(now, float) and at else ""
-            seen = f"temp={temp:.0f}C" if temp is not None else "no readings"
-            print(f"  GPU {g['index']} {g['pci_bus_id']} {health}  (last poll{ago}: {seen})")
-            continue
-        temp = r.get("temperature_gpu")
-        reasons = ",".join(g.get("clock_event_reasons", [])) or "-"
-        print(
-            f"  GPU {g['index']} {g['pci_bus_id']} {health:<6} "
-            f"temp={'-' if temp is None else f'{temp:.0f}C'} "
-            f"ecc_corr={r.get('ecc_corrected_volatile', '-')} "
-            f"ecc_uncorr={r.get('ecc_uncorrected_volatile', '-')} reasons={reasons}"
-        )
-    for name, s in status["sources"].items():
-        print(f"  source {name}: {'up' if s['up'] else 'DOWN'} {s['detail']}")
-    for key, why in (status.get("config") or {}).get("restart_required", {}).items():
-        print(f"  config: {key} changed, NOT applied until a restart: {why}")
-    alerts = status.get("alerts", [])
-    print(f"  alerts firing: {len(alerts)}")
-    for a in alerts:
-        gpu = a["labels"].get("gpu", "-")
-        print(f"    {a['rule']} [{a['severity']}] gpu={gpu}: {a.get('summary') or ''}")
-        waits = (a.get("annotations") or {}).get("recovery")
-        if waits:  # recovery on evidence: what the alert (and its drain) waits for
-            print(f"      recovery: {statusclient.printable(str(waits))}")
-    from gpuwatchd.actions.textstatus import status_lines
-
-    for line in status_lines(status):  # deliveries, silences, drain (when configured)
+    for line in status_text(doc, notes, report.problems):
         print(line)
-    for problem in report.problems:
-        print(f"  problem: {problem}")
     return report.code
 
 

@@ -54,6 +54,7 @@ from typing import Any
 
 from gpuwatchd.config.web import PasswordChecksBusy, WebGuard
 from gpuwatchd.core.families import CONTENT_TYPE, OPENMETRICS_CONTENT_TYPE, Families
+from gpuwatchd.core.statusdoc import StatusDocument
 from gpuwatchd.exposition.metrics import MetricsRenderer
 from gpuwatchd.exposition.statuspage import render_page
 
@@ -591,7 +592,8 @@ class _Handler(socketserver.StreamRequestHandler):
                 body = json.dumps(self.server.status(), indent=2, sort_keys=True).encode()
                 self._send(200, body + b"\n", "application/json")
             elif path == "/":  # the status page (statuspage.py); links to the rest
-                self._send(200, render_page(self.server.status()), "text/html; charset=utf-8")
+                page = render_page(StatusDocument.from_json(self.server.status()))
+                self._send(200, page, "text/html; charset=utf-8")
             else:
                 self._send(404, b"not found\n", "text/plain; charset=utf-8")
         except (BrokenPipeError, ConnectionResetError, TimeoutError, _tls_error()):

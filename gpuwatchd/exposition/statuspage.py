@@ -8,6 +8,9 @@ and every firing alert in a section whose anchor is ``#alert-<fingerprint>`` (th
 when the rule has one, and, for the memory-trend and XID-recurrence rules, a chart of the
 history they judged: counts per day, and the moment the alert fired.
 
+It renders a ``core.statusdoc.StatusDocument``, the same one the JSON and the text of
+``gpuwatchd status`` come from: the page never re-derives a verdict.
+
 Everything from the document is escaped: a process name from the kernel log is text here.
 """
 
@@ -15,8 +18,10 @@ from __future__ import annotations
 
 import html
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
+
+from gpuwatchd.core.statusdoc import FiringAlert, GpuEntry, StatusDocument
 
 _CSS = """
 body{font:14px/1.4 system-ui,sans-serif;margin:1.5em;color:#222}
@@ -45,9 +50,9 @@ def _when(ts: object) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(float(ts)))
 
 
-def _readings(g: Mapping[str, Any]) -> str:
-    r = g.get("readings")
-    if isinstance(r, Mapping):
+def _readings(g: GpuEntry) -> str:
+    r = g.readings if g.health.answers else None
+    if r is not None:
         temp = r.get("temperature_gpu")
         parts = [f"{temp:.0f} &deg;C" if isinstance(temp, (int, float)) else "-"]
         for key, name in (
@@ -57,10 +62,10 @@ def _readings(g: Mapping[str, Any]) -> str:
             if isinstance(r.get(key), (int, float)):
                 parts.append(f"{name} {r[key]:.0f}")
         return ", ".join(parts)
-    last = g.get("last_readings")
-    if isinstance(last, Mapping) and isinstance(last.get("temperature_gpu"), (int, float)):
+    last = g.last_readings or g.readings
+    if last is not None and isinstance(last.get("temperature_gpu"), (int, float)):
         return (
-            f'<span class="muted">last poll {_e(_when(g.get("last_readings_at")))}: '
+            f'<span class="muted">last poll {_e(_when(g.last_readings_at))}: '
             f"{last['temperature_gpu']:.0f} &deg;C</span>"
         )
     return '<span class="muted">no readings</span>'
@@ -109,15 +114,14 @@ def chart(history: Mapping[str, Any]) -> str:
     return "".join(out)
 
 
-def _alert(a: Mapping[str, Any]) -> str:
-    labels = a.get("labels") or {}
-    notes = a.get("annotations") or {}
-    where = f"GPU {_e(labels['gpu'])}" if labels.get("gpu") not in (None, "") else "node"
-    sev = str(a.get("severity", ""))
+def _alert(a: FiringAlert) -> str:
+    notes = a.annotations
+    where = f"GPU {_e(a.gpu)}" if a.gpu is not None else "node"
+    sev = a.severity
     parts = [
-        f'<section class="alert" id="alert-{_e(a.get("fingerprint"))}">',
-        f'<h3><span class="sev-{_e(sev)}">[{_e(sev)}]</span> {_e(a.get("rule"))} '
-        f'<span class="muted">on {where}, since {_e(_when(a.get("since")))}</span></h3>',
+        f'<section class="alert" id="alert-{_e(a.fingerprint)}">',
+        f'<h3><span class="sev-{_e(sev)}">[{_e(sev)}]</span> {_e(a.rule)} '
+        f'<span class="muted">on {where}, since {_e(_when(a.since))}</span></h3>',
     ]
     for key in ("summary", "evidence", "action", "recovery", "description"):
         if notes.get(key):
@@ -125,32 +129,31 @@ def _alert(a: Mapping[str, Any]) -> str:
     url = str(notes.get("runbook_url") or "")
     if url.startswith(("https://", "http://", "file:///", "/")):
         parts.append(f'<p><a class="runbook" href="{_e(url)}">runbook</a></p>')
-    history = a.get("history")
-    if isinstance(history, Mapping):
-        parts.append(chart(history))
+    if a.history is not None:
+        parts.append(chart(a.history))
     parts.append("</section>")
     return "".join(parts)
 
 
-def render_page(status: Mapping[str, Any]) -> bytes:
-    gpus: Sequence[Mapping[str, Any]] = status.get("gpus") or []
-    alerts: Sequence[Mapping[str, Any]] = status.get("alerts") or []
+def render_page(doc: StatusDocument) -> bytes:
+    """The page for one status document (the one /api/v1/status gives as JSON)."""
+    alerts = doc.alerts or ()
     rows = []
-    for g in gpus:
-        health = str(g.get("health") or g.get("status") or "?")
-        rules = ", ".join(str(r) for r in g.get("health_rules") or [])
+    for g in doc.gpus:
+        health = g.health.health
+        rules = ", ".join(g.health.rules)
         rows.append(
-            f'<tr id="gpu-{_e(g.get("index"))}"><td>{_e(g.get("index"))}</td>'
-            f"<td>{_e(g.get('pci_bus_id'))}</td><td>{_e(g.get('name'))}</td>"
+            f'<tr id="gpu-{_e(g.index)}"><td>{_e(g.index)}</td>'
+            f"<td>{_e(g.pci_bus_id)}</td><td>{_e(g.name)}</td>"
             f'<td><span class="health h-{_e(health)}">{_e(health)}</span> {_e(rules)}</td>'
             f"<td>{_readings(g)}</td></tr>"
         )
     body = [
         "<!doctype html><html lang=en><head><meta charset=utf-8>",
-        f"<title>gpuwatchd {_e(status.get('node'))}</title><style>{_CSS}</style></head><body>",
-        f"<h1>gpuwatchd on {_e(status.get('node'))}</h1>",
-        f'<p class="muted">version {_e(status.get("version"))}, backend '
-        f"{_e(status.get('backend'))}, at {_e(_when(status.get('now')))}. "
+        f"<title>gpuwatchd {_e(doc.node)}</title><style>{_CSS}</style></head><body>",
+        f"<h1>gpuwatchd on {_e(doc.node)}</h1>",
+        f'<p class="muted">version {_e(doc.version)}, backend '
+        f"{_e(doc.backend)}, at {_e(_when(doc.now))}. "
         '<a href="/metrics">/metrics</a> <a href="/api/v1/status">/api/v1/status</a> '
         '<a href="/healthz">/healthz</a></p>',
         "<h2>GPUs</h2><table><tr><th>GPU</th><th>PCI</th><th>model</th><th>health</th>"

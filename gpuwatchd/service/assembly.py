@@ -34,6 +34,13 @@ from gpuwatchd.core.nodestate import GpuState, NodeState, NodeView
 from gpuwatchd.core.records import GpuInfo, GpuStatus
 from gpuwatchd.core.reloading import Prepared, RestartOnly, SectionOwner
 from gpuwatchd.core.statehealth import StoreHealth, state_families
+from gpuwatchd.core.statusdoc import (
+    ActionsState,
+    FiringAlert,
+    GpuEntry,
+    SourceEntry,
+    StatusDocument,
+)
 from gpuwatchd.exposition.metrics import GPU_LABELS, MetricsRenderer, gpu_label_text
 from gpuwatchd.rules.stage import SIMULATE_BOOT_ID, RulesStage, rules_stage
 from gpuwatchd.service.handoff import Handoff, Record
@@ -360,7 +367,9 @@ class Node:
             for a in self.rules.engine.alerts(AlertState.FIRING)
         ]
 
-    def status(self) -> dict[str, Any]:
+    def status_document(self) -> StatusDocument:
+        """The node's status, built here and only here (``core.statusdoc``): the status
+        API, the status socket, ``gpuwatchd status`` and the status page all show it."""
         view = self.state.view()
         now = self.clock.now()
         firing = self.firing()
@@ -373,34 +382,39 @@ class Node:
         gpus = []
         for g in view.gpus:
             d = gpu_status_dict(g)
-            d.update(gpu_health(g.status.value, by_gpu.get(str(g.info.index), ())).as_dict())
             if g.sample is not None:
                 d["readings_age_seconds"] = round(now - g.sample.timestamp, 3)
-            gpus.append(d)
-        out: dict[str, Any] = {
-            "node": view.node_name,
-            "version": __version__,
-            "now": now,
-            "started_at": view.started_at,
-            "backend": self.backend.name,
-            "gpus": gpus,
-            "gpus_expected": view.expected_gpus,
-            "sources": {k: v.as_dict() for k, v in sorted(view.sources.items())},
-            "xid_counts": [
+            health = gpu_health(g.status.value, by_gpu.get(str(g.info.index), ()))
+            gpus.append(dataclasses.replace(GpuEntry.from_json(d, []), health=health))
+        actions = ActionsState.from_json(self.actions.status() if self.actions else {})
+        return StatusDocument(
+            node=view.node_name,
+            version=__version__,
+            backend=self.backend.name,
+            now=now,
+            started_at=view.started_at,
+            gpus=tuple(gpus),
+            gpus_expected=view.expected_gpus,
+            sources={
+                k: SourceEntry.from_json(v.as_dict()) for k, v in sorted(view.sources.items())
+            },
+            xid_counts=tuple(
                 {"gpu": gpu, "xid": xid, "count": n}
                 for (gpu, xid), n in sorted(
                     view.xid_counts.items(), key=lambda kv: (kv[0][0] or -1, kv[0][1])
                 )
-            ],
-            "alerts": firing,
-        }
-        if isinstance(self.backend, SupervisedBackend):
-            out["nvml_worker"] = self.backend.health()
-        if self.config.fields:  # the config's extra field ids, and the GPUs that lack them
-            out["fields"] = field_status(view, self.config.fields)
-        if self.actions is not None:  # pending deliveries, silences, drain state
-            out.update(self.actions.status())
-        return out
+            ),
+            alerts=tuple(FiringAlert.from_json(a) for a in firing),
+            nvml_worker=(
+                self.backend.health() if isinstance(self.backend, SupervisedBackend) else None
+            ),
+            # the config's extra field ids, and the GPUs that lack them
+            fields=field_status(view, self.config.fields) if self.config.fields else None,
+            actions=actions,  # pending deliveries, silences, drain state
+        )
+
+    def status(self) -> dict[str, Any]:
+        return self.status_document().as_json()
 
     def close(self) -> None:
         self.pipeline.close()

@@ -28,6 +28,7 @@ from gpuwatchd.core.heartbeat import HeartbeatRegistry
 from gpuwatchd.core.nodestate import NodeView
 from gpuwatchd.core.records import GpuInfo, GpuStatus
 from gpuwatchd.core.reloading import Prepared, RestartOnly, SectionOwner, plan_reload
+from gpuwatchd.core.statusdoc import ConfigState, StatusDocument
 from gpuwatchd.exposition.httpd import HttpServer
 from gpuwatchd.exposition.listener import RetryingListener, Startable
 from gpuwatchd.exposition.statussock import StatusSocket, socket_path
@@ -413,8 +414,12 @@ class Daemon:
             return True, "ok (daemon healthy; GPUs not answering: " + ", ".join(bad) + ")"
         return True, "ok"
 
+    def status_document(self) -> StatusDocument:
+        """The node's status document with the daemon's config part."""
+        return self.node.status_document().with_config(ConfigState.from_json(self.config_status()))
+
     def status(self) -> dict[str, Any]:
-        return {**self.node.status(), "config": self.config_status()}
+        return self.status_document().as_json()
 
     def wait(self, timeout: float | None = None) -> bool:
         return self._stopped.wait(timeout)

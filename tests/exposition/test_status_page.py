@@ -18,6 +18,7 @@ from actions_support import make_config
 from conftest import ROOT, need_binary
 
 from gpuwatchd.actions.receivers import alertmanager_alerts
+from gpuwatchd.core.statusdoc import StatusDocument
 from gpuwatchd.exposition.httpd import HttpServer
 from gpuwatchd.exposition.statuspage import render_page
 from gpuwatchd.harness.simulate import Simulation
@@ -125,7 +126,7 @@ def test_everything_from_the_document_is_escaped() -> None:
                         "summary": "<img src=x onerror=alert(1)>",
                         "runbook_url": "javascript:alert(1)"}}],
     }  # fmt: skip
-    page = render_page(status).decode()
+    page = render_page(StatusDocument.from_json(status)).decode()
     assert "<script" not in page and "<img" not in page and "<b>n" not in page
     assert "javascript:" not in page  # a runbook link is http(s) or a path, never a script
     json.dumps(status)  # the document stays plain data
