@@ -32,6 +32,11 @@ at least ``quiet`` of silence). One condition, three signals (``signal``):
 - ``corroborated``: activity in the longest window together with the GPU certifying the
   fault itself: a correctable row remap or XID 92 or 63 on this GPU in that window, or a
   bank with low or no spare rows left (row-remapper histogram) in its latest sample.
+- ``node``: one node-level alert while any GPU's activity in the longest window is
+  node-wide (3 or more GPUs active within minutes of each other: ``rules/node_wide.py``),
+  with the GPUs it touched (``gpus``). A job, a driver or a power event, not that many
+  failing GPUs; ``increase``'s ``skip_node_wide`` leaves those GPUs out of the per-GPU
+  ticket.
 """
 
 from __future__ import annotations
@@ -47,6 +52,7 @@ from gpuwatchd.rules.conditions import memory_certified as mc
 from gpuwatchd.rules.conditions import schema_parts as sp
 from gpuwatchd.rules.conditions.base import (
     NO_HITS,
+    NODE_KEY,
     ConditionKind,
     Evaluator,
     Hit,
@@ -66,11 +72,12 @@ from gpuwatchd.rules.evidence import (
     rate_ratio_p_value,
 )
 from gpuwatchd.rules.model import Condition, Rule
+from gpuwatchd.rules.node_wide import field_activities, node_wide_gpus
 from gpuwatchd.rules.snapshot import GpuView, Snapshot
 from gpuwatchd.rules.store import StateStore
 
-Signal = Literal["acceleration", "activity", "corroborated", "certified"]
-SIGNALS: tuple[Signal, ...] = ("acceleration", "activity", "corroborated", "certified")
+Signal = Literal["acceleration", "activity", "corroborated", "certified", "node"]
+SIGNALS: tuple[Signal, ...] = ("acceleration", "activity", "corroborated", "certified", "node")
 RECHECK = 300.0  # seconds between looks at a GPU whose counter did not move
 CERTIFIED_SIGNATURE = "memory-certified-xids-1"  # the saved XIDs' format (rules store)
 log = logging.getLogger(__name__)
@@ -340,6 +347,8 @@ class _Evaluator(Evaluator):
         c = self.c
         if c.signal == "certified":
             return self._certified(snap, now, fresh)
+        if c.signal == "node":
+            return self._node(snap, now)
         look = self.look
         corroborated = c.signal == "corroborated"
         if not active and not fresh and not corroborated and look.node_quiet(snap, c.field, now):
@@ -372,6 +381,15 @@ class _Evaluator(Evaluator):
             if hit is not None:
                 hits[(g.index, -1, -1)] = hit
         return hits, unknown
+
+    def _node(self, snap: Snapshot, now: float) -> Result:
+        c = self.c
+        b1 = bucket_of(now) + 1
+        gpus = node_wide_gpus(field_activities(snap, c.field), b1 - int(c.window // BUCKET), b1)
+        if not gpus:
+            return NO_HITS, set()
+        values: dict[str, Any] = {"gpus": ", ".join(map(str, gpus))}
+        return {NODE_KEY: (float(len(gpus)), values)}, set()
 
     def _sustain(self, gpu: int, act: Activity, now: float, hit: Hit | None) -> Hit | None:
         """An acceleration holds on while its evidence keeps arriving: after a hit, the
@@ -432,6 +450,7 @@ class MemoryTrendKind(ConditionKind):
             "p_value",
             "baseline_rate",
             "recent_rate",
+            "gpus",
         }
     )
 
@@ -536,7 +555,8 @@ class MemoryTrendKind(ConditionKind):
             "Device-memory errors as activity (10-minute buckets, episodes, regimes): a "
             "significant acceleration within a regime (exact conditional binomial test), new "
             "activity, or activity the GPU corroborates (a correctable remap, a bank low on "
-            "spare rows, XID 92 or 63).",
+            "spare rows, XID 92 or 63); or, as one node alert, activity on 3 or more GPUs "
+            "within minutes (signal node).",
             optional_body=True,
         )
 
