@@ -203,3 +203,16 @@ def test_every_leak_ends_inside_its_trace(name: str) -> None:
                 assert tr.dbe_at is not None and 0 <= tr.dbe_at < tr.days * DAY
                 assert all(0 <= t < tr.days * DAY for t, _ in tr.events)
             parse_scenario(text, f"{name}-{seed}.yaml")
+
+
+def test_a_node_wide_event_is_a_node_ticket_not_a_corrected_error_ticket_per_gpu() -> None:
+    # Failed before: the node-wide family's XID 92 event (corrected errors on all 8 GPUs
+    # within seconds) opened GpuEccCorrectedRising on every GPU beside its XID ticket (16
+    # per-GPU tickets on 8 GPUs), and node tickets were not counted.
+    score = bt.run_family(bt.family_named("node-wide"), 1, 3)
+    row = score.row()
+    assert score.ticket_gpus == 8  # the XID 92 event's GPUs: GpuXidMemoryDegrading (left)
+    assert score.tickets == score.ticket_gpus  # no corrected-error ticket besides
+    assert score.node_tickets == 6  # GpuXidOnManyGpus x 5 events, GpuMemoryErrorsOnManyGpus x 1
+    assert row["node_tickets_per_node_month"] == 2.0 and row["ticketed_gpu_share"] == 0.333
+    assert score.false_pages == score.false_drains == 0
