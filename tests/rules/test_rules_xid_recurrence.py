@@ -304,3 +304,27 @@ def test_a_state_file_from_a_newer_version_or_corrupt_starts_afresh(tmp_path: Pa
         again.engine.close()
         for f in tmp_path.glob("rules.sqlite3*"):
             f.unlink()
+
+
+def _xid_tickets(n: Node) -> list[tuple[str, str | None]]:
+    return sorted(
+        (tr.rule, tr.labels.get("gpu"))
+        for _, tr in n.transitions
+        if tr.state.value == "firing" and tr.rule in ("GpuXidMemoryDegrading", "GpuXidOnManyGpus")
+    )
+
+
+def test_a_node_wide_xid_92_is_one_node_ticket_not_one_per_gpu() -> None:
+    # Failed before: XID 92 on every GPU within seconds (a job, driver or power event)
+    # opened GpuXidMemoryDegrading on each GPU beside the node's GpuXidOnManyGpus.
+    n = Node(load_rule_set([]), gpus=4)
+    n.poll()
+    n.xid(0, 92, pid=1000)
+    n.step(10)  # the other GPUs' lines a poll later: the same event
+    for gpu in (1, 2, 3):
+        n.xid(gpu, 92, pid=1000 + gpu)
+    n.run(HOUR)
+    assert _xid_tickets(n) == [("GpuXidOnManyGpus", None)]
+    n.xid(2, 92, pid=7)  # GPU 2 alone, later: its own ticket, a minute or two on
+    n.run(5 * 60)
+    assert _xid_tickets(n) == [("GpuXidMemoryDegrading", "2"), ("GpuXidOnManyGpus", None)]
