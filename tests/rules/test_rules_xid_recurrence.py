@@ -310,13 +310,14 @@ def _xid_tickets(n: Node) -> list[tuple[str, str | None]]:
     return sorted(
         (tr.rule, tr.labels.get("gpu"))
         for _, tr in n.transitions
-        if tr.state.value == "firing" and tr.rule in ("GpuXidMemoryDegrading", "GpuXidOnManyGpus")
+        if tr.state.value == "firing" and tr.severity.value == "ticket"
     )
 
 
 def test_a_node_wide_xid_92_is_one_node_ticket_not_one_per_gpu() -> None:
     # Failed before: XID 92 on every GPU within seconds (a job, driver or power event)
-    # opened GpuXidMemoryDegrading on each GPU beside the node's GpuXidOnManyGpus.
+    # opened GpuXidMemoryDegrading on each GPU beside the node's GpuXidOnManyGpus; now the
+    # one node ticket for memory events (GpuMemoryErrorsOnManyGpus).
     n = Node(load_rule_set([]), gpus=4)
     n.poll()
     n.xid(0, 92, pid=1000)
@@ -324,7 +325,7 @@ def test_a_node_wide_xid_92_is_one_node_ticket_not_one_per_gpu() -> None:
     for gpu in (1, 2, 3):
         n.xid(gpu, 92, pid=1000 + gpu)
     n.run(HOUR)
-    assert _xid_tickets(n) == [("GpuXidOnManyGpus", None)]
+    assert _xid_tickets(n) == [("GpuMemoryErrorsOnManyGpus", None)]
     n.xid(2, 92, pid=7)  # GPU 2 alone, later: its own ticket, a minute or two on
     n.run(5 * 60)
-    assert _xid_tickets(n) == [("GpuXidMemoryDegrading", "2"), ("GpuXidOnManyGpus", None)]
+    assert _xid_tickets(n) == [("GpuMemoryErrorsOnManyGpus", None), ("GpuXidMemoryDegrading", "2")]

@@ -33,7 +33,8 @@ at least ``quiet`` of silence). One condition, three signals (``signal``):
   fault itself: a correctable row remap or XID 92 or 63 on this GPU in that window, or a
   bank with low or no spare rows left (row-remapper histogram) in its latest sample.
 - ``node``: one node-level alert while any GPU's activity in the longest window is
-  node-wide (3 or more GPUs active within minutes of each other: ``rules/node_wide.py``),
+  node-wide (3 or more GPUs active within minutes of each other: ``rules/node_wide.py``;
+  a memory XID, 63/64/92/94/95, counts as activity of its GPU here),
   with the GPUs it touched (``gpus``). A job, a driver or a power event, not that many
   failing GPUs; ``increase``'s ``skip_node_wide`` leaves those GPUs out of the per-GPU
   ticket.
@@ -72,7 +73,7 @@ from gpuwatchd.rules.evidence import (
     rate_ratio_p_value,
 )
 from gpuwatchd.rules.model import Condition, Rule
-from gpuwatchd.rules.node_wide import field_activities, node_wide_gpus
+from gpuwatchd.rules.node_wide import field_activities, node_wide_gpus, with_memory_xids
 from gpuwatchd.rules.snapshot import GpuView, Snapshot
 from gpuwatchd.rules.store import StateStore
 
@@ -385,7 +386,9 @@ class _Evaluator(Evaluator):
     def _node(self, snap: Snapshot, now: float) -> Result:
         c = self.c
         b1 = bucket_of(now) + 1
-        gpus = node_wide_gpus(field_activities(snap, c.field), b1 - int(c.window // BUCKET), b1)
+        b0 = b1 - int(c.window // BUCKET)
+        acts = with_memory_xids(snap, field_activities(snap, c.field), b0)
+        gpus = node_wide_gpus(acts, b0, b1)
         if not gpus:
             return NO_HITS, set()
         values: dict[str, Any] = {"gpus": ", ".join(map(str, gpus))}
@@ -569,6 +572,8 @@ class MemoryTrendKind(ConditionKind):
             return Needs(gpu_counters=frozenset({c.field, *mc.FIELDS}), xid_window=mc.NODE_SPAN)
         if c.signal == "corroborated":
             return Needs(gpu_counters=frozenset({c.field, REMAP_FIELD}), xid_window=c.window)
+        if c.signal == "node":
+            return Needs(gpu_counters=frozenset({c.field}), xid_window=c.window)
         return Needs(gpu_counters=frozenset({c.field}))
 
     def trigger(self, c: Condition) -> Trigger:
