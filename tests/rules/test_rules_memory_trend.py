@@ -830,3 +830,19 @@ def test_two_gpus_at_once_are_two_tickets_not_a_node_event() -> None:
         n.add(gpu, ecc_corrected_volatile=1, ecc_corrected_volatile_dev=1)
     n.run(HOUR, step=60)
     assert sorted(_tickets(n)) == [("GpuEccCorrectedRising", "0"), ("GpuEccCorrectedRising", "1")]
+
+
+def test_certified_evidence_in_a_node_wide_episode_still_pages_for_its_gpu() -> None:
+    # The node ticket groups tickets only: a contained uncorrectable error on GPU 0 during the
+    # node-wide episode, then more errors of its own, pages for GPU 0.
+    n = _shipped()
+    n.run(HOUR)
+    n.add(0, ecc_corrected_volatile=1, ecc_corrected_volatile_dev=1, ecc_uncorrected_volatile_dev=1)
+    for gpu in (1, 2):
+        n.add(gpu, ecc_corrected_volatile=1, ecc_corrected_volatile_dev=1)
+    n.run(2 * HOUR, step=60)
+    assert _tickets(n) == [("GpuMemoryErrorsOnManyGpus", None)]
+    assert not _certified(n)
+    n.add(0, ecc_corrected_volatile=1, ecc_corrected_volatile_dev=1)
+    n.run(HOUR, step=60)
+    assert list(_certified(n)) == ["0"]
