@@ -846,3 +846,17 @@ def test_certified_evidence_in_a_node_wide_episode_still_pages_for_its_gpu() -> 
     n.add(0, ecc_corrected_volatile=1, ecc_corrected_volatile_dev=1)
     n.run(HOUR, step=60)
     assert list(_certified(n)) == ["0"]
+
+
+def test_busy_gpus_that_started_apart_are_not_a_node_event() -> None:
+    # Three GPUs each logging errors every 10 minutes share every bucket by chance; their
+    # errors began hours apart, so each has its own ticket and the node none (an earlier
+    # version of this work, on any shared bucket, took GPU 2's ticket for a node event).
+    n = _shipped()
+    n.run(HOUR)
+    for t in range(8 * 6):  # 8 hours of 10-minute steps
+        for gpu, begins in ((0, 0), (1, 12), (2, 24)):  # at 0, 2 h and 4 h
+            if t >= begins:
+                n.add(gpu, ecc_corrected_volatile=1, ecc_corrected_volatile_dev=1)
+        n.run(600, step=60)
+    assert sorted(_tickets(n)) == [("GpuEccCorrectedRising", str(g)) for g in range(3)]

@@ -33,7 +33,7 @@ at least ``quiet`` of silence). One condition, three signals (``signal``):
   fault itself: a correctable row remap or XID 92 or 63 on this GPU in that window, or a
   bank with low or no spare rows left (row-remapper histogram) in its latest sample.
 - ``node``: one node-level alert while any GPU's activity in the longest window is
-  node-wide (3 or more GPUs active within minutes of each other: ``rules/node_wide.py``;
+  node-wide (began after quiet on 3 or more GPUs within minutes: ``rules/node_wide.py``;
   a memory XID, 63/64/92/94/95, counts as activity of its GPU here),
   with the GPUs it touched (``gpus``). A job, a driver or a power event, not that many
   failing GPUs; ``increase``'s ``skip_node_wide`` leaves those GPUs out of the per-GPU
