@@ -19,8 +19,10 @@ than the window). ``memory_trend``'s
 ``signal: node`` raises the node-wide episodes as one node alert. Each GPU's counter,
 history and certified evidence stay as they are: only the tickets are grouped.
 ``with_memory_xids`` adds the memory XIDs (63, 64, 92, 94, 95) to a GPU's buckets, so that
-the node alert sees a node-wide episode of XIDs as one of errors (``xid``'s own
-``skip_node_wide`` leaves those out of the per-GPU XID ticket).
+the node alert sees a node-wide episode of XIDs as one of errors, and ``xid_event_gpus``
+names the GPUs of a memory XID on 3 or more GPUs within a minute whether or not they were
+quiet before (``xid``'s ``skip_node_wide`` leaves exactly those out of the per-GPU XID
+ticket, so the node alert must stand for them).
 
 Pure functions over bucket lists; a look costs nothing when fewer than ``gpus`` GPUs were
 active in the window, else O(k * g * log n) for k active buckets of g GPUs.
@@ -31,6 +33,7 @@ from __future__ import annotations
 import bisect
 from collections.abc import Mapping, Sequence
 
+from gpuwatchd.rules.conditions.xid import node_event
 from gpuwatchd.rules.evidence import BUCKET, EPISODE_GAP, bucket_of
 from gpuwatchd.rules.snapshot import Snapshot
 
@@ -129,6 +132,22 @@ def field_activities(snap: Snapshot, field: str) -> dict[int, Buckets]:
         if h is not None and h.activity.buckets:
             out[g.index] = h.activity.buckets
     return out
+
+
+def xid_event_gpus(snap: Snapshot, b0: int) -> set[int]:
+    """The GPUs with a memory XID from bucket ``b0`` on whose code came on 3 or more GPUs
+    within a minute (``xid``'s node event, what its ``skip_node_wide`` leaves out), whether
+    or not the GPUs were quiet before."""
+    since = b0 * BUCKET
+    return {
+        snap.gpu_of(x.event)
+        for x in snap.xids.events
+        if x.event.xid in MEMORY_XIDS
+        and x.event.kind != "sxid"
+        and x.event.timestamp >= since
+        and snap.gpu_of(x.event) >= 0
+        and node_event(snap, x.event)
+    }
 
 
 MEMORY_XIDS = frozenset({63, 64, 92, 94, 95})  # row remap, ECC, remap failure, contained/not

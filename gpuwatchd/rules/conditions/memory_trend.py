@@ -73,7 +73,12 @@ from gpuwatchd.rules.evidence import (
     rate_ratio_p_value,
 )
 from gpuwatchd.rules.model import Condition, Rule
-from gpuwatchd.rules.node_wide import field_activities, node_wide_gpus, with_memory_xids
+from gpuwatchd.rules.node_wide import (
+    field_activities,
+    node_wide_gpus,
+    with_memory_xids,
+    xid_event_gpus,
+)
 from gpuwatchd.rules.snapshot import GpuView, Snapshot
 from gpuwatchd.rules.store import StateStore
 
@@ -388,7 +393,7 @@ class _Evaluator(Evaluator):
         b1 = bucket_of(now) + 1
         b0 = b1 - int(c.window // BUCKET)
         acts = with_memory_xids(snap, field_activities(snap, c.field), b0)
-        gpus = node_wide_gpus(acts, b0, b1)
+        gpus = sorted(set(node_wide_gpus(acts, b0, b1)) | xid_event_gpus(snap, b0))
         if not gpus:
             return NO_HITS, set()
         values: dict[str, Any] = {"gpus": ", ".join(map(str, gpus))}

@@ -266,7 +266,7 @@ class _Evaluator(Evaluator):
         def wanted(e: XidEvent) -> bool:
             if e.kind == "sxid":
                 return False
-            if c.skip_node_wide and _node_event(snap, e):
+            if c.skip_node_wide and node_event(snap, e):
                 return False
             if e.xid not in codes:
                 return unknown and not catalog.knows(e.xid)
@@ -322,7 +322,7 @@ def _settled(events: Iterable[SeqXid], cursor: int, now: float) -> int:
     return upto
 
 
-def _node_event(snap: Snapshot, ev: XidEvent) -> bool:
+def node_event(snap: Snapshot, ev: XidEvent) -> bool:
     """The same code on ``NODE_GPUS`` or more GPUs within ``NODE_WINDOW`` of ``ev``."""
     gpus = set()
     for x in snap.xids.events:
