@@ -116,11 +116,17 @@ def test_shipped_inhibit_rules_on_a_real_alertmanager(tmp_path: Path, hook: Http
             ],
             now + 1,
         )
+        # One listing of Alertmanager's alerts once showed the per-GPU alerts suppressed
+        # while the node alert that suppresses them was not listed yet (CI, stop 31): the
+        # list and the inhibition marks are read apart. Wait for the whole picture.
         seen = wait_for(
-            "per-GPU alerts suppressed",
-            lambda: (s := states(url)).get(("GpuTemperatureHigh", "3")) == "suppressed" and s,
+            "the node alert active and the per-GPU alerts suppressed",
+            lambda: (
+                (s := states(url)).get(("GpuTemperatureHigh", "3")) == "suppressed"
+                and s.get(("GpuCountBelowExpected", "")) == "active"
+                and s
+            ),
         )
-        assert seen[("GpuCountBelowExpected", "")] == "active"
         assert {k: v for k, v in seen.items() if k[1]} == dict.fromkeys(
             [
                 ("GpuXidFatal", "1"),
