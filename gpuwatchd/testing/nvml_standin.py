@@ -10,6 +10,8 @@ and drills (``tests/sources/test_nvml_worker.py``).
     hang:S        S seconds after nvmlInit, every nvmlDeviceGetFieldValues never returns
     hang-gil:S    S seconds after nvmlInit, the next field-values call holds the GIL forever
                   (a wedged worker: not even its heartbeat runs)
+    hang-gpu1:S   S seconds after nvmlInit, GPU 1's power reads never return (GPU 0 keeps
+                  answering: one stuck GPU in a poll round)
 """
 
 from __future__ import annotations
@@ -51,6 +53,12 @@ def nvmlDeviceGetFieldValues(handle: Any, ids: list[Any]) -> Any:
         # a C call that holds the GIL (PyDLL does not release it): the whole worker wedges
         ctypes.PyDLL(None).sleep(1_000_000)
     return _real_field_values(handle, ids)
+
+
+def nvmlDeviceGetPowerUsage(handle: Any) -> int:
+    if _kind == "hang-gpu1" and _late() and _fake._gpu("nvmlDeviceGetPowerUsage", handle)[0] == 1:
+        threading.Event().wait()
+    return _fake.nvmlDeviceGetPowerUsage(handle)
 
 
 def __getattr__(name: str) -> Any:

@@ -5,6 +5,7 @@ over the shipped fake pynvml."""
 
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
 
@@ -14,7 +15,9 @@ from conftest import free_port
 from fault_support import Daemon, KmsgFile, metric, report, wait_until
 
 from gpuwatchd.core.clock import SystemClock
-from gpuwatchd.core.errors import CallTimeout
+from gpuwatchd.core.errors import BackendError, CallTimeout
+from gpuwatchd.core.records import GpuSample
+from gpuwatchd.sources.gpu.backend import RoundResult
 from gpuwatchd.sources.gpu.worker import WorkerBackend, WorkerDown, WorkerSettings
 
 XID79_GPU1 = (
@@ -42,6 +45,112 @@ def test_worker_samples_every_gpu_with_its_links(monkeypatch: pytest.MonkeyPatch
         assert s.fields["temperature_gpu"] == 33.0
         assert len(s.links) == 18 and s.links[17].fields["nvlink_up"] == 1.0
         assert backend.health()["up"] is True and backend.restarts == 0
+    finally:
+        backend.close()
+
+
+class _Rounds:
+    """Collects the rounds a ``WorkerBackend`` hands over: one call per round frame."""
+
+    def __init__(self) -> None:
+        self.rounds: list[dict[int, GpuSample | BackendError]] = []
+        self.lock = threading.Lock()
+
+    def __call__(self, results: RoundResult) -> None:
+        got: dict[int, GpuSample | BackendError] = {}
+        for index, result in results.items():
+            try:
+                got[index] = result()
+            except BackendError as exc:
+                got[index] = exc
+        with self.lock:
+            self.rounds.append(got)
+
+    def since(self, n: int) -> list[dict[int, GpuSample | BackendError]]:
+        with self.lock:
+            return list(self.rounds[n:])
+
+
+def test_the_worker_owns_the_cadence_one_frame_per_round_with_every_gpu(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    _env(monkeypatch, "ok")
+    backend = WorkerBackend(SystemClock(), _settings())
+    rounds = _Rounds()
+    try:
+        backend.open()
+        backend.start_rounds(0.2, 1.0, rounds)
+        wait_until(lambda: len(rounds.since(0)) >= 5, 20, "five rounds")
+        for got in rounds.since(0):  # every round carries every GPU's sample
+            assert sorted(got) == [0, 1]
+            assert all(isinstance(v, GpuSample) for v in got.values())
+        first = rounds.since(0)[0]
+        assert isinstance(first[1], GpuSample) and len(first[1].links) == 18
+        # a new cadence replaces the old one: fewer rounds from now on
+        backend.start_rounds(5.0, 1.0, rounds)
+        time.sleep(0.5)  # a round already under way may still come
+        n = len(rounds.since(0))
+        time.sleep(2.0)
+        assert len(rounds.since(0)) - n <= 1
+    finally:
+        backend.close()
+
+
+def test_a_gpu_stuck_in_a_call_is_left_out_of_rounds_and_the_others_go_on(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    _env(monkeypatch, "hang-gpu1:1")
+    backend = WorkerBackend(SystemClock(), _settings())
+    rounds = _Rounds()
+    try:
+        backend.open()
+        backend.start_rounds(0.2, 0.5, rounds)
+
+        def stuck_at() -> int | None:
+            for n, got in enumerate(rounds.since(0)):
+                if isinstance(got.get(1), CallTimeout):
+                    return n
+            return None
+
+        wait_until(lambda: stuck_at() is not None, 20, "GPU 1 reported stuck")
+        n = stuck_at()
+        assert n is not None
+        wait_until(lambda: len(rounds.since(n)) >= 6, 20, "rounds after GPU 1 stuck")
+        later = rounds.since(n + 1)
+        # GPU 0 is read every round; GPU 1 is named stuck, never read again while stuck
+        assert all(isinstance(got.get(0), GpuSample) for got in later)
+        assert all(not isinstance(got.get(1), GpuSample) for got in later)
+        assert "poll has not returned" in str(rounds.since(n)[0][1])
+        assert backend.health()["up"] is True and backend.restarts == 0
+    finally:
+        backend.close()
+
+
+def test_a_dead_worker_fails_every_gpu_of_its_rounds_at_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    _env(monkeypatch, "abort:1.5")
+    backend = WorkerBackend(SystemClock(), _settings())
+    rounds = _Rounds()
+    try:
+        backend.open()
+        backend.start_rounds(0.2, 1.0, rounds)
+
+        def down() -> bool:
+            return any(
+                all(isinstance(v, WorkerDown) for v in got.values()) and sorted(got) == [0, 1]
+                for got in rounds.since(0)
+            )
+
+        wait_until(down, 30, "a round of WorkerDown")
+        n = len(rounds.since(0))
+        # the restarted worker polls at the same cadence, unasked
+        wait_until(
+            lambda: any(isinstance(got.get(0), GpuSample) for got in rounds.since(n)),
+            30,
+            "rounds from the restarted worker",
+        )
+        assert backend.restarts >= 1
     finally:
         backend.close()
 
@@ -95,11 +204,13 @@ def test_a_hung_worker_is_killed_not_leaked(
         backend.close()
 
 
-def _daemon(tmp_path: Path, behaviour: str, rx: HttpReceiver, kmsg: Path) -> Daemon:
+def _daemon(
+    tmp_path: Path, behaviour: str, rx: HttpReceiver, kmsg: Path, hang: str = "3s"
+) -> Daemon:
     config = f"""node_name: worker-node
 state_dir: {tmp_path / "state"}
 backend: nvml
-poll: {{interval: 1s, call_timeout: 800ms, worker_hang_timeout: 3s}}
+poll: {{interval: 1s, call_timeout: 800ms, worker_hang_timeout: {hang}}}
 sources: {{kernel_log: kmsg, kmsg_path: {kmsg}, nvml_events: true}}
 web: {{rate_limit: 0}}
 receivers:
@@ -154,6 +265,30 @@ def test_kernel_xids_page_and_metrics_answer_while_nvml_crashes_or_hangs(
             line_to_page_ms=round(latency * 1000, 1),
             restarts=status["nvml_worker"]["restarts"],
         )
+    finally:
+        d.stop()
+        rx.stop()
+
+
+def test_a_daemon_marks_the_stuck_gpu_stale_and_keeps_the_other_fresh(tmp_path: Path) -> None:
+    """``gpuwatchd run`` with the worker owning the cadence: GPU 1 wedges in a call, the
+    worker's rounds go on without it; the daemon shows GPU 1 stale, GPU 0 ok and polled."""
+    rx = HttpReceiver(free_port()).start()
+    kmsg = KmsgFile(tmp_path / "kmsg")
+    d = _daemon(tmp_path, "hang-gpu1:2", rx, kmsg.path, hang="2m")
+    try:
+        d.start()
+
+        def gpus() -> dict[int, dict[str, object]]:
+            return {g["index"]: g for g in d.status()["gpus"]}
+
+        wait_until(lambda: gpus()[1]["status"] == "stale", 30, "GPU 1 stale")
+        assert gpus()[0]["status"] == "ok"
+        name = "gpuwatchd_gpu_last_sample_timestamp_seconds"
+        last = metric(d.metrics(), name, gpu="0")
+        wait_until(lambda: metric(d.metrics(), name, gpu="0") >= last + 2, 30, "GPU 0 polled on")
+        assert gpus()[0]["status"] == "ok" and gpus()[1]["status"] == "stale"
+        assert d.status()["nvml_worker"]["restarts"] == 0
     finally:
         d.stop()
         rx.stop()

@@ -12,7 +12,7 @@ from gpuwatchd.core.clock import SystemClock
 from gpuwatchd.core.nodestate import NodeState
 from gpuwatchd.core.records import DeviceEvent, DeviceEventKind, GpuInfo, GpuStatus
 from gpuwatchd.service.daemon import Daemon
-from gpuwatchd.sources.gpu.backend import SampleResult
+from gpuwatchd.sources.gpu.backend import RoundResult, SampleResult
 from gpuwatchd.sources.gpu.poller import Poller, Record
 from gpuwatchd.testing.fake_backend import FakeBackend
 
@@ -199,5 +199,66 @@ def test_an_async_backend_is_polled_without_gpu_threads_and_a_silent_gpu_goes_st
             time.sleep(0.05)
         assert (DeviceEventKind.STALE, 1) in _events(records)
         assert state.view().gpus[0].status is GpuStatus.OK
+    finally:
+        poller.stop()
+
+
+class _RoundBackend(FakeBackend):
+    """A ``RoundSampler``: the test hands over rounds, as the NVML worker's reader thread
+    does; the poller only gets the cadence."""
+
+    def __init__(self, count: int) -> None:
+        super().__init__(count=count)
+        self.cadence: tuple[float, float] | None = None
+        self.done: Callable[[RoundResult], None] | None = None
+
+    def start_rounds(
+        self, interval_s: float, call_timeout_s: float, done: Callable[[RoundResult], None]
+    ) -> None:
+        self.cadence = (interval_s, call_timeout_s)
+        self.done = done
+
+    def round(self, skip: int | None = None) -> None:
+        assert self.done is not None
+        self.done(
+            {
+                i: (lambda i=i: self.sample(i))  # type: ignore[misc]
+                for i in range(len(self.infos))
+                if i != skip
+            }
+        )
+
+
+def test_a_round_backend_owns_the_cadence_and_a_gpu_missing_from_rounds_goes_stale() -> None:
+    backend = _RoundBackend(count=3)
+    records: list[Record] = []
+    poller, state = _poller(backend, 0.2, 0.3, records)
+    poller.start()
+    try:
+        assert backend.cadence == (0.2, 0.3)  # told once, at start
+        assert not [t for t in threading.enumerate() if t.name.startswith("poll-gpu")]
+        cycles = poller.cycles
+        backend.round()
+        assert [g.polls for g in state.view().gpus] == [1, 1, 1]  # stored on "our" thread
+        assert poller.cycles == cycles + 1
+        deadline = time.monotonic() + 20
+        while state.view().gpus[1].status is not GpuStatus.STALE:  # GPU 1 left out
+            assert time.monotonic() < deadline, "a GPU missing from rounds is not stale"
+            backend.round(skip=1)
+            time.sleep(0.05)
+        assert (DeviceEventKind.STALE, 1) in _events(records)
+        backend.round(skip=1)
+        assert state.view().gpus[0].status is GpuStatus.OK
+        backend.round()
+        assert state.view().gpus[1].status is GpuStatus.OK  # back in a round: fresh
+        # no rounds at all (a dead worker): every GPU goes stale, the liveness count moves
+        cycles = poller.cycles
+        while not all(g.status is GpuStatus.STALE for g in state.view().gpus):
+            assert time.monotonic() < deadline, "GPUs without rounds are not stale"
+            time.sleep(0.05)
+        wait_end = time.monotonic() + 20
+        while poller.cycles <= cycles:
+            assert time.monotonic() < wait_end, "the liveness count stood still"
+            time.sleep(0.05)
     finally:
         poller.stop()

@@ -48,6 +48,23 @@ class AsyncSampler(Protocol):
     def sample_async(self, index: int, done: Callable[[SampleResult], None]) -> None: ...
 
 
+RoundResult = dict[int, SampleResult]  # one poll round: GPU index -> its result
+
+
+@runtime_checkable
+class RoundSampler(Protocol):
+    """Backends that own the poll cadence (the NVML worker: it reads every GPU each
+    ``interval_s`` and sends one frame per round). ``done`` is called from another thread
+    once per round with a result for each GPU in it; a GPU stuck in a call past
+    ``call_timeout_s`` is in it with a result that raises ``CallTimeout``; a dead worker
+    gives one round of results that raise. A GPU missing from rounds for longer than the
+    poller allows is marked stale by the poller. Calling it again changes the cadence."""
+
+    def start_rounds(
+        self, interval_s: float, call_timeout_s: float, done: Callable[[RoundResult], None]
+    ) -> None: ...
+
+
 @runtime_checkable
 class XidEventSource(Protocol):
     """Backends that can deliver NVML XID events (``nvmlEventSetWait``)."""

@@ -5,8 +5,14 @@ each GPU has one worker thread; the scheduler hands it a poll at every interval 
 it is idle. A backend that answers asynchronously (``AsyncSampler``: the NVML worker
 process, whose own per-GPU threads make the calls) gets the polls directly from the
 scheduler, and its answers are stored on the thread that receives them: no thread here
-waits on a GPU. A worker whose poll has not returned after ``call_timeout`` marks its GPU
-stale (and is not given new work until the stuck call returns). Scrapes read the
+waits on a GPU. A backend that owns the cadence (``RoundSampler``: the NVML worker reads
+every GPU each interval and sends one frame per round) is told the interval once, and
+each round is stored on the thread that receives it. The worker itself names a GPU stuck
+in a call past ``call_timeout`` (the poller marks it stale); the scheduler then only wakes
+to mark a GPU stale whose sample is late (none for ``interval + 2 x call_timeout``: a
+wedged worker) and to keep the liveness count moving while no round comes. Otherwise, a
+worker thread whose poll has not returned after ``call_timeout`` marks its GPU stale
+(and is not given new work until the stuck call returns). Scrapes read the
 ``NodeState`` and never wait for a worker.
 
 ``poll_once_sync`` runs the same logic inline for ``simulate`` on a virtual clock, where a
@@ -31,7 +37,13 @@ from gpuwatchd.core.records import (
     GpuStatus,
     XidEvent,
 )
-from gpuwatchd.sources.gpu.backend import AsyncSampler, Backend, SampleResult
+from gpuwatchd.sources.gpu.backend import (
+    AsyncSampler,
+    Backend,
+    RoundResult,
+    RoundSampler,
+    SampleResult,
+)
 
 log = logging.getLogger(__name__)
 
@@ -110,6 +122,11 @@ class Poller:
         self._workers = {i.index: _Worker(i, threading.Event()) for i in infos}
         self._scheduler: threading.Thread | None = None
         self._async: AsyncSampler | None = None  # set by start() for such a backend
+        self._rounds: RoundSampler | None = None  # likewise
+        self._last_round = 0.0  # monotonic: when the last round (or liveness tick) was
+        # how long past its due time a GPU's sample may be before it is stale; with rounds,
+        # the worker reports a stuck GPU itself at call_timeout, this is the backstop
+        self._late_after = call_timeout
         self.cycles = 0  # completed scheduler ticks (a liveness signal for the watchdog)
 
     # -- shared bookkeeping ------------------------------------------------------------
@@ -165,6 +182,9 @@ class Poller:
 
     # -- threaded (run, demo) --------------------------------------------------------
     def start(self) -> None:
+        if isinstance(self.backend, RoundSampler):
+            self._start_rounds(self.backend)
+            return
         if isinstance(self.backend, AsyncSampler):
             self._async = self.backend  # answers arrive on the backend's own thread
         for worker in self._workers.values():
@@ -264,7 +284,7 @@ class Poller:
                 if (
                     worker.busy_since is not None
                     and not worker.stale_reported
-                    and now_m - worker.busy_since >= self.call_timeout
+                    and now_m - worker.busy_since >= self._late_after
                 ):
                     worker.stale_reported = True
                     worker.ok = False
@@ -272,9 +292,68 @@ class Poller:
                     stale.append(worker)
         now = self.clock.now()
         for worker in stale:
-            detail = f"poll has not returned after {self.call_timeout:g}s"
+            detail = f"poll has not returned after {self._late_after:g}s"
             if self.state.set_status(worker.info.index, GpuStatus.STALE, now) is not None:
                 self.emit(_device_event(worker.info, DeviceEventKind.STALE, now, detail))
                 log.warning(
                     "GPU %d %s is stale: %s", worker.info.index, worker.info.pci_bus_id, detail
                 )
+
+    # -- rounds: the backend owns the cadence --------------------------------------------
+    def _start_rounds(self, backend: RoundSampler) -> None:
+        self._rounds = backend
+        self._late_after = 2 * self.call_timeout
+        now_m = self.clock.monotonic()
+        self._last_round = now_m
+        with self._lock:
+            for worker in self._workers.values():
+                worker.busy_since = now_m  # the first round is due now
+        backend.start_rounds(self.interval, self.call_timeout, self._round)
+        self._scheduler = threading.Thread(
+            target=self._watch_rounds, name="poll-scheduler", daemon=True
+        )
+        self._scheduler.start()
+
+    def _round(self, results: RoundResult) -> None:
+        """One round from the backend (on its thread): store every GPU's sample."""
+        if self._stop.is_set():
+            return
+        for index, result in results.items():
+            worker = self._workers.get(index)
+            if worker is None:
+                continue
+            self._answered(worker, _guarded(result, worker.info, self.clock))
+        now_m = self.clock.monotonic()
+        with self._lock:
+            for index in results:
+                worker = self._workers.get(index)
+                if worker is not None:
+                    worker.busy_since = now_m + self.interval  # when the next is due
+            answered = sum(w.ok for w in self._workers.values())
+            durations = [
+                w.last_duration for w in self._workers.values() if w.last_duration is not None
+            ]
+        self._last_round = now_m
+        self.cycles += 1
+        self._source_health(durations, answered)
+
+    def _watch_rounds(self) -> None:
+        """Wake only when a GPU's sample is late or no round came for two intervals (a
+        dead or restarting worker: the liveness count and the source health still move);
+        a round arriving on time wakes nothing here."""
+        while not self._stop.is_set():
+            now_m = self.clock.monotonic()
+            idle_until = self._last_round + 2 * self.interval
+            if now_m >= idle_until:
+                self._last_round = now_m
+                self.cycles += 1
+                self._source_health([])
+                idle_until = now_m + 2 * self.interval
+            self._check_stale(now_m)
+            deadline = idle_until
+            with self._lock:
+                for worker in self._workers.values():
+                    if worker.busy_since is not None and not worker.stale_reported:
+                        deadline = min(deadline, worker.busy_since + self._late_after)
+            self.clock.wait(self._wake, max(0.0, deadline - self.clock.monotonic()))
+            self._wake.clear()

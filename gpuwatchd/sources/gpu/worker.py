@@ -43,7 +43,7 @@ from gpuwatchd.core.families import Families
 from gpuwatchd.core.fields import ExtraField
 from gpuwatchd.core.records import GpuInfo, GpuSample, XidEvent
 from gpuwatchd.sources.gpu import workerwire as wire
-from gpuwatchd.sources.gpu.backend import SampleResult
+from gpuwatchd.sources.gpu.backend import RoundResult, SampleResult
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +61,17 @@ _ERRORS: dict[str, type[BackendError]] = {
 
 class WorkerDown(CallTimeout):
     """The NVML worker process is dead, hung or restarting: no answer for this GPU now."""
+
+
+def _returns(sample: GpuSample) -> SampleResult:
+    return lambda: sample
+
+
+def _raises(error: BackendError) -> SampleResult:
+    def result() -> GpuSample:
+        raise error
+
+    return result
 
 
 @dataclasses.dataclass(frozen=True)
@@ -213,6 +224,10 @@ class WorkerBackend:
         self._supervisor: threading.Thread | None = None
         self.restarts = 0
         self.last_exit = ""
+        # the poll rounds (start_rounds): cadence, whom to tell, when each GPU last answered
+        self._cadence: tuple[float, float] | None = None
+        self._on_round: Callable[[RoundResult], None] | None = None
+        self._gpu_seen: dict[int, float] = {}
 
     # -- status -------------------------------------------------------------------------
     def set_status(self, status: Callable[[str, bool, str], None]) -> None:
@@ -276,10 +291,15 @@ class WorkerBackend:
             raise WorkerDown(f"NVML worker is down ({self.last_exit})")
         error = reply.get("error")
         if isinstance(error, dict):
-            cls = _ERRORS.get(str(error.get("type")), BackendError)
-            code = error.get("code")
-            raise cls(str(error.get("message")), code if isinstance(code, int) else None)
+            raise self._error(error)
         return reply
+
+    @staticmethod
+    def _error(error: dict[str, Any]) -> BackendError:
+        """A worker's error on the wire as its class."""
+        cls = _ERRORS.get(str(error.get("type")), BackendError)
+        code = error.get("code")
+        return cls(str(error.get("message")), code if isinstance(code, int) else None)
 
     def _on_message(self, child: _Child, msg: dict[str, Any]) -> None:
         if child is not self._child:
@@ -297,15 +317,46 @@ class WorkerBackend:
             text = err.get("message") if isinstance(err, dict) else None
             self._events.put(BackendError(str(text or "NVML event wait failed")))
             return
-        if "sample" in msg:
+        rid = msg.get("id")
+        if "round" in msg:
             # decoded here, in frame order, even when nobody waits for it any more: each
             # sample is a change to the one before (WireError: a bad frame, the worker dies)
-            msg["sample"] = self._decoder.decode(msg["sample"])
-        rid = msg.get("id")
+            samples = msg["round"]
+            if not isinstance(samples, list):
+                raise wire.WireError("round is not a list")
+            decoded = [self._decoder.decode(s) for s in samples]
+            if not isinstance(rid, int):
+                self._round(decoded, msg.get("errors"), msg.get("stuck"))
+                return
+            msg["sample"] = decoded[0] if decoded else None
         with self._lock:
             pending = self._pending.pop(rid, None) if isinstance(rid, int) else None
         if pending is not None:
             pending.answer(msg)
+
+    def _round(self, samples: list[GpuSample], errors: Any, stuck: Any) -> None:
+        """One poll round from the worker, handed to the poller (on this reader thread)."""
+        if not isinstance(errors, dict) or not isinstance(stuck, list):
+            raise wire.WireError("round errors or stuck of the wrong shape")
+        now = self._clock.monotonic()
+        results: RoundResult = {}
+        for sample in samples:
+            results[sample.gpu] = _returns(sample)
+            self._gpu_seen[sample.gpu] = now
+        for key, error in list(errors.items())[: wire.SampleDecoder.MAX_GPUS]:
+            index = int(key) if isinstance(key, str) and key.isdigit() else None
+            if index is None or not isinstance(error, dict):
+                raise wire.WireError(f"round error for GPU {key!r} of the wrong shape")
+            results[index] = _raises(self._error(error))
+            self._gpu_seen[index] = now
+        timeout = self._cadence[1] if self._cadence is not None else 0.0
+        for index in stuck[: wire.SampleDecoder.MAX_GPUS]:
+            if not isinstance(index, int):
+                raise wire.WireError("round stuck is not a list of GPU indices")
+            results[index] = _raises(CallTimeout(f"poll has not returned after {timeout:g}s"))
+        on_round = self._on_round
+        if on_round is not None:
+            on_round(results)
 
     def _on_exit(self, child: _Child, why: str) -> None:
         with self._lock:
@@ -321,6 +372,10 @@ class WorkerBackend:
             pending.answer(None)  # WorkerDown
         if self._stop.is_set():
             return
+        on_round = self._on_round
+        if on_round is not None:  # every GPU stale at once
+            down = WorkerDown(f"NVML worker is down ({self.last_exit})")
+            on_round({info.index: _raises(down) for info in self._infos})
         self._events.put(WorkerDown(f"NVML worker is down ({self.last_exit})"))
         log.error("NVML worker %s; GPUs are stale until it is back", self.last_exit)
         if was_up:
@@ -346,6 +401,10 @@ class WorkerBackend:
             if self._child is not child:
                 raise WorkerDown(f"NVML worker is down ({self.last_exit})")
             self._up = True
+        now = self._clock.monotonic()
+        self._gpu_seen = {info.index: now for info in infos}
+        if self._cadence is not None:  # a restarted worker polls as the one before
+            self._send_cadence()
         log.info("NVML worker pid %d has %d GPU(s)", child.pid, len(infos))
         self._status(SOURCE, True, f"pid {child.pid}, {self.restarts} restart(s)")
         return infos
@@ -407,6 +466,8 @@ class WorkerBackend:
         hang = self.settings.hang_s
         with self._lock:
             oldest = min((p.since for p in self._pending.values()), default=now)
+        if self._cadence is not None:  # a GPU missing from every round since
+            oldest = min(oldest, min(self._gpu_seen.values(), default=now))
         why = ""
         if now - self._last_beat > hang:
             why = f"no heartbeat for {now - self._last_beat:.0f}s"
@@ -462,6 +523,24 @@ class WorkerBackend:
                 raise err
 
             done(failed)
+
+    def start_rounds(
+        self, interval_s: float, call_timeout_s: float, done: Callable[[RoundResult], None]
+    ) -> None:
+        """The worker polls every GPU each ``interval_s`` and sends one frame per round;
+        ``done`` gets each round on the reader thread (``RoundSampler``)."""
+        self._on_round = done
+        self._cadence = (interval_s, call_timeout_s)
+        if self._up:
+            self._send_cadence()
+        # a worker that is down gets the cadence when it is back (_spawn)
+
+    def _send_cadence(self) -> None:
+        child = self._child
+        if self._cadence is None or child is None:
+            return
+        interval, timeout = self._cadence
+        child.send({"op": "rounds", "id": 0, "interval": interval, "timeout": timeout})
 
     def wait_xid_events(self, timeout_s: float) -> list[XidEvent]:
         if not self._up:

@@ -4,8 +4,16 @@
 stdin and stdout as the wire (``workerwire``); its stderr is the daemon's, so its log lines
 reach the same journal. The first message is ``open`` with the backend's settings; then:
 
-- ``sample`` (``gpu``): answered by one thread per GPU, so one GPU's stuck call never holds
-  another GPU's answer (the daemon's poller bounds each GPU in time, as before);
+- ``rounds`` (``interval``, ``timeout``): from then on the worker owns the poll cadence.
+  One round thread reads every GPU in turn each ``interval`` seconds (the GPUs take turns:
+  NVML charges more CPU for two GPUs read at the same moment) and sends ONE ``round``
+  frame with every GPU's sample: one wake and one frame per round, not four thread
+  hand-offs per GPU. A GPU whose call is stuck past ``timeout`` is left out: the
+  supervisor (the heartbeat thread) sends the round without it, names it in ``stuck``,
+  and a fresh round thread carries on with the others, skipping that GPU until its call
+  returns. A second ``rounds`` replaces the cadence;
+- ``sample`` (``gpu``): one GPU read now, answered on its own (an on-demand read); it
+  takes its turn with the round thread;
 - XID events: one thread waits in ``nvmlEventSetWait`` and sends every batch unasked;
 - a heartbeat every second from its own thread, so the daemon can tell a wedged worker
   from a slow GPU;
@@ -30,6 +38,7 @@ from typing import IO, Any
 from gpuwatchd.core.clock import SystemClock
 from gpuwatchd.core.errors import BackendError
 from gpuwatchd.core.fields import ExtraField
+from gpuwatchd.core.records import GpuSample
 from gpuwatchd.sources.gpu import workerwire as wire
 from gpuwatchd.sources.gpu.nvml import NvmlBackend
 
@@ -42,6 +51,9 @@ BEAT_S = 2.0
 # this long for another's poll, then reads alongside it: one that hangs never holds up
 # the others for more than this.
 POLL_TURN_WAIT_S = 0.25
+# The supervisor looks for a round stuck in one GPU's call every half call timeout (at
+# most every BEAT_S), so it names a stuck GPU within 1.5 x the timeout: before the
+# daemon's backstop (2 x the timeout past the GPU's due time) marks every GPU stale
 # One nvmlEventSetWait call costs driver CPU whether or not an event comes (about 1 ms a
 # second at a 1 s wait on a busy H200): wait long; an event still returns at once.
 EVENT_WAIT_S = 10.0
@@ -52,20 +64,47 @@ def error_to_wire(exc: BaseException) -> dict[str, Any]:
     return {"type": type(exc).__name__, "message": str(exc), "code": code}
 
 
+class _Round:
+    """One round thread's state: the GPU it is reading (and since when), the samples and
+    errors read so far in this round."""
+
+    __slots__ = ("errors", "gpu", "live", "samples", "since")
+
+    def __init__(self) -> None:
+        self.live = True  # False once the supervisor has given up on it
+        self.gpu: int | None = None
+        self.since = 0.0
+        self.samples: list[GpuSample] = []
+        self.errors: dict[str, dict[str, Any]] = {}
+
+
 class Worker:
     def __init__(self, out: IO[bytes]) -> None:
         self._out = out
         self._write = threading.Lock()
         self._stop = threading.Event()
         self.backend: NvmlBackend | None = None
-        self._queues: dict[int, queue.SimpleQueue[int | None]] = {}
+        self._indices: list[int] = []
+        self._requests: queue.SimpleQueue[tuple[int, int] | None] = queue.SimpleQueue()
         self._sent_at = time.monotonic()
         self._encoder = wire.SampleEncoder()
         self._turn = threading.Lock()  # GPUs polled one after another (POLL_TURN_WAIT_S)
+        # the poll rounds: cadence, the current round thread's state, GPUs stuck in a call
+        self._rounds_lock = threading.Lock()
+        self._interval = 0.0
+        self._timeout = 0.0
+        self._round: _Round | None = None
+        self._stuck: set[int] = set()
+        self._cadence = threading.Event()  # set: the cadence changed, start a round now
+        self.rounds_sent = 0
 
-    def send(self, message: dict[str, Any]) -> None:
+    def send(self, message: dict[str, Any], samples: list[GpuSample] | None = None) -> None:
+        """One frame; ``samples`` are encoded under the write lock, so each GPU's changes
+        reach the daemon in the order they were encoded."""
         with self._write:
             self._sent_at = time.monotonic()
+            if samples is not None:
+                message["round"] = [self._encoder.encode(s) for s in samples]
             try:
                 wire.write_frame(self._out, message)
             except (BrokenPipeError, OSError, ValueError):  # the daemon is gone
@@ -86,33 +125,118 @@ class Worker:
             self.send({"id": rid, "error": error_to_wire(exc)})
             return
         self.backend = backend
-        for info in infos:
-            q: queue.SimpleQueue[int | None] = queue.SimpleQueue()
-            self._queues[info.index] = q
-            threading.Thread(
-                target=self._gpu_loop, args=(info.index, q), name=f"gpu{info.index}", daemon=True
-            ).start()
+        self._indices = [info.index for info in infos]
+        threading.Thread(target=self._request_loop, name="on-demand", daemon=True).start()
         if args.get("events"):
             threading.Thread(target=self._event_loop, name="events", daemon=True).start()
         self.send({"id": rid, "infos": [wire.info_to_wire(i) for i in infos]})
 
-    def _gpu_loop(self, index: int, q: queue.SimpleQueue[int | None]) -> None:
+    def _read_gpu(self, index: int) -> GpuSample:
+        """One GPU's sample, taking its turn (``POLL_TURN_WAIT_S``)."""
         assert self.backend is not None
-        while (rid := q.get()) is not None:
-            got_turn = self._turn.acquire(timeout=POLL_TURN_WAIT_S)
+        turn = self._turn  # replaced when a round thread is given up inside a call
+        got_turn = turn.acquire(timeout=POLL_TURN_WAIT_S)
+        try:
+            return self.backend.sample(index)
+        finally:
+            if got_turn:
+                turn.release()
+
+    def _request_loop(self) -> None:
+        """On-demand reads (``sample``), one at a time."""
+        while (request := self._requests.get()) is not None:
+            rid, index = request
             try:
-                sample = self.backend.sample(index)
-            except BackendError as exc:
+                sample = self._read_gpu(index)
+            except Exception as exc:  # BackendError, or a bug: this GPU's error
+                if not isinstance(exc, BackendError):
+                    log.exception("sampling GPU %d", index)
                 self.send({"id": rid, "error": error_to_wire(exc)})
                 continue
-            except Exception as exc:  # a bug: report it as this GPU's error, keep serving
-                log.exception("sampling GPU %d", index)
-                self.send({"id": rid, "error": error_to_wire(exc)})
-                continue
-            finally:
-                if got_turn:
-                    self._turn.release()
-            self.send({"id": rid, "sample": self._encoder.encode(sample)})
+            self.send({"id": rid}, [sample])
+
+    # -- poll rounds --------------------------------------------------------------------
+    def set_cadence(self, interval: float, timeout: float) -> None:
+        with self._rounds_lock:
+            self._interval, self._timeout = interval, timeout
+            running = self._round is not None
+        if running:
+            self._cadence.set()
+        else:
+            self._start_round_thread()
+
+    def _start_round_thread(self) -> None:
+        state = _Round()
+        with self._rounds_lock:
+            self._round = state
+        threading.Thread(target=self._round_loop, args=(state,), name="rounds", daemon=True).start()
+
+    def _round_loop(self, state: _Round) -> None:
+        next_round = time.monotonic()
+        while not self._stop.is_set():
+            for index in self._indices:
+                with self._rounds_lock:
+                    if not state.live:
+                        return
+                    if index in self._stuck:
+                        continue
+                    state.gpu, state.since = index, time.monotonic()
+                try:
+                    sample = self._read_gpu(index)
+                except Exception as exc:  # BackendError, or a bug: this GPU's error
+                    if not isinstance(exc, BackendError):
+                        log.exception("sampling GPU %d", index)
+                    with self._rounds_lock:
+                        if not self._returned(state, index):
+                            return
+                        state.errors[str(index)] = error_to_wire(exc)
+                    continue
+                with self._rounds_lock:
+                    if not self._returned(state, index):
+                        return
+                    state.samples.append(sample)
+            with self._rounds_lock:
+                if not state.live:
+                    return
+                samples, state.samples = state.samples, []
+                errors, state.errors = state.errors, {}
+                stuck = sorted(self._stuck)
+                interval = self._interval
+            self.send({"errors": errors, "stuck": stuck}, samples)
+            self.rounds_sent += 1
+            next_round += interval
+            now = time.monotonic()
+            if next_round < now:  # fell behind (a slow round, a suspend): don't burst
+                next_round = now + interval
+            if self._cadence.wait(next_round - now):
+                self._cadence.clear()
+                next_round = time.monotonic()
+
+    def _returned(self, state: _Round, index: int) -> bool:
+        """A round's GPU call returned (under ``_rounds_lock``): False if the supervisor
+        gave up on this round thread meanwhile (the GPU is then no longer stuck)."""
+        state.gpu = None
+        if state.live:
+            return True
+        self._stuck.discard(index)
+        return False
+
+    def _supervise_round(self) -> None:
+        """If the round thread has been in one GPU's call past the timeout: send the round
+        without that GPU (named stuck), and carry on with a fresh round thread."""
+        with self._rounds_lock:
+            state = self._round
+            if state is None or state.gpu is None or self._timeout <= 0:
+                return
+            if time.monotonic() - state.since < self._timeout:
+                return
+            state.live = False
+            self._stuck.add(state.gpu)
+            self._turn = threading.Lock()  # the stuck thread keeps the old one
+            log.warning("GPU %d: a call has not returned after %gs", state.gpu, self._timeout)
+            samples, errors, stuck = state.samples, state.errors, sorted(self._stuck)
+        self.send({"errors": errors, "stuck": stuck}, samples)
+        self._start_round_thread()
 
     def _event_loop(self) -> None:
         assert self.backend is not None
@@ -128,14 +252,19 @@ class Worker:
 
     def beat(self) -> None:
         """A beat after ``BEAT_S`` without any frame: every frame tells the daemon this
-        process is alive, so a worker answering polls never beats."""
+        process is alive, so a worker sending rounds never beats. The same thread is the
+        round supervisor (``_supervise_round``), so it adds no wake-up of its own."""
         wait = BEAT_S
         while not self._stop.wait(wait):
+            self._supervise_round()
             quiet = time.monotonic() - self._sent_at
             if quiet >= BEAT_S:
                 self.send({"beat": True})
                 quiet = 0.0
             wait = BEAT_S - quiet
+            with self._rounds_lock:
+                if self._timeout > 0:
+                    wait = min(wait, self._timeout / 2)
 
     def serve(self, inp: IO[bytes]) -> None:
         threading.Thread(target=self.beat, name="beat", daemon=True).start()
@@ -149,13 +278,16 @@ class Worker:
                 continue
             if op == "open" and self.backend is None:
                 self.open(rid, msg.get("args") or {})
+            elif op == "rounds" and self.backend is not None:
+                interval, timeout = msg.get("interval"), msg.get("timeout")
+                if isinstance(interval, (int, float)) and isinstance(timeout, (int, float)):
+                    self.set_cadence(max(0.01, float(interval)), float(timeout))
             elif op == "sample" and isinstance(msg.get("gpu"), int):
-                q = self._queues.get(msg["gpu"])
-                if q is None:
+                if msg["gpu"] not in self._indices:
                     err = BackendError(f"no GPU with index {msg['gpu']}")
                     self.send({"id": rid, "error": error_to_wire(err)})
                 else:
-                    q.put(rid)
+                    self._requests.put((rid, msg["gpu"]))
             elif op == "close":
                 self._stop.set()
                 if self.backend is not None:
