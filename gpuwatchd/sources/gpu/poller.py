@@ -9,7 +9,7 @@ waits on a GPU. A backend that owns the cadence (``RoundSampler``: the NVML work
 every GPU each interval and sends one frame per round) is told the interval once, and
 each round is stored on the thread that receives it. The worker itself names a GPU stuck
 in a call past ``call_timeout`` (the poller marks it stale); the scheduler then only wakes
-to mark a GPU stale whose sample is late (none for ``interval + 2 x call_timeout``: a
+to mark a GPU stale whose sample is late (none for ``interval + 3 x call_timeout``: a
 wedged worker) and to keep the liveness count moving while no round comes. Otherwise, a
 worker thread whose poll has not returned after ``call_timeout`` marks its GPU stale
 (and is not given new work until the stuck call returns). Scrapes read the
@@ -123,7 +123,6 @@ class Poller:
         self._scheduler: threading.Thread | None = None
         self._async: AsyncSampler | None = None  # set by start() for such a backend
         self._rounds: RoundSampler | None = None  # likewise
-        self._last_round = 0.0  # monotonic: when the last round (or liveness tick) was
         # how long past its due time a GPU's sample may be before it is stale; with rounds,
         # the worker reports a stuck GPU itself at call_timeout, this is the backstop
         self._late_after = call_timeout
@@ -302,9 +301,8 @@ class Poller:
     # -- rounds: the backend owns the cadence --------------------------------------------
     def _start_rounds(self, backend: RoundSampler) -> None:
         self._rounds = backend
-        self._late_after = 2 * self.call_timeout
+        self._late_after = 3 * self.call_timeout
         now_m = self.clock.monotonic()
-        self._last_round = now_m
         with self._lock:
             for worker in self._workers.values():
                 worker.busy_since = now_m  # the first round is due now
@@ -333,21 +331,22 @@ class Poller:
             durations = [
                 w.last_duration for w in self._workers.values() if w.last_duration is not None
             ]
-        self._last_round = now_m
         self.cycles += 1
         self._source_health(durations, answered)
 
     def _watch_rounds(self) -> None:
-        """Wake only when a GPU's sample is late or no round came for two intervals (a
-        dead or restarting worker: the liveness count and the source health still move);
-        a round arriving on time wakes nothing here."""
+        """Wake only when a GPU's sample is late, and every two intervals: if no round came
+        since (a dead or restarting worker), the liveness count and the source health
+        still move. A round arriving on time wakes nothing here."""
+        seen = self.cycles
+        idle_until = self.clock.monotonic() + 2 * self.interval
         while not self._stop.is_set():
             now_m = self.clock.monotonic()
-            idle_until = self._last_round + 2 * self.interval
             if now_m >= idle_until:
-                self._last_round = now_m
-                self.cycles += 1
-                self._source_health([])
+                if self.cycles == seen:  # no round for two intervals
+                    self.cycles += 1
+                    self._source_health([])
+                seen = self.cycles
                 idle_until = now_m + 2 * self.interval
             self._check_stale(now_m)
             deadline = idle_until

@@ -51,9 +51,10 @@ BEAT_S = 2.0
 # this long for another's poll, then reads alongside it: one that hangs never holds up
 # the others for more than this.
 POLL_TURN_WAIT_S = 0.25
-# The supervisor looks for a round stuck in one GPU's call every half call timeout (at
-# most every BEAT_S), so it names a stuck GPU within 1.5 x the timeout: before the
-# daemon's backstop (2 x the timeout past the GPU's due time) marks every GPU stale
+# The supervisor looks for a round stuck in one GPU's call every call timeout (at most
+# every BEAT_S, as the heartbeat did alone: at the default 2 s timeout no wake-up is
+# added), so it names a stuck GPU within 2 x the timeout: before the daemon's backstop
+# (3 x the timeout past the GPU's due time) marks the other GPUs stale too
 # One nvmlEventSetWait call costs driver CPU whether or not an event comes (about 1 ms a
 # second at a 1 s wait on a busy H200): wait long; an event still returns at once.
 EVENT_WAIT_S = 10.0
@@ -264,7 +265,7 @@ class Worker:
             wait = BEAT_S - quiet
             with self._rounds_lock:
                 if self._timeout > 0:
-                    wait = min(wait, self._timeout / 2)
+                    wait = min(wait, self._timeout)
 
     def serve(self, inp: IO[bytes]) -> None:
         threading.Thread(target=self.beat, name="beat", daemon=True).start()
