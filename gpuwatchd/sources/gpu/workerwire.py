@@ -8,6 +8,28 @@ restarted like a crashed one.
 
 Records cross as plain dicts: ``GpuInfo`` by its fields, ``GpuSample`` and ``XidEvent``
 by the functions below (``MappingProxyType`` and enums do not travel as such).
+
+The protocol (daemon and worker ship together; it is internal, not a stable interface).
+Requests carry an integer ``id``; answers to a request carry the same ``id``.
+
+daemon -> worker:
+    ``{"op": "open", "id", "args"}``       the backend's settings (``WorkerSettings``)
+    ``{"op": "rounds", "id", "interval", "timeout"}``  poll every GPU each ``interval``
+                                           seconds from now on (again: a new cadence)
+    ``{"op": "sample", "id", "gpu"}``      one GPU read now (on-demand)
+    ``{"op": "close", "id"}``              shut NVML down and exit
+worker -> daemon:
+    ``{"id", "infos": [GpuInfo...]}``      ``open`` worked
+    ``{"id", "error": {"type", "message", "code"}}``  a request failed
+    ``{"id", "round": [sample]}``          the answer to ``sample``
+    ``{"round": [sample...], "errors": {"<gpu>": error}, "stuck": [gpu...]}``
+                                           one poll round, unasked: every GPU's sample
+                                           (``SampleEncoder``: a GPU's first whole, then
+                                           changes), the GPUs whose read failed, and the
+                                           GPUs left out because a call on them is stuck
+    ``{"events": [XidEvent...]}``, ``{"events_error": error}``  NVML XID events, unasked
+    ``{"beat": true}``                     after 2 s without any other frame
+    ``{"id", "closed": true}``             ``close`` done
 """
 
 from __future__ import annotations
