@@ -77,6 +77,8 @@ def start(name: str, tree: Path, tmp: Path, standin_dir: Path) -> dict[str, Any]
         f"node_name: rounds-{name}\nstate_dir: {state}\nbackend: nvml\n"
         "poll: {interval: 1s}\n"
         f"sources: {{kernel_log: kmsg, kmsg_path: {kmsg}, nvml_events: true}}\n"
+        # a receiver, as on a real node, so the actions threads run (no alert fires here)
+        f'receivers:\n  - {{name: hook, type: webhook, url: "http://127.0.0.1:{free_port()}/"}}\n'
     )
     env = {
         **os.environ,
@@ -149,6 +151,10 @@ def main() -> None:
         for run in runs:
             daemon = run["proc"].pid
             worker = worker_of(daemon)
+            give_up = time.monotonic() + 60  # a loaded machine starts slowly
+            while worker is None and run["proc"].poll() is None and time.monotonic() < give_up:
+                time.sleep(0.5)
+                worker = worker_of(daemon)
             if run["proc"].poll() is not None or worker is None:
                 raise SystemExit(f"{run['name']}: no daemon or worker:\n{run['log'].read_text()}")
             pids[run["name"]] = (daemon, worker)
