@@ -50,7 +50,13 @@ from slurm_support import Slurm, start_slurm  # noqa: E402
 
 from gpuwatchd.actions.drain.drivers.base import DrainError  # noqa: E402
 from gpuwatchd.actions.drain.drivers.slurm import SlurmDriver  # noqa: E402
-from gpuwatchd.actions.fleet import CHOOSING_POLL, Census, Claim, FleetBudget  # noqa: E402
+from gpuwatchd.actions.fleet import (  # noqa: E402
+    CHOOSING_POLL,
+    Census,
+    Claim,
+    FleetBudget,
+    live_claims,
+)
 from gpuwatchd.config.actions import FleetDrainConfig  # noqa: E402
 
 REASON = "gpuwatchd: XID 79 GPU 3 00000000:3E:00.0"
@@ -96,6 +102,36 @@ def children_cpu() -> float:
     return r.ru_utime + r.ru_stime
 
 
+def _kind(what: str) -> str:
+    """A step without its numbers: "census_full back", "write ticket done", "refused"."""
+    what = what.split(":")[0]
+    return " ".join(w for w in what.split() if not w.isdigit())
+
+
+def trace_summary(traces: dict[str, list[tuple[float, str]]]) -> dict[str, object]:
+    """Where the stages were when the storm ended (each one's last step, counted), and when
+    each kind of step was first reached by the stages that reached it (seconds from the
+    storm's start: median and 90th percentile), so a run that decides nothing shows where."""
+    last = Counter(_kind(steps[-1][1]) if steps else "not started" for steps in traces.values())
+    first: dict[str, list[float]] = {}
+    for steps in traces.values():
+        seen: set[str] = set()
+        for t, what in steps:
+            kind = _kind(what)
+            if kind not in seen:
+                seen.add(kind)
+                first.setdefault(kind, []).append(t)
+    reached = {
+        kind: {
+            "stages": len(ts),
+            "median_s": sorted(ts)[len(ts) // 2],
+            "p90_s": sorted(ts)[int(len(ts) * 0.9)],
+        }
+        for kind, ts in sorted(first.items(), key=lambda kv: sorted(kv[1])[len(kv[1]) // 2])
+    }
+    return {"stages_last_step": dict(last.most_common()), "steps_first_reached": reached}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("-n", "--nodes", type=int, default=100)
@@ -110,6 +146,11 @@ def main() -> int:
         "(bench/fleet_storm_remote.sh)",
     )
     ap.add_argument("--log-dir", help="keep the tails of slurmctld's logs here")
+    ap.add_argument(
+        "--trace",
+        help="write each stage's protocol steps with their times here (JSON lines, one per "
+        "stage); the summary (where each stage stopped) is in the printed result anyway",
+    )
     args = ap.parse_args()
     if args.plugin_dir:
         use_plugin_dir(args.plugin_dir)
@@ -124,10 +165,17 @@ def main() -> int:
     # what the stages asked of slurmctld, by the protocol's step: full and cheap censuses,
     # the choosing phase's re-reads (one per CHOOSING_POLL wait), claim writes
     calls: Counter[str] = Counter()
+    # per stage, its protocol steps as (seconds since the storm began, step): where a stage
+    # is stuck shows as its last step (trace_summary)
+    trace: dict[str, list[tuple[float, str]]] = {n: [] for n in cluster.others}
+    began_at = [0.0]
 
     def tally(what: str) -> None:
         with lock:
             calls[what] += 1
+
+    def step(node: str, what: str) -> None:
+        trace[node].append((round(time.monotonic() - began_at[0], 3), what))
 
     def stage(node: str) -> None:
         rng = random.Random(node)
@@ -136,12 +184,34 @@ def main() -> int:
         census_of, write_of = view.census, view.write_claim
 
         def census(full: bool = True) -> Census:
-            tally("census_full" if full else "census_cheap")
-            return census_of(full)
+            what = "census_full" if full else "census_cheap"
+            tally(what)
+            step(node, f"{what} asked")
+            asked = budget.wall()
+            try:
+                found = census_of(full)
+            except DrainError:
+                step(node, f"{what} failed")
+                raise
+            live = live_claims(found, asked)
+            expired = len(found.claims) - len(live)
+            step(
+                node,
+                f"{what} back: {len(found.drains)} drains, {len(live)} live claims "
+                f"({sum(c.choosing for c in live.values())} choosing), {expired} expired",
+            )
+            return found
 
         def write_claim(node: str, claim: Claim | None) -> None:
             tally("claim_writes")
-            write_of(node, claim)
+            what = "none" if claim is None else claim.text.split(" at ")[0].split(": ")[1]
+            step(node, f"write {what} asked")
+            try:
+                write_of(node, claim)
+            except DrainError:
+                step(node, f"write {what} failed")
+                raise
+            step(node, f"write {what} done")
 
         def pause(seconds: float) -> None:
             if seconds == CHOOSING_POLL:
@@ -154,6 +224,7 @@ def main() -> int:
 
         def gate() -> str | None:
             verdict = budget.check(REASON)
+            step(node, "admitted" if verdict.allowed else f"refused: {verdict.detail}")
             return None if verdict.allowed else verdict.detail
 
         start.wait()
@@ -168,6 +239,7 @@ def main() -> int:
                 continue
             with lock:
                 outcome[node] = result.result
+            step(node, f"result {result.result}")
             if result.result != "over_budget":
                 return
             time.sleep(args.recheck * rng.uniform(0.5, 1.0))
@@ -179,7 +251,8 @@ def main() -> int:
         rpcs0 = sdiag(cluster)
         ctld = procs[0].popen.pid
         ctld0, clients0 = cpu_of(ctld), children_cpu()
-        began = time.monotonic()
+        self0 = time.process_time()
+        began = began_at[0] = time.monotonic()
         start.set()
         samples: list[int] = []
         changed_at = 0.0  # when the drained count last changed: the settle time
@@ -210,6 +283,9 @@ def main() -> int:
         served_ms = sum(ms for _, ms in rpcs.values())
         span = time.monotonic() - began
         ctld1, clients1 = cpu_of(ctld), children_cpu()
+        self1 = time.process_time()
+        with lock:
+            traces = {n: list(steps) for n, steps in trace.items()}
         with lock:
             decided = sum(1 for r in outcome.values() if r != "over_budget")
             answered = len(outcome)
@@ -231,7 +307,10 @@ def main() -> int:
             # (sinfo/scontrol) that a real fleet runs on its own 2,000 nodes
             "slurmctld_cpu_s": ctld1 - ctld0,
             "client_cpu_s": clients1 - clients0,
-            "client_cpu_ms_per_stage": (clients1 - clients0) * 1000 / max(1, answered),
+            "client_cpu_ms_per_stage": (clients1 - clients0) * 1000 / len(threads),
+            # this process: every stage's Python (reading and parsing each census) shares
+            # one interpreter lock, which a real fleet spreads over its nodes
+            "bench_cpu_s": self1 - self0,
             "load_avg_1m_end": os.getloadavg()[0],
             "rpc_per_s": served / span,
             "rpc_mean_ms": served_ms / max(1, served),
@@ -239,12 +318,17 @@ def main() -> int:
                 k: {"count": c, "total_ms": round(ms, 1)} for k, (c, ms) in rpcs.items()
             },
             "stage_calls": dict(sorted(calls.items())),
+            **trace_summary(traces),
             "slurm_call_errors": len(errors),
             "first_errors": sorted(set(errors))[:3],
         }
         print(json.dumps(result, indent=2))
         if args.json:
             Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+        if args.trace:
+            with Path(args.trace).open("w") as f:
+                for n, steps in sorted(traces.items()):
+                    f.write(json.dumps({"node": n, "steps": steps}) + "\n")
     finally:
         for p in reversed(procs):
             p.stop()
