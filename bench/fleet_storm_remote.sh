@@ -22,7 +22,9 @@
 #      SlurmUser=root, PluginDir in the prefix; one in-process drain stage per node): peak
 #      drained sampled every 100 ms from the controller, settle time (decided_s), slurmctld's
 #      request rate and mean time (sdiag), Slurm call failures;
-#   5. writes fleet_storm_N.json, the log and the machine's facts under $OUT when set (else
+#   5. writes fleet_storm_N.json (with where each stage stopped), fleet_storm_N_trace.jsonl.gz
+#      (each stage's protocol steps with their times), the log and the machine's facts
+#      under $OUT when set (else
 #      under ./fleet-storm-out), and stops everything it started (its own process group).
 #
 #   bench/fleet_storm_remote.sh                  # 500 then 2,000 nodes, budget 5 %
@@ -279,7 +281,8 @@ for n in $SIZES; do
     # slurm start-up and the report get 45 s on top of the storm
     run_bench "storm at $n nodes" $((${t%.*} + 45)) "$ROOT/bench/fleet_storm.py" \
         -n "$n" --percent "$PERCENT" --timeout "$t" --plugin-dir "$PLUGINS" \
-        --json "$RESULTS/fleet_storm_$n.json" --log-dir "$RESULTS/logs"
+        --json "$RESULTS/fleet_storm_$n.json" --log-dir "$RESULTS/logs" \
+        --trace "$RESULTS/fleet_storm_${n}_trace.jsonl.gz"
 done
 # optional: what one census costs slurmctld at these sizes (FLEET_CENSUS_SIZES="2000 10000")
 census=()
