@@ -31,7 +31,9 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
+import multiprocessing
 import os
+import queue
 import random
 import re
 import resource
@@ -42,6 +44,7 @@ import threading
 import time
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
@@ -152,50 +155,34 @@ def write_trace(path: Path, traces: dict[str, list[tuple[float, str]]]) -> None:
             f.write(json.dumps(line) + "\n")
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("-n", "--nodes", type=int, default=100)
-    ap.add_argument("--percent", type=float, default=5.0)
-    ap.add_argument("--spread", type=float, default=1.0)
-    ap.add_argument("--recheck", type=float, default=30.0)
-    ap.add_argument("--timeout", type=float, default=600.0, help="give up after this")
-    ap.add_argument("--json", help="write the numbers here")
-    ap.add_argument(
-        "--plugin-dir",
-        help="Slurm's plugin directory, for a Slurm unpacked into a private prefix "
-        "(bench/fleet_storm_remote.sh)",
-    )
-    ap.add_argument("--log-dir", help="keep the tails of slurmctld's logs here")
-    ap.add_argument(
-        "--trace",
-        help="write each stage's protocol steps with their times here (JSON lines, one per "
-        "stage; gzipped if it ends in .gz); where each stage stopped is in the result anyway",
-    )
-    args = ap.parse_args()
-    if args.plugin_dir:
-        use_plugin_dir(args.plugin_dir)
-    work = Path(tempfile.mkdtemp(prefix="gpuwatchd-fleet-storm-"))
-    cluster, procs = start_slurm(work, extra=args.nodes)
-    os.environ["SLURM_CONF"] = cluster.env["SLURM_CONF"]
-    cfg = FleetDrainConfig(max_percent=args.percent, recheck=args.recheck)
+def run_stages(
+    nodes: list[str],
+    cfg: FleetDrainConfig,
+    spread: float,
+    recheck: float,
+    began: Any,
+    start: Any,
+    stop: Any,
+    q: Any,
+) -> None:
+    """One worker process: a thread per node in ``nodes``, each a drain stage, released by
+    ``start``. Each stage's answer goes to ``q`` as it comes ("outcome", node, result); at
+    ``stop`` its calls, trace, errors and own CPU ("done", ...)."""
     errors: list[str] = []
-    outcome: dict[str, str] = {}
     lock = threading.Lock()
-    start = threading.Event()
     # what the stages asked of slurmctld, by the protocol's step: full and cheap censuses,
     # the choosing phase's re-reads (one per CHOOSING_POLL wait), claim writes
     calls: Counter[str] = Counter()
     # per stage, its protocol steps as (seconds since the storm began, step): where a stage
     # is stuck shows as its last step (trace_summary)
-    trace: dict[str, list[tuple[float, str]]] = {n: [] for n in cluster.others}
-    began_at = [0.0]
+    trace: dict[str, list[tuple[float, str]]] = {n: [] for n in nodes}
 
     def tally(what: str) -> None:
         with lock:
             calls[what] += 1
 
     def step(node: str, what: str) -> None:
-        trace[node].append((round(time.monotonic() - began_at[0], 3), what))
+        trace[node].append((round(time.monotonic() - began.value, 3), what))
 
     def stage(node: str) -> None:
         rng = random.Random(node)
@@ -248,7 +235,7 @@ def main() -> int:
             return None if verdict.allowed else verdict.detail
 
         start.wait()
-        time.sleep(rng.uniform(0.0, args.spread))
+        time.sleep(rng.uniform(0.0, spread))
         while True:
             try:
                 result = driver.drain({}, REASON, False, gate=gate)
@@ -257,22 +244,89 @@ def main() -> int:
                     errors.append(str(exc)[:200])
                 time.sleep(rng.uniform(2.0, 10.0))
                 continue
-            with lock:
-                outcome[node] = result.result
+            q.put(("outcome", node, result.result))
             step(node, f"result {result.result}")
             if result.result != "over_budget":
                 return
-            time.sleep(args.recheck * rng.uniform(0.5, 1.0))
+            time.sleep(recheck * rng.uniform(0.5, 1.0))
+
+    threads = [threading.Thread(target=stage, args=(n,), daemon=True) for n in nodes]
+    for t in threads:
+        t.start()
+    stop.wait()
+    with lock:
+        traces = {n: list(steps) for n, steps in trace.items()}
+        q.put(("done", dict(calls), traces, errors[:50], len(errors), time.process_time()))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("-n", "--nodes", type=int, default=100)
+    ap.add_argument("--percent", type=float, default=5.0)
+    ap.add_argument("--spread", type=float, default=1.0)
+    ap.add_argument("--recheck", type=float, default=30.0)
+    ap.add_argument("--timeout", type=float, default=600.0, help="give up after this")
+    ap.add_argument("--json", help="write the numbers here")
+    ap.add_argument(
+        "--plugin-dir",
+        help="Slurm's plugin directory, for a Slurm unpacked into a private prefix "
+        "(bench/fleet_storm_remote.sh)",
+    )
+    ap.add_argument("--log-dir", help="keep the tails of slurmctld's logs here")
+    ap.add_argument(
+        "--procs",
+        type=int,
+        default=max(1, (os.cpu_count() or 2) // 2),
+        help="worker processes the stages are spread over (default: half the CPUs)",
+    )
+    ap.add_argument(
+        "--trace",
+        help="write each stage's protocol steps with their times here (JSON lines, one per "
+        "stage; gzipped if it ends in .gz); where each stage stopped is in the result anyway",
+    )
+    args = ap.parse_args()
+    if args.plugin_dir:
+        use_plugin_dir(args.plugin_dir)
+    work = Path(tempfile.mkdtemp(prefix="gpuwatchd-fleet-storm-"))
+    cluster, procs = start_slurm(work, extra=args.nodes)
+    os.environ["SLURM_CONF"] = cluster.env["SLURM_CONF"]
+    cfg = FleetDrainConfig(max_percent=args.percent, recheck=args.recheck)
+    outcome: dict[str, str] = {}
+    # the stages run in --procs worker processes (threads in each): a real fleet parses
+    # each census on its own node, and 2,000 stages in one interpreter share one lock
+    ctx = multiprocessing.get_context("fork")
+    start, stop, began_at, q = ctx.Event(), ctx.Event(), ctx.Value("d", 0.0), ctx.Queue()
+    shares = [list(cluster.others[i :: args.procs]) for i in range(args.procs)]
+    workers = [
+        ctx.Process(
+            target=run_stages,
+            args=(share, cfg, args.spread, args.recheck, began_at, start, stop, q),
+            daemon=True,
+        )
+        for share in shares
+        if share
+    ]
+
+    def collect(timeout: float = 0.0) -> tuple[object, ...] | None:
+        """Take the workers' messages; return a "done" one if it came."""
+        while True:
+            try:
+                msg = q.get(timeout=timeout) if timeout else q.get_nowait()
+            except queue.Empty:
+                return None
+            if msg[0] == "outcome":
+                outcome[msg[1]] = msg[2]
+            else:
+                return tuple(msg)
 
     try:
-        threads = [threading.Thread(target=stage, args=(n,), daemon=True) for n in cluster.others]
-        for t in threads:
-            t.start()
+        for w in workers:
+            w.start()
         rpcs0 = sdiag(cluster)
         ctld = procs[0].popen.pid
         ctld0, clients0 = cpu_of(ctld), children_cpu()
         self0 = time.process_time()
-        began = began_at[0] = time.monotonic()
+        began = began_at.value = time.monotonic()
         start.set()
         samples: list[int] = []
         changed_at = 0.0  # when the drained count last changed: the settle time
@@ -291,8 +345,8 @@ def main() -> int:
                 if not samples or count != samples[-1]:
                     changed_at = time.monotonic() - began
                 samples.append(count)
-            with lock:
-                done = len(outcome) == len(threads)
+            collect()
+            done = len(outcome) == len(cluster.others)
             if done and decided_at is None:
                 decided_at = time.monotonic() - began
                 break
@@ -302,13 +356,31 @@ def main() -> int:
         served = sum(c for c, _ in rpcs.values())
         served_ms = sum(ms for _, ms in rpcs.values())
         span = time.monotonic() - began
-        ctld1, clients1 = cpu_of(ctld), children_cpu()
+        ctld1 = cpu_of(ctld)
         self1 = time.process_time()
-        with lock:
-            traces = {n: list(steps) for n, steps in trace.items()}
-        with lock:
-            decided = sum(1 for r in outcome.values() if r != "over_budget")
-            answered = len(outcome)
+        stop.set()
+        calls: Counter[str] = Counter()
+        traces: dict[str, list[tuple[float, str]]] = {}
+        errors: list[str] = []
+        n_errors = 0
+        workers_cpu = 0.0
+        for _ in workers:
+            done_msg = collect(timeout=120.0)
+            if done_msg is None:
+                break
+            _, w_calls, w_traces, w_errors, w_n, w_cpu = done_msg
+            calls.update(w_calls)  # type: ignore[arg-type]
+            traces.update(w_traces)  # type: ignore[arg-type]
+            errors += w_errors  # type: ignore[arg-type]
+            n_errors += w_n  # type: ignore[operator]
+            workers_cpu += w_cpu  # type: ignore[operator]
+        for w in workers:
+            w.join(timeout=30)
+        # the workers are children too: their own CPU is the bench's, the rest the Slurm
+        # clients' (sinfo/scontrol, the workers' children)
+        clients1 = children_cpu() - workers_cpu
+        decided = sum(1 for r in outcome.values() if r != "over_budget")
+        answered = len(outcome)
         limit = max(1, int(len(cluster.others) * args.percent / 100 + 1e-9))
         final = samples[-1] if samples else 0
         result = {
@@ -327,10 +399,11 @@ def main() -> int:
             # (sinfo/scontrol) that a real fleet runs on its own 2,000 nodes
             "slurmctld_cpu_s": ctld1 - ctld0,
             "client_cpu_s": clients1 - clients0,
-            "client_cpu_ms_per_stage": (clients1 - clients0) * 1000 / len(threads),
-            # this process: every stage's Python (reading and parsing each census) shares
-            # one interpreter lock, which a real fleet spreads over its nodes
-            "bench_cpu_s": self1 - self0,
+            "client_cpu_ms_per_stage": (clients1 - clients0) * 1000 / len(cluster.others),
+            # the bench's own processes: the stages' Python (reading and parsing each census)
+            # in --procs interpreters, which a real fleet spreads over its nodes
+            "bench_cpu_s": self1 - self0 + workers_cpu,
+            "bench_procs": len(workers),
             "load_avg_1m_end": os.getloadavg()[0],
             "rpc_per_s": served / span,
             "rpc_mean_ms": served_ms / max(1, served),
@@ -339,7 +412,7 @@ def main() -> int:
             },
             "stage_calls": dict(sorted(calls.items())),
             **trace_summary(traces),
-            "slurm_call_errors": len(errors),
+            "slurm_call_errors": n_errors,
             "first_errors": sorted(set(errors))[:3],
         }
         print(json.dumps(result, indent=2))
