@@ -89,6 +89,24 @@ def rpc_delta(
     return dict(sorted(out.items(), key=lambda kv: -kv[1][1]))
 
 
+REGISTRATION = "MESSAGE_NODE_REGISTRATION_STATUS"
+
+
+def wait_for_registrations(cluster: Slurm, nodes: int, limit: float = 120.0) -> float | None:
+    """Wait until slurmctld has had a registration for every node (seconds waited; None:
+    not within ``limit``). The harness's one slurmd answers slurmctld's registration
+    requests for every node it set up; at 1,000-2,000 nodes they came during the storm
+    (1,000 of them at 70 ms to 2.1 s each on this VM, 2,000 at 800 ms on the 16-core host),
+    holding the node write lock that claim writes need, which a real fleet's storm (each
+    slurmd registered long before) does not have."""
+    began = time.monotonic()
+    while time.monotonic() - began < limit:
+        if sdiag(cluster).get(REGISTRATION, (0, 0.0))[0] >= nodes:
+            return time.monotonic() - began
+        time.sleep(0.5)
+    return None
+
+
 def use_plugin_dir(path: str) -> None:
     """Slurm's plugins are in ``path`` (a Slurm unpacked into a private prefix)."""
     slurm_support.SLURM_CONF = f"PluginDir={path}\n" + slurm_support.SLURM_CONF
@@ -322,6 +340,7 @@ def main() -> int:
     try:
         for w in workers:
             w.start()
+        registered_in = wait_for_registrations(cluster, len(cluster.others))
         rpcs0 = sdiag(cluster)
         ctld = procs[0].popen.pid
         ctld0, clients0 = cpu_of(ctld), children_cpu()
@@ -410,6 +429,7 @@ def main() -> int:
             "rpc_by_type": {
                 k: {"count": c, "total_ms": round(ms, 1)} for k, (c, ms) in rpcs.items()
             },
+            "registrations_waited_s": registered_in,
             "stage_calls": dict(sorted(calls.items())),
             **trace_summary(traces),
             "slurm_call_errors": n_errors,
