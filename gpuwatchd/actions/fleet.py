@@ -344,7 +344,9 @@ def claim_protocol(
         if now() - started > max(CHOOSING_PATIENCE, PATIENT_READS * slowest):
             yield Write(None)
             return Verdict(False, limit, limit, census.nodes, census)
-        if now() - stamp > ADMIT_WITHIN / 2:  # a wait as long as slow censuses make it
+        # a wait as long as slow censuses make it: renew the claim if it would be older than
+        # ADMIT_WITHIN / 2 once the next census is back (slow censuses: before each one)
+        if now() - stamp + slowest > ADMIT_WITHIN / 2:
             fresh = yield from _refresh(node, ticket, xid, stamp, now)
             if fresh is None:
                 yield Write(None)
