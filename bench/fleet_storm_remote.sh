@@ -22,7 +22,9 @@
 #      SlurmUser=root, PluginDir in the prefix; one in-process drain stage per node): peak
 #      drained sampled every 100 ms from the controller, settle time (decided_s), slurmctld's
 #      request rate and mean time (sdiag), Slurm call failures;
-#   5. writes fleet_storm_N.json, the log and the machine's facts under $OUT when set (else
+#   5. writes fleet_storm_N.json (with where each stage stopped), fleet_storm_N_trace.jsonl.gz
+#      (each stage's protocol steps with their times), the log and the machine's facts
+#      under $OUT when set (else
 #      under ./fleet-storm-out), and stops everything it started (its own process group).
 #
 #   bench/fleet_storm_remote.sh                  # 500 then 2,000 nodes, budget 5 %
@@ -31,7 +33,7 @@
 # Knobs (environment): FLEET_SIZES ("500 2000"), FLEET_PERCENT (5), FLEET_PKG, PYTHON (python3),
 # FLEET_LOADER (auto), FLEET_STORM_TIMEOUT (seconds of storm per size: "100 240" for the sizes
 # in order; the last value repeats), FLEET_CENSUS_SIZES (empty: also run
-# bench/fleet_census_cost.py at these sizes, at most 2 minutes). The whole run stays under 8
+# bench/fleet_census_cost.py at these sizes, at most 2 minutes). The whole run stays under 9
 # minutes at the defaults. The work dir is under $TMPDIR (else /tmp), or under .fleetwork/ in
 # this repo where /tmp does not let files be executed.
 set -euo pipefail
@@ -276,10 +278,12 @@ for n in $SIZES; do
     t=${timeouts[$i]:-${timeouts[-1]}}
     i=$((i + 1))
     say "storm: $n nodes, budget $PERCENT %, at most $t s of storm"
-    # slurm start-up and the report get 45 s on top of the storm
-    run_bench "storm at $n nodes" $((${t%.*} + 45)) "$ROOT/bench/fleet_storm.py" \
+    # slurm start-up, the wait for the node registrations (at most 30 s) and the report get
+    # 75 s on top of the storm
+    run_bench "storm at $n nodes" $((${t%.*} + 75)) "$ROOT/bench/fleet_storm.py" \
         -n "$n" --percent "$PERCENT" --timeout "$t" --plugin-dir "$PLUGINS" \
-        --json "$RESULTS/fleet_storm_$n.json" --log-dir "$RESULTS/logs"
+        --json "$RESULTS/fleet_storm_$n.json" --log-dir "$RESULTS/logs" \
+        --trace "$RESULTS/fleet_storm_${n}_trace.jsonl.gz"
 done
 # optional: what one census costs slurmctld at these sizes (FLEET_CENSUS_SIZES="2000 10000")
 census=()

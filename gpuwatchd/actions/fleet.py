@@ -45,8 +45,12 @@ CLAIM_PREFIX = "gpuwatchd-claim:"
 CLAIM_TTL = 120.0  # seconds: a claim on a node not drained by gpuwatchd expires after this
 CHOOSING_POLL = 0.25  # seconds between the reads that wait for choosing nodes
 CHOOSING_PATIENCE = 40.0  # seconds: choosing nodes that take longer make us back off
-# an admission more than this after our ticket was written is not used: another reader may
-# soon take our claim for a dead daemon's (the drain's own write comes within its timeout)
+PATIENT_READS = 4  # ... or longer than this many of our own slowest full censuses
+# a claim is renewed, or given up, this long before another node could take it for a dead
+# daemon's (covers clock skew between nodes and the write's own time)
+CLAIM_MARGIN = 20.0
+# an admission more than this after our claim was written renews the claim first: another
+# reader may soon take it for a dead daemon's (the drain's own write comes within its timeout)
 ADMIT_WITHIN = CLAIM_TTL / 2
 TRIP_SETTLE = 1.0  # seconds after tripping the breaker before choosing who pages
 MARK_PREFIX = "gpuwatchd-fleet:"
@@ -306,41 +310,82 @@ def claim_protocol(
         if cfg.breaker:  # and one more wants to drain: trip it
             return (yield from _trip(node, xid, now, len(drains), limit))
         return Verdict(False, len(drains), limit, census.nodes, census)
-    yield Write(Claim(node, None, now(), xid))
+    choosing_at = now()
+    yield Write(Claim(node, None, choosing_at, xid))
+    asked = now()
     census = yield Read(full=True)
     assert census is not None
+    slowest = now() - asked  # our longest full census: the waits below scale with it
     if census.marks:  # the fleet is stopped: no drain until an operator resets it
         yield Write(None)
         return Verdict(False, 0, limit, census.nodes, census)
-    ticket = next_ticket(census, now())
-    yield Write(Claim(node, ticket, now(), xid))
-    started = now()
+    # a claim is judged live or expired at the moment we asked, not when the answer came
+    # back: a slow census would otherwise drop claims that were live when it was taken
+    ticket = next_ticket(census, asked)
+    stamp = now()  # the time our claim carries
+    yield Write(Claim(node, ticket, stamp, xid))
+    if now() - choosing_at > CLAIM_TTL - CLAIM_MARGIN:
+        # our "choosing" may have looked expired meanwhile, so another node may have taken
+        # its ticket without waiting for ours: ours is not safe to use
+        yield Write(None)
+        return Verdict(False, limit, limit, census.nodes, census)
+    started = stamp
+    asked = now()
     census = yield Read(full=True)
     assert census is not None
-    waiting = {c.node for c in live_claims(census, now()).values() if c.choosing}
+    slowest = max(slowest, now() - asked)
+    waiting = {c.node for c in live_claims(census, asked).values() if c.choosing}
     waiting.discard(node)
     while True:
-        choosing = {c.node for c in live_claims(census, now()).values() if c.choosing}
+        choosing = {c.node for c in live_claims(census, asked).values() if c.choosing}
         waiting &= choosing
         if not waiting:
             break
-        if now() - started > CHOOSING_PATIENCE:
+        if now() - started > max(CHOOSING_PATIENCE, PATIENT_READS * slowest):
             yield Write(None)
             return Verdict(False, limit, limit, census.nodes, census)
+        # a wait as long as slow censuses make it: renew the claim if it would be older than
+        # ADMIT_WITHIN / 2 once the next census is back (slow censuses: before each one)
+        if now() - stamp + slowest > ADMIT_WITHIN / 2:
+            fresh = yield from _refresh(node, ticket, xid, stamp, now)
+            if fresh is None:
+                yield Write(None)
+                return Verdict(False, limit, limit, census.nodes, census)
+            stamp = fresh
         yield Wait(CHOOSING_POLL)
+        asked = now()
         census = yield Read(full=True)
         assert census is not None
+        slowest = max(slowest, now() - asked)
     limit = limit_for(cfg, census.nodes)
-    ahead = ahead_of(census, node, ticket, cfg, now())
+    ahead = ahead_of(census, node, ticket, cfg, asked)
     # a breaker tripped after our ticket was taken stops the nodes behind us, not us: those
     # within the budget still drain (an operator's pause stops everyone)
     paused = any(m.what == "paused" for m in census.marks)
-    if not paused and len(ahead) < limit and now() - started <= ADMIT_WITHIN:
-        return Verdict(True, len(ahead), limit, census.nodes, census)
+    if not paused and len(ahead) < limit:
+        if now() - stamp > ADMIT_WITHIN:  # the census came back late: renew the claim first
+            fresh = yield from _refresh(node, ticket, xid, stamp, now)
+        else:
+            fresh = stamp
+        if fresh is not None:
+            return Verdict(True, len(ahead), limit, census.nodes, census)
     yield Write(None)
     if census.marks or not cfg.breaker or len(ahead) < limit:
         return Verdict(False, len(ahead), limit, census.nodes, census)
     return (yield from _trip(node, xid, now, len(ahead), limit))
+
+
+def _refresh(
+    node: str, ticket: int, xid: str | None, stamp: float, now: Callable[[], float]
+) -> Generator[Op, Census | None, float | None]:
+    """Write our ticket again with the time now, so that no reader takes it for a dead
+    daemon's: the place in the order (ticket, node) stays the same. Returns the new time,
+    or None when the old claim (``stamp``) may already have looked expired to another node
+    before the new one landed (then a node may have ordered itself without waiting for it:
+    the ticket must not be used)."""
+    fresh = now()
+    yield Write(Claim(node, ticket, fresh, xid))
+    return fresh if now() - stamp <= CLAIM_TTL - CLAIM_MARGIN else None
 
 
 def _trip(

@@ -24,7 +24,7 @@ import random
 from collections.abc import Generator
 from dataclasses import dataclass, field
 
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from gpuwatchd.actions.fleet import (
@@ -97,11 +97,14 @@ def storm(
     full: int = 0,
     resume_at: float | None = None,
     resume: int = 0,
+    census: float = 0.0,
 ) -> tuple[Controller, int]:
     """Every daemon sees the XID within ``spread`` seconds; returns the controller after
     ``until`` seconds and how many daemons are still alive (wanting a drain). ``full``
     nodes outside the storm are drained by gpuwatchd (with their claims) before it starts;
-    at ``resume_at`` an operator resumes ``resume`` of them (drain and claim go)."""
+    at ``resume_at`` an operator resumes ``resume`` of them (drain and claim go). A full
+    census takes ``census`` seconds more (50-100 %) to come back than any other call: what
+    the fleet's size costs to send, read and parse it (issue 28 at 2,000 nodes)."""
     rng = random.Random(seed)
     cfg = FleetDrainConfig(max_nodes=budget, recheck=RECHECK, breaker=breaker)
     ctl = Controller(n + 10)  # a few nodes nobody drains
@@ -188,7 +191,10 @@ def storm(
             elif isinstance(payload, WriteMark):
                 ctl.writes += 1
                 ctl.marks[d.name] = payload.mark
-            at(clock + rng.uniform(0.0, latency), "reply", d, answer)
+            back = rng.uniform(0.0, latency)
+            if isinstance(payload, Read) and payload.full:  # sent, then read and parsed
+                back += census * rng.uniform(0.5, 1.0)
+            at(clock + back, "reply", d, answer)
         elif kind == "reply":
             advance(d, clock, payload if isinstance(payload, Census) else None)
     alive = sum(1 for d in daemons if d.dies_at_op is None or d.name in ctl.drained)
@@ -317,3 +323,26 @@ def test_the_choosing_wait_reads_a_bounded_number_of_censuses(
     slurmctld")."""
     ctl, _ = storm(n, max(1, n // 20), seed, spread=spread, latency=latency, until=60.0)
     assert ctl.full_reads <= 6 * n, ctl.full_reads / n
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    n=st.integers(20, 200),
+    seed=st.integers(0, 2**32),
+    spread=st.floats(0.0, 3.0),
+    census=st.floats(25.0, 80.0),
+)
+# renewed claims judged when a 69 s census came back, not when it was asked: 2 of a budget of 1
+@example(n=20, seed=1, spread=1.0, census=69.0)
+def test_slow_censuses_still_decide(n: int, seed: int, spread: float, census: float) -> None:
+    """Issue 28 at 2,000 nodes: every stage wrote its claim and started its first full
+    census, and none decided in 200 s. A full census that takes 25-80 s to come back (sent,
+    read and parsed: 2,000 stages sharing one process, or 10,000 nodes dumping the node
+    table together) used to outlast the protocol's fixed limits (40 s of waiting for
+    choosing nodes, an admission within 60 s of the ticket): every node withdrew and
+    asked again, in step, for ever. Claims are now kept fresh and the wait scales with the
+    census's own time: the budget fills, and never overflows."""
+    budget = max(1, n // 20)
+    ctl, alive = storm(n, budget, seed, spread=spread, latency=0.5, census=census, until=900.0)
+    assert ctl.most <= budget
+    assert len(ctl.drained) == min(budget, alive), (len(ctl.drained), budget)

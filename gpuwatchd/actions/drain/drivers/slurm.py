@@ -218,7 +218,7 @@ class SlurmFleetView:
         out = self._sinfo(*(() if full else ("--list-reasons",)), "--Node", "--Format",
                           f"{fields},Reason:0{rec}")  # fmt: skip
         nodes: dict[str, SlurmNode] = {}
-        since: dict[str, float | None] = {}
+        stamps: dict[str, str] = {}
         claims: list[Claim] = []
         marks: list[Mark] = []
         self._comments = {}
@@ -231,7 +231,7 @@ class SlurmFleetView:
             nodes[name] = SlurmNode(
                 state.lower().rstrip("*~#!%$@^-+"), "" if reason.lower() == "none" else reason
             )
-            since[name] = _slurm_time(stamp)
+            stamps[name] = stamp  # parsed only for gpuwatchd's drains (strptime is slow)
             comment = "" if comment == "(null)" else comment
             self._comments[name] = comment
             claim = Claim.parse(name, comment)
@@ -241,7 +241,7 @@ class SlurmFleetView:
             if mark is not None:
                 marks.append(mark)
         drains = tuple(
-            FleetDrain(name, since[name], n.reason)
+            FleetDrain(name, _slurm_time(stamps[name]), n.reason)
             for name, n in sorted(nodes.items())
             if n.offline and n.ours
         )
