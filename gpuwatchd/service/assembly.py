@@ -386,7 +386,7 @@ class Node:
                 d["readings_age_seconds"] = round(now - g.sample.timestamp, 3)
             health = gpu_health(g.status.value, by_gpu.get(str(g.info.index), ()))
             gpus.append(dataclasses.replace(GpuEntry.from_json(d), health=health))
-        actions = ActionsState.from_json(self.actions.status() if self.actions else {})
+        actions = self.actions.status() if self.actions else ActionsState()
         return StatusDocument(
             node=view.node_name,
             version=__version__,

@@ -135,7 +135,7 @@ def test_one_alertmanager_down_does_not_stop_resends_to_the_other(
         ends = [parse_time(p.json()[0]["endsAt"]) for p in pushes]
         assert ends == sorted(ends) and ends[-1] - ends[0] == pytest.approx(180, abs=1)
         assert ends[0] == pytest.approx(1_800_000_000.0 + 240, abs=1)  # 4 x resend_interval
-        queue = sink.status()["deliveries"]["queue"]
+        queue = sink.status().as_json()["deliveries"]["queue"]
         assert [q["target"] for q in queue] == [1]  # only the first push waits for the other
     finally:
         sink.close()

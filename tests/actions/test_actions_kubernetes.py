@@ -404,7 +404,7 @@ def test_someone_elses_cordon_is_never_touched(tmp_path: Path) -> None:
         sink.run_pending()
         spec_writes = [c for c in api.writes() if c[1] == f"/api/v1/nodes/{NODE}"]
         assert spec_writes == []  # no cordon, no taint, no ownership
-        assert sink.status()["drain"]["incidents"][0]["state"] == "kept_admin"
+        assert sink.status().as_json()["drain"]["incidents"][0]["state"] == "kept_admin"
         sink.deliver([transition(state=AlertState.RESOLVED, seq=2, at=clock.now())], clock.now())
         sink.run_pending()
         assert [c for c in api.writes() if c[1] == f"/api/v1/nodes/{NODE}"] == []
@@ -427,7 +427,7 @@ def test_conflicting_write_is_retried_from_a_fresh_read(tmp_path: Path) -> None:
         assert len(patches) == 2  # the first was refused (stale resourceVersion), then re-read
         assert api.node["metadata"]["labels"]["team"] == "ml"  # the other writer's change stays
         assert api.node["spec"]["unschedulable"] is True
-        assert sink.status()["drain"]["state"] == "drained"
+        assert sink.status().as_json()["drain"]["state"] == "drained"
     finally:
         sink.close()
         api.stop()
@@ -481,14 +481,14 @@ def test_unauthorized_is_retried_then_fails_with_a_page(tmp_path: Path, api: Fak
         # not an XID: an XID's drain is never given up (test_actions_drain.py)
         sink.deliver([transition("gpu_lost", at=clock.now(), drain=True, xid=None)], clock.now())
         sink.run_pending()
-        inc = sink.status()["drain"]["incidents"][0]
+        inc = sink.status().as_json()["drain"]["incidents"][0]
         assert inc["state"] == "pending" and inc["attempts"] == 1
         clock.advance(600)
         sink.run_pending()
-        drain = sink.status()["drain"]
+        drain = sink.status().as_json()["drain"]
         assert drain["incidents"][0]["state"] == "failed"
         assert "HTTP 401" in (drain["last_error"] or "")
-        firing = sink.status()["deliveries"]["firing"]
+        firing = sink.status().as_json()["deliveries"]["firing"]
         assert [a["rule"] for a in firing] == ["gpu_lost", "GpuwatchdDrainFailed"]
         assert time.time() > 0
     finally:
@@ -512,7 +512,7 @@ def test_taint_value_cut_to_63_characters_never_ends_in_a_dash(tmp_path: Path) -
         (taint,) = [t for t in api.node["spec"]["taints"] if t["key"] == TAINT_KEY]
         assert taint["value"] == rule  # not rule + "-"
         assert len(taint["value"]) <= 63 and taint["value"][-1].isalnum()
-        assert sink.status()["drain"]["state"] == "drained"
+        assert sink.status().as_json()["drain"]["state"] == "drained"
     finally:
         sink.close()
         api.stop()
@@ -530,7 +530,7 @@ def test_a_422_on_an_unchanged_node_is_not_retried_as_a_conflict(tmp_path: Path)
         sink.run_pending()
         patches = [c for c in api.calls if c[0] == "PATCH"]
         assert len(patches) == 1
-        assert "spec.taints.value: Invalid value" in sink.status()["drain"]["last_error"]
+        assert "spec.taints.value: Invalid value" in sink.status().as_json()["drain"]["last_error"]
     finally:
         sink.close()
         api.stop()
@@ -546,7 +546,7 @@ def test_an_event_the_api_refuses_does_not_fail_the_drain(tmp_path: Path) -> Non
         sink.run_pending()
         assert api.events == []  # 404 for that namespace: logged, not fatal
         assert api.node["spec"]["unschedulable"] is True
-        assert sink.status()["drain"]["state"] == "drained"
+        assert sink.status().as_json()["drain"]["state"] == "drained"
     finally:
         sink.close()
         api.stop()
@@ -595,7 +595,7 @@ def test_a_resume_after_a_reasserted_cordon_takes_our_taint_off(
         assert api.node["spec"]["unschedulable"] is True
         sink.deliver([transition(state=AlertState.RESOLVED, seq=2, at=clock.now())], clock.now())
         sink.run_pending()
-        assert sink.status()["drain"]["state"] == "ok"
+        assert sink.status().as_json()["drain"]["state"] == "ok"
         assert not api.node["spec"].get("unschedulable")
         assert [t["key"] for t in api.node["spec"]["taints"]] == ["nvidia.com/gpu"]
     finally:

@@ -57,7 +57,7 @@ def test_page_and_drain_drains_then_resume_clears_only_ours(slurm: Slurm, tmp_pa
         assert actions(sink)['action="drain",result="drained"'] == 1
         health = json.loads((tmp_path / "health.json").read_text())
         assert health["state"] == "drained" and health["node"] == slurm.node
-        assert sink.status()["drain"]["state"] == "drained"
+        assert sink.status().as_json()["drain"]["state"] == "drained"
         # resolved: nothing happens before the hold time is over
         clock.advance(60)
         sink.deliver([transition(state=AlertState.RESOLVED, seq=2, at=clock.now())], clock.now())
@@ -126,7 +126,7 @@ def test_second_identical_incident_does_not_drain_twice(slurm: Slurm, tmp_path: 
         got = actions(sink)
         assert got['action="drain",result="already"'] == 1
         assert got['action="drain",result="drained"'] == 0
-        assert sink.status()["drain"]["drains_in_window"] == 1
+        assert sink.status().as_json()["drain"]["drains_in_window"] == 1
     finally:
         sink.close()
 
@@ -140,7 +140,7 @@ def test_dry_run_reads_but_never_writes(slurm: Slurm, tmp_path: Path) -> None:  
         sink.run_pending()
         assert slurm.state()[:2] == ("idle", "none")
         assert actions(sink)['action="drain",result="dry_run"'] == 1
-        incident = sink.status()["drain"]["incidents"][0]
+        incident = sink.status().as_json()["drain"]["incidents"][0]
         assert "would run scontrol update" in incident["result"]
     finally:
         sink.close()

@@ -79,7 +79,7 @@ def test_nhc_drain_then_gpu_fault_then_nhc_resume_keeps_the_node_out(
         sink.run_pending()
         assert slurm.state()[:2] == ("drained", REASON)
         assert actions(sink)['action="hold",result="reasserted"'] == 1
-        assert sink.status()["drain"]["state"] == "drained"
+        assert sink.status().as_json()["drain"]["state"] == "drained"
         # NHC's next run leaves a node drained for a non-NHC reason alone
         assert not nhc_online(slurm)
         assert not nhc_offline(slurm, "check_fs_mount: /scratch not mounted")

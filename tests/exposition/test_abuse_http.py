@@ -26,8 +26,14 @@ from hypothesis import strategies as st
 
 from gpuwatchd.configfile.loader import default_config, load_config
 from gpuwatchd.core.clock import SystemClock
+from gpuwatchd.core.statusdoc import StatusDocument
 from gpuwatchd.service.daemon import Daemon as InProcessDaemon
 from gpuwatchd.testing.fake_backend import FakeBackend
+
+
+def empty_status() -> StatusDocument:
+    return StatusDocument.from_json({"gpus": []})
+
 
 STEADY = ROOT / "tests" / "data" / "steady-4gpu.yaml"
 PASSWORD = "correct-horse-battery-9f3a"  # the secret that must never show up anywhere
@@ -665,7 +671,7 @@ def test_slow_request_bodies_never_lock_a_scraper_out() -> None:
 
     state = NodeState("node-a", time.time())
     server = HttpServer(
-        "127.0.0.1", 0, MetricsRenderer(state.view), lambda: (True, "ok"), lambda: {"gpus": []}
+        "127.0.0.1", 0, MetricsRenderer(state.view), lambda: (True, "ok"), empty_status
     )
     server.start()
     port = server.address[1]

@@ -75,7 +75,9 @@ def firing_sim(tmp_path: Path) -> Simulation:
 def test_the_page_in_headless_chromium(tmp_path: Path) -> None:
     chromium = need_binary("chromium-headless-shell")
     sim = firing_sim(tmp_path)
-    server = HttpServer("127.0.0.1", 0, sim.renderer, lambda: (True, "ok"), sim.node.status)
+    server = HttpServer(
+        "127.0.0.1", 0, sim.renderer, lambda: (True, "ok"), sim.node.status_document
+    )
     server.start()
     try:
         browse = [chromium, "--no-sandbox", "--disable-gpu", "--headless"]

@@ -94,7 +94,7 @@ def test_bursts_never_exceed_drains_per_window(slurm: Slurm, tmp_path: Path) -> 
         assert all("Reason=gpuwatchd: " in w for w in drains)
         got = actions(sink)
         assert got['action="drain",result="rate_limited"'] >= 1
-        assert sink.status()["drain"]["drains_in_window"] == 2
+        assert sink.status().as_json()["drain"]["drains_in_window"] == 2
         limit = [
             (a["labels"]["alertname"], a["status"])
             for r in rx.requests
