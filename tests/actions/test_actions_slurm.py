@@ -8,13 +8,11 @@ import json
 import time
 from pathlib import Path
 
-from actions_support import make_config, sink_for, transition
+from actions_support import actions, make_config, sink_for, transition
 from slurm_support import Slurm, slurm  # noqa: F401 - the fixture
 
-from gpuwatchd.actions import ActionsSink
 from gpuwatchd.core.alerts import AlertState
 from gpuwatchd.core.clock import VirtualClock
-from gpuwatchd.core.families import Families
 
 REASON = "gpuwatchd: XID 79 GPU 3 00000000:3E:00.0"
 
@@ -31,17 +29,6 @@ def drain_config(tmp_path: Path, node: str, resume: bool = False, extra: str = "
 {extra}""",
         name="drain.yaml",
     )
-
-
-def actions(sink: ActionsSink) -> dict[str, float]:
-    fams = Families()
-    sink.families(None, fams)  # type: ignore[arg-type]
-    out = {}
-    for line in fams.render().decode().splitlines():
-        if line.startswith("gpuwatchd_drain_actions_total{"):
-            labels, value = line.rsplit(" ", 1)
-            out[labels.split("{", 1)[1].rstrip("}")] = float(value)
-    return out
 
 
 def test_page_and_drain_drains_then_resume_clears_only_ours(slurm: Slurm, tmp_path: Path) -> None:  # noqa: F811

@@ -9,9 +9,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from actions_support import make_config, sink_for, transition
+from actions_support import actions, make_config, sink_for, transition
 from slurm_support import Slurm, slurm  # noqa: F401 - the fixture
-from test_actions_slurm import actions
 
 from gpuwatchd.actions.silences import add_silence, path_in
 from gpuwatchd.core.alerts import AlertState

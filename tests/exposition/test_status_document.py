@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from actions_support import make_config
 from conftest import ROOT
-from test_status_page import RULE, Dom, firing_sim
+from status_page_support import RULE, Dom, firing_sim
 
 from gpuwatchd.actions.silences import add_silence, path_in
 from gpuwatchd.cli.main import _print_status

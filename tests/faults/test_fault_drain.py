@@ -11,11 +11,10 @@ import stat
 import time
 from pathlib import Path
 
-from actions_support import HttpReceiver, make_config, sink_for, transition
+from actions_support import HttpReceiver, actions, make_config, sink_for, transition
 from conftest import free_port, need_binary
 from fault_support import report
 from slurm_support import Slurm, slurm  # noqa: F401 - the fixture
-from test_actions_slurm import actions
 
 from gpuwatchd.actions import ActionsSink
 from gpuwatchd.core.alerts import AlertState

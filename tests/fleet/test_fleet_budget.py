@@ -14,6 +14,7 @@ from typing import Any
 
 from actions_support import HttpReceiver, transition
 from conftest import free_port
+from drainhelper_support import helper_socket  # noqa: F401 - a socket serving the real helper
 from fleet_support import (
     OUR_REASON,
     PREFIX,
@@ -26,7 +27,6 @@ from fleet_support import (
     slurm_controller,
 )
 from slurm_support import Slurm
-from test_drainhelper import helper_socket  # noqa: F401 - a socket serving the real helper
 
 from gpuwatchd.actions import ActionsSink
 from gpuwatchd.actions.fleet import BUDGET_RULE

@@ -23,7 +23,7 @@ import pytest
 from actions_support import BackloggedServer, HttpReceiver, transition
 from conftest import free_port
 from fleet_support import alerts, at_once, controller, drain_config
-from test_actions_kubernetes import TOKEN, ContractError, apply_json_patch, check_event
+from kubernetes_support import TOKEN, ContractError, apply_json_patch, check_event
 
 from gpuwatchd.actions import ActionsSink
 from gpuwatchd.actions.drain.drivers.kubernetes import (
