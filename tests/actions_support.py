@@ -19,6 +19,7 @@ from gpuwatchd.configfile.loader import Config, load_config
 from gpuwatchd.configfile.stages import for_actions
 from gpuwatchd.core.alerts import AlertSeverity, AlertState, AlertTransition
 from gpuwatchd.core.clock import Clock
+from gpuwatchd.core.families import Families
 from gpuwatchd.core.nodestate import NodeState
 from gpuwatchd.core.records import DrainOutcome
 from gpuwatchd.rules import default_rule_files, load_rule_set
@@ -239,3 +240,15 @@ def sink_for(config: Config, clock: Clock, *, start: bool = False, **options: An
     if start:
         sink.start()
     return sink
+
+
+def actions(sink: ActionsSink) -> dict[str, float]:
+    """The drain stage's action counters (``gpuwatchd_drain_actions_total``) by label set."""
+    fams = Families()
+    sink.families(None, fams)  # type: ignore[arg-type]
+    out = {}
+    for line in fams.render().decode().splitlines():
+        if line.startswith("gpuwatchd_drain_actions_total{"):
+            labels, value = line.rsplit(" ", 1)
+            out[labels.split("{", 1)[1].rstrip("}")] = float(value)
+    return out

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import urllib.request
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -72,3 +73,12 @@ def am_alerts(url: str) -> list[dict[str, Any]]:
     ) as resp:
         alerts: list[dict[str, Any]] = json.load(resp)
     return alerts
+
+
+def start_for_webhook(tmp_path: Path, name: str, hook_url: str) -> tuple[Proc, str]:
+    """Alertmanager in ``tmp_path/name``, sending every alert at once to ``hook_url``."""
+    return start_alertmanager(tmp_path / name, webhook_route(hook_url))
+
+
+def parse_time(text: str) -> float:
+    return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()

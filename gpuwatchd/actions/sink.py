@@ -46,6 +46,14 @@ from gpuwatchd.core.families import Families
 from gpuwatchd.core.nodestate import NodeView
 from gpuwatchd.core.records import DrainOutcome
 from gpuwatchd.core.statehealth import StoreHealth, state_families
+from gpuwatchd.core.statusdoc import (
+    ActionsState,
+    Deliveries,
+    DeliveryFiring,
+    DrainState,
+    ReceiverState,
+    SilenceState,
+)
 
 log = logging.getLogger(__name__)
 
@@ -337,8 +345,9 @@ class ActionsSink:
         return self.pending() == 0
 
     # -- status ------------------------------------------------------------------------
-    def status(self) -> dict[str, Any]:
-        """Pending deliveries, silences and drain state for /api/v1/status (no secrets)."""
+    def status(self) -> ActionsState:
+        """Pending deliveries, silences and drain state, the actions stage's part of the
+        status document (no secrets)."""
         now, mono = self.clock.now(), self.clock.monotonic()
         secrets = self.secrets
         receivers = []
@@ -346,15 +355,14 @@ class ActionsSink:
             count, oldest = self.outbox.oldest(name)
             health = self.health[name]
             receivers.append(
-                {
-                    "name": name,
-                    "type": rcv.kind,
-                    "targets": len(rcv.targets),
-                    "pending": count,
-                    "oldest_pending_seconds": None if oldest is None else round(mono - oldest, 3),
-                    "last_success": health.last_success,
-                    "last_error": redact(health.last_error, secrets) if health.last_error else None,
-                }
+                ReceiverState(
+                    name=name,
+                    type=rcv.kind,
+                    pending=count,
+                    oldest_pending_seconds=None if oldest is None else round(mono - oldest, 3),
+                    last_error=redact(health.last_error, secrets) if health.last_error else None,
+                    more={"targets": len(rcv.targets), "last_success": health.last_success},
+                )
             )
         queue = []
         for r in self.outbox.queue(50):
@@ -374,29 +382,33 @@ class ActionsSink:
                     "last_error": redact(r["last_error"], secrets) if r["last_error"] else None,
                 }
             )
-        return {
-            "deliveries": {
-                "durable": self.store.durable,
-                "state_problem": self.store.degraded,
-                "pending": self.pending(),
-                "receivers": receivers,
-                "queue": queue,
-                "firing": [
-                    {
-                        "rule": rec["rule"],
-                        "severity": rec["severity"],
-                        "labels": rec["labels"],
-                        "since": rec["active_since"],
-                        "silenced_by": r["silenced"],
-                    }
-                    for r in self.outbox.firing()
-                    for rec in [loads(r["record"])]
-                ],
-            },
-            "silences": [
-                s.as_dict(now)
-                for s in self.silences.all()
-                if s.active(now) or now - s.end < 86400.0
-            ],
-            "drain": self.drain.summary(now) if self.drain is not None else {"mode": "none"},
-        }
+        firing = []
+        for r in self.outbox.firing():
+            rec = loads(r["record"])
+            firing.append(
+                DeliveryFiring(
+                    rule=rec["rule"],
+                    severity=rec["severity"],
+                    labels=rec["labels"],
+                    since=rec["active_since"],
+                    silenced_by=r["silenced"],
+                )
+            )
+        deliveries = Deliveries(
+            pending=self.pending(),
+            state_problem=self.store.degraded,
+            receivers=tuple(receivers),
+            firing=tuple(firing),
+            more={"durable": self.store.durable, "queue": queue},
+        )
+        silences = tuple(
+            SilenceState.from_json(s.as_dict(now))
+            for s in self.silences.all()
+            if s.active(now) or now - s.end < 86400.0
+        )
+        drain = (
+            DrainState.from_json(self.drain.summary(now))
+            if self.drain is not None
+            else DrainState(mode="none")
+        )
+        return ActionsState(deliveries=deliveries, silences=silences, drain=drain)

@@ -19,7 +19,7 @@ import re
 import socket
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from gpuwatchd.config.fields import as_entry
 from gpuwatchd.config.paths import SYSTEM_CONFIG_DIR
@@ -111,13 +111,28 @@ class MetricsConfig:
 
 
 @dataclass(frozen=True)
+class KindSection:
+    """A kernel-log kind's own keys of ``sources`` (``sources.journal_dir`` is journald's).
+    Each kind's module subclasses it with its keys (frozen, every key with a default)."""
+
+
+K = TypeVar("K", bound=KindSection)
+
+
+@dataclass(frozen=True)
 class SourcesConfig:
     kernel_log: str = "auto"
-    journal_dir: str | None = None
-    kmsg_path: str = "/dev/kmsg"
+    # the kernel-log kinds' own sections that differ from their defaults, by kind; their
+    # keys are read and shown as keys of ``sources`` (``as_plain``, ``config_keys``)
+    kinds: Mapping[str, KindSection] = field(default_factory=dict, metadata={"spread": True})
     nvml_events: bool = True
     merge_window: float = 3.0
     backfill: float = 0.0
+
+    def section(self, kind: str, cls: type[K]) -> K:
+        """Kernel-log kind ``kind``'s own keys; its defaults when the file sets none."""
+        value = self.kinds.get(kind)
+        return value if isinstance(value, cls) else cls()
 
 
 @dataclass(frozen=True)
@@ -171,6 +186,9 @@ def as_plain(value: Any) -> Any:
             item = getattr(value, f.name)
             if f.metadata.get("sections"):  # sections shown as keys of their parent
                 out.update({str(k): as_plain(v) for k, v in item.items()})
+            elif f.metadata.get("spread"):  # sections whose keys are the parent's
+                for section in item.values():
+                    out.update(as_plain(section))
             elif f.metadata.get("secret") and item is not None:
                 out[f.name] = SECRET_PLACEHOLDER
             else:
@@ -413,6 +431,15 @@ base_dir)`` -> the value, or ``None`` after recording a problem (``base_dir``: t
 file's directory, for relative paths)."""
 
 
+@dataclass(frozen=True)
+class KindSectionReader:
+    """How a kernel-log kind's own keys of ``sources`` are read, as its module gives it to
+    the registry: ``section``, their type; ``options``, each key's reader."""
+
+    section: type[KindSection]
+    options: Mapping[str, SourceOptionReader]
+
+
 def read_path(r: Reader, node: Node, what: str, base_dir: str | None) -> str | None:
     """A file or directory path; a relative one is taken from the config file's directory."""
     text = r.string(node, what)
@@ -426,20 +453,34 @@ def read_sources(
     node: Node | None,
     ctx: ReadContext,
     kinds: Sequence[str],
-    options: Mapping[str, SourceOptionReader],
+    sections: Mapping[str, KindSectionReader],
 ) -> SourcesConfig:
     """The ``sources`` section. ``kinds``: the values ``kernel_log`` may name besides
-    ``auto`` and ``none``; ``options``: each kernel-log kind's own keys and their readers
-    (both from the kernel-log kinds' registry, which owns them)."""
-    keys = _section_keys(r, node, SourcesConfig, "sources")
+    ``auto`` and ``none``; ``sections``: each kernel-log kind's own keys, their type and
+    readers (both from the kernel-log kinds' registry, which owns them)."""
+    names = [f.name for f in dataclasses.fields(SourcesConfig)]
+    own = [key for s in sections.values() for key in s.options]
+    allowed = [*names[:1], *own, *names[2:]]  # the kinds' keys where ``kinds`` is
+    keys: dict[str, Node] = {}
+    if node is not None and node.value is not None:
+        keys = r.mapping(node, allowed, "sources") or {}
     values: dict[str, Any] = {}
     if "kernel_log" in keys:
         values["kernel_log"] = r.string(
             keys["kernel_log"], "sources.kernel_log", ("auto", *kinds, "none")
         )
-    for name, read in options.items():
-        if name in keys and keys[name].value is not None:
-            values[name] = read(r, keys[name], f"sources.{name}", ctx.base_dir)
+    found: dict[str, KindSection] = {}
+    for kind, reader in sections.items():
+        read_keys: dict[str, Any] = {}
+        for name, read in reader.options.items():
+            if name in keys and keys[name].value is not None:
+                value = read(r, keys[name], f"sources.{name}", ctx.base_dir)
+                if value is not None:
+                    read_keys[name] = value
+        section = reader.section(**read_keys)
+        if section != reader.section():
+            found[kind] = section
+    values["kinds"] = found
     if "nvml_events" in keys:
         values["nvml_events"] = r.boolean(keys["nvml_events"], "sources.nvml_events")
     if "merge_window" in keys:

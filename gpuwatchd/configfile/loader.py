@@ -43,6 +43,7 @@ from gpuwatchd.config.sections import (
     SECRET_PLACEHOLDER,
     BackendSpec,
     GpusConfig,
+    KindSectionReader,
     ListenAddress,
     MetricsConfig,
     PollConfig,
@@ -109,6 +110,14 @@ class Config:
         sections = {mode: drain.pop(mode, None) for mode in self.drain.drivers}
         for mode, reader in _driver_readers().items():
             drain[mode] = sections.get(mode) or as_plain(reader.section())
+        # every kernel-log kind's own keys, at their defaults where the file has none, in
+        # the place of ``kinds``
+        sources = out["sources"]
+        own: dict[str, Any] = {}
+        for kind, kind_reader in _kind_readers().items():
+            own.update(as_plain(self.sources.section(kind, kind_reader.section)))
+        rest = {k: v for k, v in sources.items() if k not in own}
+        out["sources"] = {"kernel_log": rest.pop("kernel_log"), **own, **rest}
         return out
 
 
@@ -148,7 +157,13 @@ def _read_sources(r: Reader, node: Node | None, ctx: ReadContext) -> SourcesConf
         return read_sources(r, None, ctx, (), {})
     from gpuwatchd.sources.kernel import registry
 
-    return read_sources(r, node, ctx, registry.KERNEL_LOG_CHOICES[1:-1], registry.OPTIONS)
+    return read_sources(r, node, ctx, registry.KERNEL_LOG_CHOICES[1:-1], registry.SECTIONS)
+
+
+def _kind_readers() -> Mapping[str, KindSectionReader]:
+    from gpuwatchd.sources.kernel.registry import SECTIONS
+
+    return SECTIONS
 
 
 def _driver_readers() -> Mapping[str, DriverSectionReader]:
@@ -195,6 +210,8 @@ def config_keys() -> list[str]:
             for f in dataclasses.fields(entry.section):
                 if f.metadata.get("sections"):  # the drain drivers' own sections
                     out.extend(f"{name}.{mode}" for mode in _driver_readers())
+                elif f.metadata.get("spread"):  # the kernel-log kinds' own keys
+                    out.extend(f"{name}.{k}" for s in _kind_readers().values() for k in s.options)
                 else:
                     out.append(f"{name}.{f.name}")
     return out

@@ -5,7 +5,8 @@ status page at ``/`` all show this one document. The daemon builds it in one pla
 (``Node.status_document`` in the composition root, plus the daemon's config part);
 ``as_json`` gives the wire form (the keys the API has always had), and ``from_json``
 reads that form back, so the CLI, which gets the document over a socket or HTTP, renders
-the very same type the page does.
+the very same type the page does. Both are one converter driven by the dataclasses'
+fields (``core/docfields.py``): the fields are in the order of the wire form's keys.
 
 Each entry keeps the keys no renderer reads in ``more`` (a GPU's uuid, an alert's value,
 the actions stage's queue, ...): they travel unchanged, so the JSON is exactly what the
@@ -19,280 +20,106 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from gpuwatchd.core.docfields import Doc, read, spec, write
 from gpuwatchd.core.health import GpuHealth, firing_by_gpu, gpu_health
 
 ACTIONS_KEYS = ("deliveries", "silences", "drain")
 """The actions stage's parts of the document, in the order the text shows them."""
 
 
-def _num(value: Any) -> float | None:
-    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+def _health(g: Mapping[str, Any]) -> GpuHealth:
+    """A GPU's verdict as the daemon sent it; from an older daemon that sent none, judged
+    from its status alone (``StatusDocument`` adds its firing alerts)."""
+    if isinstance(g.get("health"), str):
+        rules = g.get("health_rules") or []
+        return GpuHealth(str(g["health"]), tuple(str(r) for r in rules))
+    return gpu_health(str(g.get("status", "?")), [])
 
 
-def _mapping(value: Any) -> Mapping[str, Any] | None:
-    return value if isinstance(value, Mapping) else None
-
-
-@dataclass(frozen=True)
-class GpuEntry:
+@dataclass(frozen=True, kw_only=True)
+class GpuEntry(Doc):
     """One GPU: what identifies it, its poll status, its health verdict and its readings
     (current ones when it answers, the last ones it gave when it does not)."""
 
-    index: Any
+    index: Any = field(metadata=spec(missing="?"))
     pci_bus_id: str
     name: str
-    status: str
-    health: GpuHealth
-    readings: Mapping[str, Any] | None = None
-    last_readings: Mapping[str, Any] | None = None
-    last_readings_at: float | None = None
-    clock_event_reasons: tuple[str, ...] | None = None
     more: Mapping[str, Any] = field(default_factory=dict)
-
-    _TYPED = frozenset(
-        {
-            "index",
-            "pci_bus_id",
-            "name",
-            "status",
-            "health",
-            "health_rules",
-            "readings",
-            "last_readings",
-            "last_readings_at",
-            "clock_event_reasons",
-        }
+    status: str = field(metadata=spec(missing="?"))
+    health: GpuHealth = field(
+        metadata=spec(keys=("health", "health_rules"), reader=_health, writer=lambda h: h.as_dict())
     )
-
-    @classmethod
-    def from_json(cls, g: Mapping[str, Any], firing: list[tuple[str, str]]) -> GpuEntry:
-        status = str(g.get("status", "?"))
-        if isinstance(g.get("health"), str):
-            rules = g.get("health_rules") or []
-            health = GpuHealth(str(g["health"]), tuple(str(r) for r in rules))
-        else:  # an older daemon: the same verdict, judged here
-            health = gpu_health(status, firing)
-        reasons = g.get("clock_event_reasons")
-        return cls(
-            index=g.get("index", "?"),
-            pci_bus_id=str(g.get("pci_bus_id", "")),
-            name=str(g.get("name", "")),
-            status=status,
-            health=health,
-            readings=_mapping(g.get("readings")),
-            last_readings=_mapping(g.get("last_readings")),
-            last_readings_at=_num(g.get("last_readings_at")),
-            clock_event_reasons=None if reasons is None else tuple(str(r) for r in reasons),
-            more={k: v for k, v in g.items() if k not in cls._TYPED},
-        )
-
-    def as_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "index": self.index,
-            "pci_bus_id": self.pci_bus_id,
-            "name": self.name,
-            **self.more,
-            "status": self.status,
-            **self.health.as_dict(),
-        }
-        if self.readings is not None:
-            out["readings"] = dict(self.readings)
-        if self.clock_event_reasons is not None:
-            out["clock_event_reasons"] = list(self.clock_event_reasons)
-        if self.last_readings is not None:
-            out["last_readings"] = dict(self.last_readings)
-        if self.last_readings_at is not None:
-            out["last_readings_at"] = self.last_readings_at
-        return out
+    readings: Mapping[str, Any] | None = field(default=None, metadata=spec(omit_none=True))
+    clock_event_reasons: tuple[str, ...] | None = field(default=None, metadata=spec(omit_none=True))
+    last_readings: Mapping[str, Any] | None = field(default=None, metadata=spec(omit_none=True))
+    last_readings_at: float | None = field(default=None, metadata=spec(omit_none=True))
 
 
-@dataclass(frozen=True)
-class FiringAlert:
+@dataclass(frozen=True, kw_only=True)
+class FiringAlert(Doc):
     """One firing alert: its rule, severity, labels, texts and (for the trend rules) the
     history it judged."""
 
-    rule: str
-    severity: str
+    rule: str = field(metadata=spec(missing="?"))
+    severity: str = field(metadata=spec(missing="?"))
     labels: Mapping[str, str]
     since: float | None = None
+    more: Mapping[str, Any] = field(default_factory=dict)
     summary: str | None = None
     fingerprint: str | None = None
     annotations: Mapping[str, str] = field(default_factory=dict)
-    history: Mapping[str, Any] | None = None
-    more: Mapping[str, Any] = field(default_factory=dict)
-
-    _TYPED = frozenset(
-        {
-            "rule",
-            "severity",
-            "labels",
-            "since",
-            "summary",
-            "fingerprint",
-            "annotations",
-            "history",
-        }
-    )
+    history: Mapping[str, Any] | None = field(default=None, metadata=spec(omit_none=True))
 
     @property
     def gpu(self) -> str | None:
         gpu = self.labels.get("gpu")
         return None if gpu in (None, "") else str(gpu)
 
-    @classmethod
-    def from_json(cls, a: Mapping[str, Any]) -> FiringAlert:
-        summary = a.get("summary")
-        fingerprint = a.get("fingerprint")
-        return cls(
-            rule=str(a.get("rule", "?")),
-            severity=str(a.get("severity", "?")),
-            labels={str(k): str(v) for k, v in (a.get("labels") or {}).items()},
-            since=_num(a.get("since")),
-            summary=None if summary is None else str(summary),
-            fingerprint=None if fingerprint is None else str(fingerprint),
-            annotations={str(k): str(v) for k, v in (a.get("annotations") or {}).items()},
-            history=_mapping(a.get("history")),
-            more={k: v for k, v in a.items() if k not in cls._TYPED},
-        )
 
-    def as_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "rule": self.rule,
-            "severity": self.severity,
-            "labels": dict(self.labels),
-            "since": self.since,
-            **self.more,
-            "summary": self.summary,
-            "fingerprint": self.fingerprint,
-            "annotations": dict(self.annotations),
-        }
-        if self.history is not None:
-            out["history"] = dict(self.history)
-        return out
-
-
-@dataclass(frozen=True)
-class SourceEntry:
+@dataclass(frozen=True, kw_only=True)
+class SourceEntry(Doc):
     """One input (nvml, the kernel log, ...): up or down, and why."""
 
     up: bool
     detail: str
     more: Mapping[str, Any] = field(default_factory=dict)
 
-    @classmethod
-    def from_json(cls, s: Mapping[str, Any]) -> SourceEntry:
-        return cls(
-            up=bool(s.get("up")),
-            detail=str(s.get("detail", "")),
-            more={k: v for k, v in s.items() if k not in ("up", "detail")},
-        )
 
-    def as_json(self) -> dict[str, Any]:
-        return {"up": self.up, "detail": self.detail, **self.more}
-
-
-@dataclass(frozen=True)
-class ConfigState:
+@dataclass(frozen=True, kw_only=True)
+class ConfigState(Doc):
     """The config file, the last reload and the keys that wait for a restart."""
 
     file: Any
     last_reload: Mapping[str, Any] | None
     restart_required: Mapping[str, str]
 
-    @classmethod
-    def from_json(cls, c: Mapping[str, Any]) -> ConfigState:
-        return cls(
-            file=c.get("file"),
-            last_reload=_mapping(c.get("last_reload")),
-            restart_required={str(k): str(v) for k, v in (c.get("restart_required") or {}).items()},
-        )
 
-    def as_json(self) -> dict[str, Any]:
-        return {
-            "file": self.file,
-            "last_reload": None if self.last_reload is None else dict(self.last_reload),
-            "restart_required": dict(self.restart_required),
-        }
-
-
-def _split(d: Mapping[str, Any], typed: frozenset[str]) -> dict[str, Any]:
-    return {k: v for k, v in d.items() if k not in typed}
-
-
-@dataclass(frozen=True)
-class ReceiverState:
+@dataclass(frozen=True, kw_only=True)
+class ReceiverState(Doc):
     """One receiver's deliveries: how many wait, the oldest's age, the last error."""
 
-    name: str
-    type: str
+    name: str = field(metadata=spec(missing="?"))
+    type: str = field(metadata=spec(missing="?"))
     pending: int
     oldest_pending_seconds: float | None
     last_error: str | None
     more: Mapping[str, Any] = field(default_factory=dict)
 
-    _TYPED = frozenset({"name", "type", "pending", "oldest_pending_seconds", "last_error"})
 
-    @classmethod
-    def from_json(cls, r: Mapping[str, Any]) -> ReceiverState:
-        error = r.get("last_error")
-        return cls(
-            name=str(r.get("name", "?")),
-            type=str(r.get("type", "?")),
-            pending=int(r.get("pending") or 0),
-            oldest_pending_seconds=_num(r.get("oldest_pending_seconds")),
-            last_error=None if error is None else str(error),
-            more=_split(r, cls._TYPED),
-        )
-
-    def as_json(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "type": self.type,
-            "pending": self.pending,
-            "oldest_pending_seconds": self.oldest_pending_seconds,
-            "last_error": self.last_error,
-            **self.more,
-        }
-
-
-@dataclass(frozen=True)
-class DeliveryFiring:
+@dataclass(frozen=True, kw_only=True)
+class DeliveryFiring(Doc):
     """A firing alert as the outbox knows it, and the silence that mutes it, if any."""
 
-    rule: str
-    severity: str
+    rule: str = field(metadata=spec(missing="?"))
+    severity: str = field(metadata=spec(missing="?"))
     labels: Mapping[str, str]
     since: float | None
     silenced_by: str | None
     more: Mapping[str, Any] = field(default_factory=dict)
 
-    _TYPED = frozenset({"rule", "severity", "labels", "since", "silenced_by"})
 
-    @classmethod
-    def from_json(cls, a: Mapping[str, Any]) -> DeliveryFiring:
-        by = a.get("silenced_by")
-        return cls(
-            rule=str(a.get("rule", "?")),
-            severity=str(a.get("severity", "?")),
-            labels={str(k): str(v) for k, v in (a.get("labels") or {}).items()},
-            since=_num(a.get("since")),
-            silenced_by=None if by is None else str(by),
-            more=_split(a, cls._TYPED),
-        )
-
-    def as_json(self) -> dict[str, Any]:
-        return {
-            "rule": self.rule,
-            "severity": self.severity,
-            "labels": dict(self.labels),
-            "since": self.since,
-            "silenced_by": self.silenced_by,
-            **self.more,
-        }
-
-
-@dataclass(frozen=True)
-class Deliveries:
+@dataclass(frozen=True, kw_only=True)
+class Deliveries(Doc):
     """The outbox: pending deliveries by receiver, and the alerts it holds as firing."""
 
     pending: int
@@ -301,34 +128,12 @@ class Deliveries:
     firing: tuple[DeliveryFiring, ...]
     more: Mapping[str, Any] = field(default_factory=dict)
 
-    _TYPED = frozenset({"pending", "state_problem", "receivers", "firing"})
 
-    @classmethod
-    def from_json(cls, d: Mapping[str, Any]) -> Deliveries:
-        problem = d.get("state_problem")
-        return cls(
-            pending=int(d.get("pending") or 0),
-            state_problem=None if problem is None else str(problem),
-            receivers=tuple(ReceiverState.from_json(r) for r in d.get("receivers") or ()),
-            firing=tuple(DeliveryFiring.from_json(a) for a in d.get("firing") or ()),
-            more=_split(d, cls._TYPED),
-        )
-
-    def as_json(self) -> dict[str, Any]:
-        return {
-            "pending": self.pending,
-            "state_problem": self.state_problem,
-            "receivers": [r.as_json() for r in self.receivers],
-            "firing": [a.as_json() for a in self.firing],
-            **self.more,
-        }
-
-
-@dataclass(frozen=True)
-class SilenceState:
+@dataclass(frozen=True, kw_only=True)
+class SilenceState(Doc):
     """One silence: what it mutes, until when, why and who said so."""
 
-    id: str
+    id: str = field(metadata=spec(missing="?"))
     gpu: str | None
     ends_at: float | None
     reason: str
@@ -336,227 +141,92 @@ class SilenceState:
     active: bool
     more: Mapping[str, Any] = field(default_factory=dict)
 
-    _TYPED = frozenset({"id", "gpu", "ends_at", "reason", "author", "active"})
 
-    @classmethod
-    def from_json(cls, s: Mapping[str, Any]) -> SilenceState:
-        gpu = s.get("gpu")
-        return cls(
-            id=str(s.get("id", "?")),
-            gpu=None if gpu is None else str(gpu),
-            ends_at=_num(s.get("ends_at")),
-            reason=str(s.get("reason", "")),
-            author=str(s.get("author", "")),
-            active=bool(s.get("active")),
-            more=_split(s, cls._TYPED),
-        )
-
-    def as_json(self) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "gpu": self.gpu,
-            "ends_at": self.ends_at,
-            "reason": self.reason,
-            "author": self.author,
-            "active": self.active,
-            **self.more,
-        }
-
-
-@dataclass(frozen=True)
-class DrainState:
+@dataclass(frozen=True, kw_only=True)
+class DrainState(Doc):
     """The drain's summary: its mode and, when a drain is configured, the node's drain
     state, the pending drain's time and reason, and the drains spent in the window."""
 
-    mode: str
+    mode: str = field(default="none", metadata=spec(missing="none"))
     dry_run: bool = False
-    state: str = ""
+    state: str = field(default="", metadata=spec(missing="?"))
     drain_at: float | None = None
     reason: str | None = None
     drains_in_window: int = 0
     max_drains: int = 0
     more: Mapping[str, Any] = field(default_factory=dict)
 
-    _TYPED = frozenset(
-        {"mode", "dry_run", "state", "drain_at", "reason", "drains_in_window", "max_drains"}
-    )
-
     @property
     def configured(self) -> bool:
         return self.mode != "none"
 
     @classmethod
-    def from_json(cls, d: Mapping[str, Any]) -> DrainState:
-        mode = str(d.get("mode", "none"))
+    def from_json(cls, data: Mapping[str, Any]) -> DrainState:
+        """Without a drain (mode ``none``) only the mode is read; the rest is kept."""
+        mode = str(data.get("mode", "none"))
         if mode == "none":
-            return cls(mode, more=_split(d, frozenset({"mode"})))
-        reason = d.get("reason")
-        return cls(
-            mode=mode,
-            dry_run=bool(d.get("dry_run")),
-            state=str(d.get("state", "?")),
-            drain_at=_num(d.get("drain_at")),
-            reason=None if reason is None else str(reason),
-            drains_in_window=int(d.get("drains_in_window") or 0),
-            max_drains=int(d.get("max_drains") or 0),
-            more=_split(d, cls._TYPED),
-        )
+            return cls(mode=mode, more={k: v for k, v in data.items() if k != "mode"})
+        return read(cls, data)
 
     def as_json(self) -> dict[str, Any]:
         if not self.configured:
             return {"mode": self.mode, **self.more}
-        return {
-            "mode": self.mode,
-            "dry_run": self.dry_run,
-            "state": self.state,
-            "drain_at": self.drain_at,
-            "reason": self.reason,
-            "drains_in_window": self.drains_in_window,
-            "max_drains": self.max_drains,
-            **self.more,
-        }
+        return write(self)
 
 
-@dataclass(frozen=True)
-class ActionsState:
+_ABSENT = spec(omit_none=True)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ActionsState(Doc):
     """The actions stage's part of the status (absent when nothing is configured to
-    receive): deliveries, silences, the drain."""
+    receive): deliveries, silences, the drain (``ACTIONS_KEYS``)."""
 
-    deliveries: Deliveries | None = None
-    silences: tuple[SilenceState, ...] | None = None
-    drain: DrainState | None = None
-
-    @classmethod
-    def from_json(cls, doc: Mapping[str, Any]) -> ActionsState:
-        deliveries, silences, drain = (doc.get(k) for k in ACTIONS_KEYS)
-        return cls(
-            deliveries=Deliveries.from_json(deliveries)
-            if isinstance(deliveries, Mapping)
-            else None,
-            silences=(
-                tuple(SilenceState.from_json(s) for s in silences if isinstance(s, Mapping))
-                if isinstance(silences, list)
-                else None
-            ),
-            drain=DrainState.from_json(drain) if isinstance(drain, Mapping) else None,
-        )
-
-    def as_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        if self.deliveries is not None:
-            out["deliveries"] = self.deliveries.as_json()
-        if self.silences is not None:
-            out["silences"] = [s.as_json() for s in self.silences]
-        if self.drain is not None:
-            out["drain"] = self.drain.as_json()
-        return out
+    deliveries: Deliveries | None = field(default=None, metadata=_ABSENT)
+    silences: tuple[SilenceState, ...] | None = field(default=None, metadata=_ABSENT)
+    drain: DrainState | None = field(default=None, metadata=_ABSENT)
 
 
-@dataclass(frozen=True)
-class StatusDocument:
-    """The whole status of one node."""
+def _gpus(doc: Mapping[str, Any]) -> tuple[GpuEntry, ...]:
+    """The GPUs; from an older daemon that sent no verdict, each is judged with its
+    firing alerts, as the daemon does."""
+    alerts = doc.get("alerts")
+    listed = alerts if isinstance(alerts, list) else []
+    firing = [FiringAlert.from_json(a) for a in listed if isinstance(a, Mapping)]
+    by_gpu = firing_by_gpu(a.as_json() for a in firing)
+    out = []
+    for g in doc.get("gpus") or ():
+        if not isinstance(g, Mapping):
+            continue
+        entry = GpuEntry.from_json(g)
+        if not isinstance(g.get("health"), str):
+            verdict = gpu_health(entry.status, by_gpu.get(str(g.get("index", "?")), []))
+            entry = replace(entry, health=verdict)
+        out.append(entry)
+    return tuple(out)
 
-    node: str
-    version: str
-    backend: str
+
+@dataclass(frozen=True, kw_only=True)
+class StatusDocument(Doc):
+    """The whole status of one node (``from_json``: from its wire form, the status
+    socket's ``status`` or /api/v1/status; ``as_json``: the keys /api/v1/status, the
+    status socket and ``gpuwatchd status --json`` have always had)."""
+
+    node: str = field(metadata=spec(missing="?"))
+    version: str = field(metadata=spec(missing="?"))
     now: float | None
-    gpus: tuple[GpuEntry, ...]
-    alerts: tuple[FiringAlert, ...] | None
-    sources: Mapping[str, SourceEntry]
-    gpus_expected: int | None = None
     started_at: float | None = None
+    backend: str = field(metadata=spec(missing="?"))
+    gpus: tuple[GpuEntry, ...] = field(metadata=spec(reader=_gpus, keys=("gpus",)))
+    gpus_expected: int | None = None
+    sources: Mapping[str, SourceEntry]
     xid_counts: tuple[Mapping[str, Any], ...] = ()
-    nvml_worker: Mapping[str, Any] | None = None
-    fields: Any = None
-    actions: ActionsState = field(default_factory=ActionsState)
-    config: ConfigState | None = None
+    alerts: tuple[FiringAlert, ...] | None = field(metadata=_ABSENT)
+    nvml_worker: Mapping[str, Any] | None = field(default=None, metadata=_ABSENT)
+    fields: Any = field(default=None, metadata=_ABSENT)
+    actions: ActionsState = field(default_factory=ActionsState, metadata=spec(flat=True))
     more: Mapping[str, Any] = field(default_factory=dict)
-
-    _TYPED = frozenset(
-        {
-            "node",
-            "version",
-            "backend",
-            "now",
-            "gpus",
-            "alerts",
-            "sources",
-            "gpus_expected",
-            "started_at",
-            "xid_counts",
-            "nvml_worker",
-            "fields",
-            "config",
-        }
-    )
-
-    @classmethod
-    def from_json(cls, doc: Mapping[str, Any]) -> StatusDocument:
-        """The document from its wire form (the status socket's ``status``, or
-        /api/v1/status)."""
-        alerts = doc.get("alerts")
-        firing = (
-            tuple(FiringAlert.from_json(a) for a in alerts if isinstance(a, Mapping))
-            if isinstance(alerts, list)
-            else None
-        )
-        by_gpu = firing_by_gpu(a.as_json() for a in firing or ())
-        gpus = tuple(
-            GpuEntry.from_json(g, by_gpu.get(str(g.get("index", "?")), []))
-            for g in doc.get("gpus") or []
-            if isinstance(g, Mapping)
-        )
-        sources = {
-            str(k): SourceEntry.from_json(v)
-            for k, v in (doc.get("sources") or {}).items()
-            if isinstance(v, Mapping)
-        }
-        expected = doc.get("gpus_expected")
-        config = doc.get("config")
-        rest = {k: v for k, v in doc.items() if k not in cls._TYPED}
-        return cls(
-            node=str(doc.get("node", "?")),
-            version=str(doc.get("version", "?")),
-            backend=str(doc.get("backend", "?")),
-            now=_num(doc.get("now")),
-            gpus=gpus,
-            alerts=firing,
-            sources=sources,
-            gpus_expected=expected if isinstance(expected, int) else None,
-            started_at=_num(doc.get("started_at")),
-            xid_counts=tuple(doc.get("xid_counts") or ()),
-            nvml_worker=_mapping(doc.get("nvml_worker")),
-            fields=doc.get("fields"),
-            actions=ActionsState.from_json(rest),
-            config=ConfigState.from_json(config) if isinstance(config, Mapping) else None,
-            more={k: v for k, v in rest.items() if k not in ACTIONS_KEYS},
-        )
+    config: ConfigState | None = field(default=None, metadata=_ABSENT)
 
     def with_config(self, config: ConfigState) -> StatusDocument:
         return replace(self, config=config)
-
-    def as_json(self) -> dict[str, Any]:
-        """The wire form: the keys /api/v1/status, the status socket and
-        ``gpuwatchd status --json`` have always had."""
-        out: dict[str, Any] = {
-            "node": self.node,
-            "version": self.version,
-            "now": self.now,
-            "started_at": self.started_at,
-            "backend": self.backend,
-            "gpus": [g.as_json() for g in self.gpus],
-            "gpus_expected": self.gpus_expected,
-            "sources": {k: s.as_json() for k, s in self.sources.items()},
-            "xid_counts": [dict(x) for x in self.xid_counts],
-        }
-        if self.alerts is not None:
-            out["alerts"] = [a.as_json() for a in self.alerts]
-        if self.nvml_worker is not None:
-            out["nvml_worker"] = dict(self.nvml_worker)
-        if self.fields is not None:
-            out["fields"] = self.fields
-        out.update(self.actions.as_json())
-        out.update(self.more)
-        if self.config is not None:
-            out["config"] = self.config.as_json()
-        return out

@@ -61,7 +61,7 @@ from gpuwatchd.exposition.statuspage import render_page
 log = logging.getLogger(__name__)
 
 Health = Callable[[], tuple[bool, str]]
-Status = Callable[[], dict[str, Any]]
+Status = Callable[[], StatusDocument]
 
 MAX_CONNECTIONS = 64
 TIMEOUT = 10.0  # seconds for the TLS handshake and for each read of a request
@@ -589,10 +589,10 @@ class _Handler(socketserver.StreamRequestHandler):
                     200 if ok else 503, (reason + "\n").encode(), "text/plain; charset=utf-8"
                 )
             elif path == "/api/v1/status":
-                body = json.dumps(self.server.status(), indent=2, sort_keys=True).encode()
+                body = json.dumps(self.server.status().as_json(), indent=2, sort_keys=True).encode()
                 self._send(200, body + b"\n", "application/json")
             elif path == "/":  # the status page (statuspage.py); links to the rest
-                page = render_page(StatusDocument.from_json(self.server.status()))
+                page = render_page(self.server.status())
                 self._send(200, page, "text/html; charset=utf-8")
             else:
                 self._send(404, b"not found\n", "text/plain; charset=utf-8")

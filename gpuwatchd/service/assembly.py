@@ -385,8 +385,8 @@ class Node:
             if g.sample is not None:
                 d["readings_age_seconds"] = round(now - g.sample.timestamp, 3)
             health = gpu_health(g.status.value, by_gpu.get(str(g.info.index), ()))
-            gpus.append(dataclasses.replace(GpuEntry.from_json(d, []), health=health))
-        actions = ActionsState.from_json(self.actions.status() if self.actions else {})
+            gpus.append(dataclasses.replace(GpuEntry.from_json(d), health=health))
+        actions = self.actions.status() if self.actions else ActionsState()
         return StatusDocument(
             node=view.node_name,
             version=__version__,

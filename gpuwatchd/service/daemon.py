@@ -150,15 +150,6 @@ class Daemon:
             [],
         ).add([], 1.0 if ok else 0.0)
 
-    def config_status(self) -> dict[str, Any]:
-        """The ``config`` part of ``status``: the file, the last reload and the keys that
-        wait for a restart."""
-        return {
-            "file": self.config.source,
-            "last_reload": self.last_reload,
-            "restart_required": dict(self.restart_required),
-        }
-
     def evaluation_period(self) -> float:
         """Seconds between periodic evaluations: the poll interval, or
         ``rules.evaluation_interval`` when longer."""
@@ -213,7 +204,9 @@ class Daemon:
             )
 
             def make() -> HttpServer:
-                return HttpServer(host, port, self.renderer, self.health, self.status, guard)
+                return HttpServer(
+                    host, port, self.renderer, self.health, self.status_document, guard
+                )
 
             # a port someone else holds must not stop monitoring: bound later, retried
             listener = self.listener = RetryingListener(
@@ -416,7 +409,12 @@ class Daemon:
 
     def status_document(self) -> StatusDocument:
         """The node's status document with the daemon's config part."""
-        return self.node.status_document().with_config(ConfigState.from_json(self.config_status()))
+        config = ConfigState(
+            file=self.config.source,
+            last_reload=self.last_reload,
+            restart_required=dict(self.restart_required),
+        )
+        return self.node.status_document().with_config(config)
 
     def status(self) -> dict[str, Any]:
         return self.status_document().as_json()

@@ -5,26 +5,15 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from datetime import datetime
 from pathlib import Path
 
-import alertmanager_support
 import pytest
 from actions_support import HttpReceiver, make_config, sink_for, transition
-from alertmanager_support import am_alerts, webhook_route
-from conftest import Proc, free_port
+from alertmanager_support import am_alerts, parse_time, start_for_webhook
+from conftest import free_port
 
 from gpuwatchd.core.alerts import AlertState
 from gpuwatchd.core.clock import SystemClock
-
-
-def start_alertmanager(tmp_path: Path, name: str, hook_url: str) -> tuple[Proc, str]:
-    """Alertmanager in ``tmp_path/name``, sending every alert at once to ``hook_url``."""
-    return alertmanager_support.start_alertmanager(tmp_path / name, webhook_route(hook_url))
-
-
-def parse_time(text: str) -> float:
-    return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
 
 
 @pytest.fixture
@@ -35,8 +24,8 @@ def hook() -> Iterator[HttpReceiver]:
 
 
 def test_alertmanager_push_forward_and_resolve(tmp_path: Path, hook: HttpReceiver) -> None:
-    am1, url1 = start_alertmanager(tmp_path, "am1", hook.url + "/am1")
-    am2, url2 = start_alertmanager(tmp_path, "am2", hook.url + "/am2")
+    am1, url1 = start_for_webhook(tmp_path, "am1", hook.url + "/am1")
+    am2, url2 = start_for_webhook(tmp_path, "am2", hook.url + "/am2")
     config = make_config(
         tmp_path,
         f"""receivers:
@@ -135,7 +124,7 @@ def test_one_alertmanager_down_does_not_stop_resends_to_the_other(
         ends = [parse_time(p.json()[0]["endsAt"]) for p in pushes]
         assert ends == sorted(ends) and ends[-1] - ends[0] == pytest.approx(180, abs=1)
         assert ends[0] == pytest.approx(1_800_000_000.0 + 240, abs=1)  # 4 x resend_interval
-        queue = sink.status()["deliveries"]["queue"]
+        queue = sink.status().as_json()["deliveries"]["queue"]
         assert [q["target"] for q in queue] == [1]  # only the first push waits for the other
     finally:
         sink.close()

@@ -25,7 +25,7 @@ import pytest
 from actions_support import HttpReceiver, Received, make_config, sink_for, transition
 from conftest import free_port
 from fault_support import STEADY, Daemon, KmsgFile, fault_config
-from test_actions_first_page import read_at
+from first_page_support import read_at
 
 from gpuwatchd.actions import RecordingSender
 from gpuwatchd.core.alerts import AlertSeverity, AlertState

@@ -134,7 +134,7 @@ def test_an_outbox_with_wall_clock_timers_is_converted_once(tmp_path: Path) -> N
         db.close()
         later = SteppedClock(wall)
         sink = sink_for(sink.config, later)
-        (row,) = sink.status()["deliveries"]["queue"]
+        (row,) = sink.status().as_json()["deliveries"]["queue"]
         assert row["age_seconds"] == 60.0
         assert row["next_attempt"] == wall + 4.0
         rx.start()

@@ -114,7 +114,7 @@ def test_only_transitions_that_ask_drain(tmp_path: Path) -> None:
         )
         sink.run_pending()
         assert calls(log) == []
-        assert sink.status()["drain"]["incidents"] == []
+        assert sink.status().as_json()["drain"]["incidents"] == []
     finally:
         sink.close()
 
@@ -137,9 +137,10 @@ def test_failing_hook_is_retried_then_pages(tmp_path: Path) -> None:
             sink.run_pending()
             clock.advance(600)
         assert len(calls(log)) == 3
-        inc = sink.status()["drain"]["incidents"][0]
+        inc = sink.status().as_json()["drain"]["incidents"][0]
         assert inc["state"] == "failed" and inc["attempts"] == 3
-        assert "exited with status 3: scheduler unreachable" in sink.status()["drain"]["last_error"]
+        error = sink.status().as_json()["drain"]["last_error"]
+        assert "exited with status 3: scheduler unreachable" in error
         sink.run_pending()
         rules = [a["labels"]["alertname"] for r in rx.requests for a in r.json()["alerts"]]
         assert "GpuwatchdDrainFailed" in rules
@@ -168,7 +169,7 @@ def test_an_xid_drain_is_never_given_up(tmp_path: Path) -> None:
             sink.run_pending()
             clock.advance(600)
         assert len(calls(log)) == 6  # main: 3, then given up
-        inc = sink.status()["drain"]["incidents"][0]
+        inc = sink.status().as_json()["drain"]["incidents"][0]
         assert inc["state"] == "pending" and inc["attempts"] == 6
         failed = [
             a["status"]
@@ -179,7 +180,7 @@ def test_an_xid_drain_is_never_given_up(tmp_path: Path) -> None:
         assert failed == ["firing"]  # one page, not one per attempt
         flag.unlink()  # the scheduler answers again
         sink.run_pending()
-        assert sink.status()["drain"]["state"] == "drained"
+        assert sink.status().as_json()["drain"]["state"] == "drained"
         failed = [
             a["status"]
             for r in rx.requests
@@ -199,8 +200,9 @@ def test_hook_timeout_kills_it(tmp_path: Path) -> None:
     try:
         sink.deliver([transition("gpu_lost", at=clock.now(), drain=True, xid=None)], clock.now())
         sink.run_pending()
-        assert "did not finish within 0.5s (killed)" in sink.status()["drain"]["last_error"]
-        assert sink.status()["drain"]["incidents"][0]["state"] == "failed"
+        error = sink.status().as_json()["drain"]["last_error"]
+        assert "did not finish within 0.5s (killed)" in error
+        assert sink.status().as_json()["drain"]["incidents"][0]["state"] == "failed"
     finally:
         sink.close()
 
@@ -225,7 +227,7 @@ def test_grace_shows_drain_pending_then_drains(tmp_path: Path) -> None:
         assert doc["drain_at"] == clock.now() + 120
         assert doc["reason"] == "gpuwatchd: XID 79 GPU 3 00000000:3E:00.0"
         assert doc["incidents"][0]["rule"] == "gpu_xid_fatal"
-        assert sink.status()["drain"]["state"] == "drain_pending"
+        assert sink.status().as_json()["drain"]["state"] == "drain_pending"
         assert "gpuwatchd_drain_pending 1.0" in metrics(sink)
         (note,) = calls(notify_log)
         assert note["GPUWATCHD_ACTION"] == "drain_pending"
@@ -247,7 +249,7 @@ def test_grace_shows_drain_pending_then_drains(tmp_path: Path) -> None:
         )
         sink.run_pending()
         assert len(calls(log)) == 1 and len(calls(notify_log)) == 1
-        states = {i["rule"]: i["state"] for i in sink.status()["drain"]["incidents"]}
+        states = {i["rule"]: i["state"] for i in sink.status().as_json()["drain"]["incidents"]}
         assert states == {"gpu_xid_fatal": "drained", "gpu_lost": "already"}
         assert (os.stat(health).st_mode & 0o777) == 0o644
     finally:
@@ -266,7 +268,7 @@ def test_resolved_during_grace_cancels_the_drain(tmp_path: Path) -> None:
         clock.advance(600)
         sink.run_pending()
         assert calls(log) == []
-        assert sink.status()["drain"]["incidents"][0]["state"] == "cancelled"
+        assert sink.status().as_json()["drain"]["incidents"][0]["state"] == "cancelled"
         assert json.loads((tmp_path / "run" / "health.json").read_text())["state"] == "ok"
     finally:
         sink.close()
@@ -281,7 +283,7 @@ def test_a_burst_across_gpus_is_one_drain(tmp_path: Path) -> None:
         sink.deliver(burst, clock.now())  # a burst of firing drain alerts across 8 GPUs
         sink.run_pending()
         assert len(calls(log)) == 1
-        states = [i["state"] for i in sink.status()["drain"]["incidents"]]
+        states = [i["state"] for i in sink.status().as_json()["drain"]["incidents"]]
         assert states == ["drained"] + ["already"] * 7
         text = metrics(sink)
         assert "gpuwatchd_drains_in_window 1.0" in text
@@ -324,7 +326,7 @@ def test_rate_limit_holds_and_pages(tmp_path: Path) -> None:
             flap(gpu)
         actions = [c["GPUWATCHD_ACTION"] for c in calls(log)]
         assert actions == ["drain", "resume", "drain", "resume"]  # the 3rd and 4th: held
-        states = [i["state"] for i in sink.status()["drain"]["incidents"]]
+        states = [i["state"] for i in sink.status().as_json()["drain"]["incidents"]]
         assert states == ["resumed", "resumed", "rate_limited", "rate_limited"]
         text = metrics(sink)
         assert "gpuwatchd_drain_rate_limited_total 2.0" in text
@@ -369,7 +371,7 @@ def test_silenced_gpu_is_not_drained(tmp_path: Path) -> None:
         )
         sink.run_pending()
         assert [c["GPUWATCHD_GPU"] for c in calls(log)] == ["4"]
-        states = {i["gpu"]: i["state"] for i in sink.status()["drain"]["incidents"]}
+        states = {i["gpu"]: i["state"] for i in sink.status().as_json()["drain"]["incidents"]}
         assert states == {"3": "silenced", "4": "drained"}
     finally:
         sink.close()
@@ -398,11 +400,11 @@ def test_a_drain_held_by_a_silence_happens_when_it_ends(tmp_path: Path) -> None:
         sink.deliver([transition(at=clock.now(), drain=True, gpu=3)], clock.now())
         sink.run_pending()
         assert calls(log) == []
-        assert sink.status()["drain"]["incidents"][0]["state"] == "silenced"
+        assert sink.status().as_json()["drain"]["incidents"][0]["state"] == "silenced"
         clock.advance(601)  # the silence is over; GPU 3 still has its XID 79
         sink.run_pending()
         assert [c["GPUWATCHD_GPU"] for c in calls(log)] == ["3"]  # main: no drain
-        assert sink.status()["drain"]["state"] == "drained"
+        assert sink.status().as_json()["drain"]["state"] == "drained"
     finally:
         sink.close()
 
@@ -422,7 +424,7 @@ def test_drain_survives_a_restart_mid_grace(tmp_path: Path) -> None:
         sink.deliver([fire], clock.now())  # replayed by the rule engine after the restart
         sink.run_pending()
         assert len(calls(log)) == 1  # drained once, after the grace that started before
-        assert sink.status()["drain"]["state"] == "drained"
+        assert sink.status().as_json()["drain"]["state"] == "drained"
     finally:
         sink.close()
 
@@ -459,7 +461,7 @@ def test_dry_run_counts_like_the_real_run(tmp_path: Path) -> None:
             sink = sink_for(cfg, clock)
             try:
                 cascade(sink, clock)
-                results[dry] = [i["state"] for i in sink.status()["drain"]["incidents"]]
+                results[dry] = [i["state"] for i in sink.status().as_json()["drain"]["incidents"]]
                 assert "gpuwatchd_drain_rate_limited_total 0.0" in metrics(sink)
                 assert "gpuwatchd_drains_in_window 1.0" in metrics(sink)
             finally:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from actions_support import HttpReceiver, make_config, sink_for, transition
 from conftest import free_port
+from first_page_support import first_firing, read_at
 
 from gpuwatchd.actions import RecordingSender
 from gpuwatchd.actions.receivers import pagerduty_events
@@ -121,29 +122,6 @@ def test_fallen_off_bus_cascade_pages_at_once_folds_the_ticket_and_drains_once(
         assert log.read_text().count("\n") == 1
     finally:
         sink.close()
-
-
-def read_at(log: str, gpu: int) -> float:
-    """When the daemon logged reading an XID for ``gpu`` (epoch seconds)."""
-    for line in log.splitlines():
-        if f"XID 79 on GPU {gpu} " in line:
-            stamp, ms = line[:23].split(",")
-            return time.mktime(time.strptime(stamp, "%Y-%m-%d %H:%M:%S")) + int(ms) / 1000
-    raise AssertionError(f"the daemon did not log reading the XID for GPU {gpu}:\n{log}")
-
-
-def first_firing(rx: HttpReceiver, gpu: str, timeout: float = 10.0) -> float:
-    """When the first message with a firing alert for ``gpu`` arrived."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        for r in list(rx.requests):
-            if any(
-                a["status"] == "firing" and a["labels"].get("gpu") == gpu
-                for a in r.json()["alerts"]
-            ):
-                return r.at
-        time.sleep(0.005)
-    raise AssertionError(f"no page for GPU {gpu}: {[r.json() for r in rx.requests]}")
 
 
 def test_kernel_only_xid_reaches_a_loopback_webhook_within_250ms_with_the_default_config(

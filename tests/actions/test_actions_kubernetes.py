@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import copy
 import json
-import re
 import threading
 import time
 from collections.abc import Iterator
@@ -19,79 +18,17 @@ from typing import Any
 import pytest
 from actions_support import make_config, sink_for, transition
 from conftest import free_port
+from kubernetes_support import LABEL_VALUE, TOKEN, ContractError, apply_json_patch, check_event
 
 from gpuwatchd.actions.drain.drivers.kubernetes import ANNOTATION
 from gpuwatchd.core.alerts import AlertState
 from gpuwatchd.core.clock import VirtualClock
 
-TOKEN = "k8s-token-abc"
 NODE = "gpu-node-17"
 TAINT_KEY = "gpuwatchd.io/gpu-unhealthy"
 
 
-class ContractError(Exception):
-    def __init__(self, code: int, reason: str, message: str) -> None:
-        super().__init__(message)
-        self.code, self.reason = code, reason
-
-
 # A taint value is a label value: at most 63 characters, alphanumeric at both ends.
-LABEL_VALUE = re.compile(r"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?")
-
-
-def check_event(event: Any, node: dict[str, Any]) -> None:
-    """What the API server checks of a core/v1 Event about a Node (validation.go)."""
-    if not isinstance(event, dict) or event.get("kind") != "Event":
-        raise ContractError(400, "BadRequest", "not an Event")
-    meta = event.get("metadata") or {}
-    if meta.get("namespace") != "default" or not meta.get("name"):
-        raise ContractError(422, "Invalid", "metadata.namespace/name")
-    obj = event.get("involvedObject") or {}
-    if obj.get("kind") != "Node" or obj.get("name") != node["metadata"]["name"]:
-        raise ContractError(422, "Invalid", f"involvedObject {obj}")
-    if event.get("type") not in ("Normal", "Warning") or not event.get("reason"):
-        raise ContractError(422, "Invalid", "type/reason")
-    if len(event.get("message", "")) > 1024 or not event.get("reportingComponent"):
-        raise ContractError(422, "Invalid", "message/reportingComponent")
-
-
-def _unescape(token: str) -> str:
-    return token.replace("~1", "/").replace("~0", "~")
-
-
-def apply_json_patch(doc: dict[str, Any], ops: list[dict[str, Any]]) -> dict[str, Any]:
-    """RFC 6902 (test, add, replace, remove) as the API server applies it."""
-    doc = copy.deepcopy(doc)
-    for op in ops:
-        if set(op) - {"op", "path", "value"} or op.get("op") not in (
-            "test",
-            "add",
-            "replace",
-            "remove",
-        ):
-            raise ContractError(422, "Invalid", f"bad operation {op}")
-        parts = [_unescape(p) for p in op["path"].split("/")[1:]]
-        parent: Any = doc
-        for p in parts[:-1]:
-            parent = parent[int(p)] if isinstance(parent, list) else parent[p]
-        last = parts[-1]
-        if op["op"] == "test":
-            current = parent[int(last)] if isinstance(parent, list) else parent.get(last)
-            if current != op["value"]:
-                raise ContractError(422, "Invalid", f"test failed at {op['path']}")
-        elif op["op"] == "remove":
-            if isinstance(parent, list):
-                parent.pop(int(last))
-            else:
-                del parent[last]
-        elif isinstance(parent, list):
-            if last == "-":
-                parent.append(op["value"])
-            else:
-                parent.insert(int(last), op["value"])
-        else:
-            parent[last] = op["value"]
-    return doc
 
 
 @dataclass
@@ -404,7 +341,7 @@ def test_someone_elses_cordon_is_never_touched(tmp_path: Path) -> None:
         sink.run_pending()
         spec_writes = [c for c in api.writes() if c[1] == f"/api/v1/nodes/{NODE}"]
         assert spec_writes == []  # no cordon, no taint, no ownership
-        assert sink.status()["drain"]["incidents"][0]["state"] == "kept_admin"
+        assert sink.status().as_json()["drain"]["incidents"][0]["state"] == "kept_admin"
         sink.deliver([transition(state=AlertState.RESOLVED, seq=2, at=clock.now())], clock.now())
         sink.run_pending()
         assert [c for c in api.writes() if c[1] == f"/api/v1/nodes/{NODE}"] == []
@@ -427,7 +364,7 @@ def test_conflicting_write_is_retried_from_a_fresh_read(tmp_path: Path) -> None:
         assert len(patches) == 2  # the first was refused (stale resourceVersion), then re-read
         assert api.node["metadata"]["labels"]["team"] == "ml"  # the other writer's change stays
         assert api.node["spec"]["unschedulable"] is True
-        assert sink.status()["drain"]["state"] == "drained"
+        assert sink.status().as_json()["drain"]["state"] == "drained"
     finally:
         sink.close()
         api.stop()
@@ -481,14 +418,14 @@ def test_unauthorized_is_retried_then_fails_with_a_page(tmp_path: Path, api: Fak
         # not an XID: an XID's drain is never given up (test_actions_drain.py)
         sink.deliver([transition("gpu_lost", at=clock.now(), drain=True, xid=None)], clock.now())
         sink.run_pending()
-        inc = sink.status()["drain"]["incidents"][0]
+        inc = sink.status().as_json()["drain"]["incidents"][0]
         assert inc["state"] == "pending" and inc["attempts"] == 1
         clock.advance(600)
         sink.run_pending()
-        drain = sink.status()["drain"]
+        drain = sink.status().as_json()["drain"]
         assert drain["incidents"][0]["state"] == "failed"
         assert "HTTP 401" in (drain["last_error"] or "")
-        firing = sink.status()["deliveries"]["firing"]
+        firing = sink.status().as_json()["deliveries"]["firing"]
         assert [a["rule"] for a in firing] == ["gpu_lost", "GpuwatchdDrainFailed"]
         assert time.time() > 0
     finally:
@@ -512,7 +449,7 @@ def test_taint_value_cut_to_63_characters_never_ends_in_a_dash(tmp_path: Path) -
         (taint,) = [t for t in api.node["spec"]["taints"] if t["key"] == TAINT_KEY]
         assert taint["value"] == rule  # not rule + "-"
         assert len(taint["value"]) <= 63 and taint["value"][-1].isalnum()
-        assert sink.status()["drain"]["state"] == "drained"
+        assert sink.status().as_json()["drain"]["state"] == "drained"
     finally:
         sink.close()
         api.stop()
@@ -530,7 +467,7 @@ def test_a_422_on_an_unchanged_node_is_not_retried_as_a_conflict(tmp_path: Path)
         sink.run_pending()
         patches = [c for c in api.calls if c[0] == "PATCH"]
         assert len(patches) == 1
-        assert "spec.taints.value: Invalid value" in sink.status()["drain"]["last_error"]
+        assert "spec.taints.value: Invalid value" in sink.status().as_json()["drain"]["last_error"]
     finally:
         sink.close()
         api.stop()
@@ -546,7 +483,7 @@ def test_an_event_the_api_refuses_does_not_fail_the_drain(tmp_path: Path) -> Non
         sink.run_pending()
         assert api.events == []  # 404 for that namespace: logged, not fatal
         assert api.node["spec"]["unschedulable"] is True
-        assert sink.status()["drain"]["state"] == "drained"
+        assert sink.status().as_json()["drain"]["state"] == "drained"
     finally:
         sink.close()
         api.stop()
@@ -595,7 +532,7 @@ def test_a_resume_after_a_reasserted_cordon_takes_our_taint_off(
         assert api.node["spec"]["unschedulable"] is True
         sink.deliver([transition(state=AlertState.RESOLVED, seq=2, at=clock.now())], clock.now())
         sink.run_pending()
-        assert sink.status()["drain"]["state"] == "ok"
+        assert sink.status().as_json()["drain"]["state"] == "ok"
         assert not api.node["spec"].get("unschedulable")
         assert [t["key"] for t in api.node["spec"]["taints"]] == ["nvidia.com/gpu"]
     finally:

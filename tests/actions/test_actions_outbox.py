@@ -197,7 +197,7 @@ def test_backoff_is_exponential_with_jitter_and_capped(tmp_path: Path) -> None:
         delays = []
         for attempt in range(1, 8):
             sink.run_pending()
-            (row,) = sink.status()["deliveries"]["queue"]
+            (row,) = sink.status().as_json()["deliveries"]["queue"]
             assert row["attempts"] == attempt
             assert "ConnectError" in row["last_error"]
             delay = row["next_attempt"] - clock.now()
@@ -207,7 +207,7 @@ def test_backoff_is_exponential_with_jitter_and_capped(tmp_path: Path) -> None:
             delays.append(delay)
             clock.advance(delay / 2)
             sink.run_pending()  # not due yet: no attempt
-            assert sink.status()["deliveries"]["queue"][0]["attempts"] == attempt
+            assert sink.status().as_json()["deliveries"]["queue"][0]["attempts"] == attempt
             clock.set(row["next_attempt"] + 1e-3)  # shown on the wall clock, rounded
         assert max(delays) <= 30.0
         text = metrics_text(sink)
@@ -283,7 +283,7 @@ def test_silence_mutes_then_expiry_notifies(tmp_path: Path) -> None:
         )
         sink.run_pending()
         assert [r.json()["alerts"][0]["labels"]["gpu"] for r in rx.requests] == ["4"]
-        status = sink.status()
+        status = sink.status().as_json()
         assert [s["id"] for s in status["silences"] if s["active"]] == [silence.id]
         muted = [a for a in status["deliveries"]["firing"] if a["silenced_by"]]
         assert [a["labels"]["gpu"] for a in muted] == ["3"]

@@ -620,7 +620,7 @@ routing:
             ):
                 break
             time.sleep(0.05)
-        status = json.dumps(sink.status())
+        status = json.dumps(sink.status().as_json())
         assert "last_error" in status and "HTTP 500" in status
         shown = "\n".join([caplog.text, metrics_text(sink), status, json.dumps(config.as_dict())])
         for s in secrets:

@@ -8,13 +8,11 @@ import json
 import time
 from pathlib import Path
 
-from actions_support import make_config, sink_for, transition
+from actions_support import actions, make_config, sink_for, transition
 from slurm_support import Slurm, slurm  # noqa: F401 - the fixture
 
-from gpuwatchd.actions import ActionsSink
 from gpuwatchd.core.alerts import AlertState
 from gpuwatchd.core.clock import VirtualClock
-from gpuwatchd.core.families import Families
 
 REASON = "gpuwatchd: XID 79 GPU 3 00000000:3E:00.0"
 
@@ -33,17 +31,6 @@ def drain_config(tmp_path: Path, node: str, resume: bool = False, extra: str = "
     )
 
 
-def actions(sink: ActionsSink) -> dict[str, float]:
-    fams = Families()
-    sink.families(None, fams)  # type: ignore[arg-type]
-    out = {}
-    for line in fams.render().decode().splitlines():
-        if line.startswith("gpuwatchd_drain_actions_total{"):
-            labels, value = line.rsplit(" ", 1)
-            out[labels.split("{", 1)[1].rstrip("}")] = float(value)
-    return out
-
-
 def test_page_and_drain_drains_then_resume_clears_only_ours(slurm: Slurm, tmp_path: Path) -> None:  # noqa: F811
     clock = VirtualClock(time.time())
     sink = sink_for(drain_config(tmp_path, slurm.node, resume=True), clock)  # type: ignore[arg-type]
@@ -57,7 +44,7 @@ def test_page_and_drain_drains_then_resume_clears_only_ours(slurm: Slurm, tmp_pa
         assert actions(sink)['action="drain",result="drained"'] == 1
         health = json.loads((tmp_path / "health.json").read_text())
         assert health["state"] == "drained" and health["node"] == slurm.node
-        assert sink.status()["drain"]["state"] == "drained"
+        assert sink.status().as_json()["drain"]["state"] == "drained"
         # resolved: nothing happens before the hold time is over
         clock.advance(60)
         sink.deliver([transition(state=AlertState.RESOLVED, seq=2, at=clock.now())], clock.now())
@@ -126,7 +113,7 @@ def test_second_identical_incident_does_not_drain_twice(slurm: Slurm, tmp_path: 
         got = actions(sink)
         assert got['action="drain",result="already"'] == 1
         assert got['action="drain",result="drained"'] == 0
-        assert sink.status()["drain"]["drains_in_window"] == 1
+        assert sink.status().as_json()["drain"]["drains_in_window"] == 1
     finally:
         sink.close()
 
@@ -140,7 +127,7 @@ def test_dry_run_reads_but_never_writes(slurm: Slurm, tmp_path: Path) -> None:  
         sink.run_pending()
         assert slurm.state()[:2] == ("idle", "none")
         assert actions(sink)['action="drain",result="dry_run"'] == 1
-        incident = sink.status()["drain"]["incidents"][0]
+        incident = sink.status().as_json()["drain"]["incidents"][0]
         assert "would run scontrol update" in incident["result"]
     finally:
         sink.close()

@@ -9,9 +9,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from actions_support import make_config, sink_for, transition
+from actions_support import actions, make_config, sink_for, transition
 from slurm_support import Slurm, slurm  # noqa: F401 - the fixture
-from test_actions_slurm import actions
 
 from gpuwatchd.actions.silences import add_silence, path_in
 from gpuwatchd.core.alerts import AlertState
@@ -79,7 +78,7 @@ def test_nhc_drain_then_gpu_fault_then_nhc_resume_keeps_the_node_out(
         sink.run_pending()
         assert slurm.state()[:2] == ("drained", REASON)
         assert actions(sink)['action="hold",result="reasserted"'] == 1
-        assert sink.status()["drain"]["state"] == "drained"
+        assert sink.status().as_json()["drain"]["state"] == "drained"
         # NHC's next run leaves a node drained for a non-NHC reason alone
         assert not nhc_online(slurm)
         assert not nhc_offline(slurm, "check_fs_mount: /scratch not mounted")

@@ -10,16 +10,14 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
-import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from conftest import GPUWATCHD, ROOT, need_binary
-from test_actions_slurm import Slurm, slurm  # noqa: F401 - a real single-node Slurm
+from drainhelper_support import helper_socket  # noqa: F401 - the fixture
+from slurm_support import Slurm, slurm  # noqa: F401 - a real single-node Slurm
 
 from gpuwatchd.cli.drainhelper import HelperConfig, Request, RequestError, parse_request, perform
 
@@ -80,51 +78,6 @@ def test_good_request_and_dry_run() -> None:
     assert ok and detail == f"dry-run: would resume node1: {REASON}"
 
 
-@pytest.fixture
-def helper_socket(tmp_path: Path) -> Iterator[tuple[str, list[subprocess.CompletedProcess[bytes]]]]:
-    """A listening socket that starts one `drain-helper serve` per connection (Accept=yes)."""
-    directory = Path(f"/tmp/gpuwatchd-drain-test-{os.getpid()}")
-    directory.mkdir(mode=0o755, exist_ok=True)
-    path = str(directory / "drain.sock")
-    if os.path.exists(path):
-        os.unlink(path)
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    listener.bind(path)
-    os.chmod(path, 0o666)
-    listener.listen(4)
-    listener.settimeout(0.2)
-    served: list[subprocess.CompletedProcess[bytes]] = []
-    stop = threading.Event()
-
-    def accept_loop() -> None:
-        while not stop.is_set():
-            try:
-                conn, _ = listener.accept()
-            except TimeoutError:
-                continue
-            with conn:
-                args = json.loads((tmp_path / "helper-args.json").read_text())
-                served.append(
-                    subprocess.run(
-                        [*GPUWATCHD, "drain-helper", "serve", *args],
-                        stdin=conn.fileno(),
-                        capture_output=True,
-                        cwd=ROOT,
-                        timeout=60,
-                        check=False,
-                    )
-                )
-
-    thread = threading.Thread(target=accept_loop, daemon=True)
-    thread.start()
-    yield path, served
-    stop.set()
-    thread.join(5)
-    listener.close()
-    os.unlink(path)
-    directory.rmdir()
-
-
 def request(path: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [*GPUWATCHD, "drain-helper", "request", "--socket", path],
@@ -138,7 +91,8 @@ def request(path: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
 
 
 def test_command_mode_end_to_end(
-    tmp_path: Path, helper_socket: tuple[str, list[subprocess.CompletedProcess[bytes]]]
+    tmp_path: Path,
+    helper_socket: tuple[str, list[subprocess.CompletedProcess[bytes]]],  # noqa: F811 - the fixture
 ) -> None:
     path, served = helper_socket
     seen = tmp_path / "seen.json"
@@ -179,7 +133,8 @@ def test_command_mode_end_to_end(
 
 
 def test_only_the_daemon_user_may_ask(
-    tmp_path: Path, helper_socket: tuple[str, list[subprocess.CompletedProcess[bytes]]]
+    tmp_path: Path,
+    helper_socket: tuple[str, list[subprocess.CompletedProcess[bytes]]],  # noqa: F811 - the fixture
 ) -> None:
     if os.geteuid() != 0:
         pytest.skip("needs root to connect as another user")
@@ -250,7 +205,7 @@ def test_resume_needs_no_reason_and_failures_are_reported(tmp_path: Path) -> Non
 def test_slurm_mode_against_a_real_slurm(
     slurm: Slurm,  # noqa: F811 - the real single-node Slurm of test_actions_slurm
     tmp_path: Path,
-    helper_socket: tuple[str, list[subprocess.CompletedProcess[bytes]]],
+    helper_socket: tuple[str, list[subprocess.CompletedProcess[bytes]]],  # noqa: F811 - the fixture
 ) -> None:
     """Daemon-side client -> socket -> root helper -> the daemon's Slurm driver -> slurmctld."""
     path, _ = helper_socket

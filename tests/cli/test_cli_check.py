@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from conftest import GPUWATCHD, ROOT
 from fault_support import Daemon, wait_until
-from test_abuse_http import bcrypt_hash, https_get, make_pki
+from pki_support import bcrypt_hash, https_get, make_pki
 
 from gpuwatchd.cli.check import Firing, Gpu, Report, from_metrics, from_status, judge
 

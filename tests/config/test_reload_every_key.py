@@ -180,9 +180,15 @@ def dotted(config: Config, key: str) -> Any:
         if hasattr(value, part):
             value = getattr(value, part)
             continue
-        # a section shown as a key of its parent (a drain driver's: drain.slurm)
-        (sections,) = (f for f in dataclasses.fields(value) if f.metadata.get("sections"))
-        value = getattr(value, sections.name).get(part)
+        # a section shown as a key of its parent (a drain driver's: drain.slurm), or a
+        # section whose keys are its parent's (a kernel-log kind's: sources.kmsg_path)
+        meta = ("sections", "spread")
+        (held,) = (f for f in dataclasses.fields(value) if any(f.metadata.get(m) for m in meta))
+        if held.metadata.get("spread"):
+            own = [s for s in getattr(value, held.name).values() if hasattr(s, part)]
+            value = getattr(own[0], part) if own else None
+        else:
+            value = getattr(value, held.name).get(part)
     return value
 
 

@@ -11,15 +11,20 @@ from collections.abc import Iterator
 import pytest
 
 from gpuwatchd.core.nodestate import NodeState
+from gpuwatchd.core.statusdoc import StatusDocument
 from gpuwatchd.exposition.httpd import HttpServer, http_date
 from gpuwatchd.exposition.metrics import MetricsRenderer
+
+
+def empty_status() -> StatusDocument:
+    return StatusDocument.from_json({"gpus": []})
 
 
 @pytest.fixture
 def server() -> Iterator[HttpServer]:
     state = NodeState("node-a", time.time())
     srv = HttpServer(
-        "127.0.0.1", 0, MetricsRenderer(state.view), lambda: (True, "ok"), lambda: {"gpus": []}
+        "127.0.0.1", 0, MetricsRenderer(state.view), lambda: (True, "ok"), empty_status
     )
     srv.start()
     try:

@@ -21,10 +21,16 @@ from prometheus_support import Prometheus, query, scrape_config, wait_query
 from gpuwatchd.configfile.loader import load_config
 from gpuwatchd.core.families import CONTENT_TYPE, OPENMETRICS_CONTENT_TYPE, Families
 from gpuwatchd.core.nodestate import NodeView
+from gpuwatchd.core.statusdoc import StatusDocument
 from gpuwatchd.exposition.httpd import HttpServer, accepts_gzip
 from gpuwatchd.exposition.metrics import MetricsRenderer
 from gpuwatchd.harness.simulate import Simulation
 from gpuwatchd.scenario.model import load_scenario
+
+
+def empty_status() -> StatusDocument:
+    return StatusDocument.from_json({"gpus": []})
+
 
 NODE = ROOT / "scenarios" / "healthy-8xh100.yaml"
 OPENMETRICS_ACCEPT = "application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5"
@@ -120,7 +126,7 @@ def test_the_node_body_is_compressed_once_per_snapshot(tmp_path: Path) -> None:
 @pytest.fixture
 def server(tmp_path: Path) -> Iterator[HttpServer]:
     sim = node_sim(tmp_path)
-    srv = HttpServer("127.0.0.1", 0, sim.renderer, lambda: (True, "ok"), lambda: {})
+    srv = HttpServer("127.0.0.1", 0, sim.renderer, lambda: (True, "ok"), empty_status)
     srv.start()
     yield srv
     srv.stop()

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from actions_support import make_config
 from conftest import ROOT
-from test_status_page import RULE, Dom, firing_sim
+from status_page_support import RULE, Dom, firing_sim
 
 from gpuwatchd.actions.silences import add_silence, path_in
 from gpuwatchd.cli.main import _print_status
@@ -61,7 +61,9 @@ def test_json_text_and_page_show_one_document(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     sim = firing_sim(tmp_path)
-    server = HttpServer("127.0.0.1", 0, sim.renderer, lambda: (True, "ok"), sim.node.status)
+    server = HttpServer(
+        "127.0.0.1", 0, sim.renderer, lambda: (True, "ok"), sim.node.status_document
+    )
     server.start()
     try:
         with urllib.request.urlopen(server.url + "/api/v1/status", timeout=30) as r:

@@ -11,11 +11,10 @@ import stat
 import time
 from pathlib import Path
 
-from actions_support import HttpReceiver, make_config, sink_for, transition
+from actions_support import HttpReceiver, actions, make_config, sink_for, transition
 from conftest import free_port, need_binary
 from fault_support import report
 from slurm_support import Slurm, slurm  # noqa: F401 - the fixture
-from test_actions_slurm import actions
 
 from gpuwatchd.actions import ActionsSink
 from gpuwatchd.core.alerts import AlertState
@@ -94,7 +93,7 @@ def test_bursts_never_exceed_drains_per_window(slurm: Slurm, tmp_path: Path) -> 
         assert all("Reason=gpuwatchd: " in w for w in drains)
         got = actions(sink)
         assert got['action="drain",result="rate_limited"'] >= 1
-        assert sink.status()["drain"]["drains_in_window"] == 2
+        assert sink.status().as_json()["drain"]["drains_in_window"] == 2
         limit = [
             (a["labels"]["alertname"], a["status"])
             for r in rx.requests

@@ -24,7 +24,7 @@ from fault_support import (
     timed_get,
     wait_until,
 )
-from test_systemd import NotifySocket
+from systemd_support import NotifySocket
 
 LOST = ROOT / "tests" / "data" / "fault-gpu-lost.yaml"
 STALL = ROOT / "tests" / "data" / "fault-gpu-stall.yaml"

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from actions_support import HttpReceiver
+from alertmanager_support import am_alerts, parse_time, start_for_webhook
 from conftest import free_port
 from fault_support import (
     STEADY,
@@ -25,7 +26,6 @@ from fault_support import (
     report,
     wait_until,
 )
-from test_actions_alertmanager import am_alerts, parse_time, start_alertmanager
 
 SLACK_LINE = re.compile(r"^- \[(\w+)\] XID \d+ on GPU (\d+)")
 
@@ -56,7 +56,7 @@ def test_outage_with_two_restarts_delivers_everything_once_in_order(tmp_path: Pa
     slack = HttpReceiver(free_port()).start()
     am_rec = HttpReceiver(free_port()).start()
     am_hook = HttpReceiver(free_port()).start()
-    am, am_url = start_alertmanager(tmp_path, "am", am_hook.url + "/am")
+    am, am_url = start_for_webhook(tmp_path, "am", am_hook.url + "/am")
     am_port = int(am_url.rsplit(":", 1)[1])
     kmsg = KmsgFile(tmp_path / "kmsg")
     receivers = f"""receivers:

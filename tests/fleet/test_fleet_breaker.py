@@ -121,7 +121,7 @@ def test_pause_holds_every_drain_until_reset(cluster: Slurm, tmp_path: Path) -> 
         sink.deliver([transition(at=CLOCK.now(), drain=True, node=me, xid=79)], CLOCK.now())
         sink.run_pending()
         assert ours(cluster) == []
-        drain = sink.status()["drain"]
+        drain = sink.status().as_json()["drain"]
         assert drain["state"] == "drain_pending"
         assert "paused by an operator" in drain["incidents"][0]["result"]
         assert "paused by an operator" in fleet_cli(tmp_path, cluster, "status")

@@ -14,6 +14,7 @@ from typing import Any
 
 from actions_support import HttpReceiver, transition
 from conftest import free_port
+from drainhelper_support import helper_socket  # noqa: F401 - a socket serving the real helper
 from fleet_support import (
     OUR_REASON,
     PREFIX,
@@ -26,7 +27,6 @@ from fleet_support import (
     slurm_controller,
 )
 from slurm_support import Slurm
-from test_drainhelper import helper_socket  # noqa: F401 - a socket serving the real helper
 
 from gpuwatchd.actions import ActionsSink
 from gpuwatchd.actions.fleet import BUDGET_RULE
@@ -102,7 +102,7 @@ def test_fifty_nodes_one_xid_storm_drains_only_the_budget(cluster: Slurm, tmp_pa
         for node, sink in sinks.items():
             pages = budget_pages(rx, node)
             if node in drained:
-                assert sink.status()["drain"]["state"] == "drained" and pages == []
+                assert sink.status().as_json()["drain"]["state"] == "drained" and pages == []
             else:
                 (page,) = pages  # paged once, with the count and the XIDs involved
                 assert page["status"] == "firing"
@@ -112,7 +112,7 @@ def test_fifty_nodes_one_xid_storm_drains_only_the_budget(cluster: Slurm, tmp_pa
                 # issue 24: the page counted the transient overshoot ("10 drained" with a
                 # budget of 4); drains never exceed the budget now, nor does the page
                 assert int(page["annotations"]["drained_nodes"]) <= BUDGET, page
-                assert sink.status()["drain"]["state"] == "drain_pending"
+                assert sink.status().as_json()["drain"]["state"] == "drain_pending"
         print(f"50 daemons: settled in {took:.1f}s; at most {most} drained, {over:.1f}s over")
 
         # within a minute every waiting incident asks again (each at a random moment of
@@ -200,7 +200,7 @@ def test_a_drain_left_above_the_budget_by_a_restart_is_released(
         sink.run_pending()
         assert ours(cluster) == sorted(early)
         assert cluster.state(late)[1] == "none"
-        drain = sink.status()["drain"]
+        drain = sink.status().as_json()["drain"]
         assert drain["state"] == "drain_pending" and drain["fleet"]["held_back"] == 1
         assert len(budget_pages(rx, late)) == 1
     finally:
@@ -244,7 +244,7 @@ exec {shutil.which("scontrol") or need_binary("scontrol")} "$@"
         sink.deliver([transition(at=CLOCK.now(), drain=True, node=late, xid=79)], CLOCK.now())
         sink.run_pending()
         assert late in ours(cluster)  # the release failed
-        drain = sink.status()["drain"]
+        drain = sink.status().as_json()["drain"]
         (inc,) = drain["incidents"]
         assert inc["state"] == "pending" and inc["attempts"] == 1, inc  # main: "drained"
         assert "the release failed" in drain["last_error"]
@@ -252,7 +252,7 @@ exec {shutil.which("scontrol") or need_binary("scontrol")} "$@"
         CLOCK.advance(6)  # past the first retry's backoff (at most 5 s)
         sink.run_pending()
         assert late not in ours(cluster) and len(ours(cluster)) == BUDGET
-        drain = sink.status()["drain"]
+        drain = sink.status().as_json()["drain"]
         assert drain["state"] == "drain_pending" and drain["fleet"]["held_back"] == 1
     finally:
         sink.close()
@@ -348,7 +348,7 @@ def test_the_budget_works_through_the_root_drain_helper(
         assert [p.returncode for p in served] == [0, 0, 0], served
         assert b"drained: scontrol" in served[-1].stderr
         assert cluster.comment(me).startswith("gpuwatchd-claim: ticket "), cluster.comment(me)
-        assert sink.status()["drain"]["state"] == "drained"
+        assert sink.status().as_json()["drain"]["state"] == "drained"
     finally:
         sink.close()
         rx.stop()

@@ -23,7 +23,7 @@ import pytest
 from actions_support import BackloggedServer, HttpReceiver, transition
 from conftest import free_port
 from fleet_support import alerts, at_once, controller, drain_config
-from test_actions_kubernetes import TOKEN, ContractError, apply_json_patch, check_event
+from kubernetes_support import TOKEN, ContractError, apply_json_patch, check_event
 
 from gpuwatchd.actions import ActionsSink
 from gpuwatchd.actions.drain.drivers.kubernetes import (
@@ -344,7 +344,7 @@ def test_a_reload_that_sets_a_budget_applies_it(api: tuple[Cluster, int], tmp_pa
         sink.deliver([transition(at=CLOCK.now(), drain=True, node="gpu-10", xid=79)], CLOCK.now())
         sink.run_pending()
         assert cluster.nodes["gpu-10"]["spec"].get("unschedulable") is not True
-        assert sink.status()["drain"]["fleet"]["held_back"] == 1
+        assert sink.status().as_json()["drain"]["fleet"]["held_back"] == 1
     finally:
         sink.close()
         rx.stop()

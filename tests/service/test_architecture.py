@@ -215,3 +215,25 @@ def test_the_config_loader_sits_above_the_stages_it_asks() -> None:
     loader = all_modules()["gpuwatchd.configfile.loader"]
     assert "gpuwatchd.actions.receivers.registry" in imports_of(loader)
     assert RANKS["configfile"] > max(RANKS[s] for s in BUILT_STAGES)
+
+
+def test_no_test_module_imports_another() -> None:
+    """Helpers shared by tests live in ``tests/*_support.py`` (issue 24 item 5): no test
+    imports from a ``test_*`` module, and pytest's pythonpath is ``tests`` alone."""
+    tests = Path(__file__).resolve().parents[1]
+    offenders = []
+    for path in sorted(tests.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = []
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                names = [node.module]
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            offenders += [
+                f"{path.relative_to(tests)}:{node.lineno}: {n}"
+                for n in names
+                if n.split(".")[0].startswith("test_")
+            ]
+    assert offenders == [], "\n".join(offenders)
+    pyproject = (tests.parent / "pyproject.toml").read_text()
+    assert 'pythonpath = ["tests"]\n' in pyproject

@@ -15,7 +15,7 @@ from pathlib import Path
 from actions_support import HttpReceiver
 from conftest import free_port
 from fault_support import Daemon
-from test_actions_first_page import first_firing, read_at
+from first_page_support import first_firing, read_at
 
 from gpuwatchd.scenario.model import parse_scenario
 

@@ -17,7 +17,9 @@ from gpuwatchd.core.clock import SystemClock
 from gpuwatchd.core.nodestate import NodeState
 from gpuwatchd.core.records import XidEvent
 from gpuwatchd.sources.intake import XidIntake, choose_kernel_log
-from gpuwatchd.sources.kernel.registry import BY_NAME, KERNEL_LOG_CHOICES, KINDS, OPTIONS
+from gpuwatchd.sources.kernel.journald import JournaldSection
+from gpuwatchd.sources.kernel.kmsg import KmsgSection
+from gpuwatchd.sources.kernel.registry import BY_NAME, KERNEL_LOG_CHOICES, KINDS, SECTIONS
 
 
 def test_every_kind_the_config_names_is_in_the_registry() -> None:
@@ -29,7 +31,8 @@ def test_every_kind_the_config_names_is_in_the_registry() -> None:
 def test_auto_takes_the_first_kind_that_can_serve(tmp_path: Path) -> None:
     kmsg = tmp_path / "kmsg"
     kmsg.write_text("")
-    sources = SourcesConfig(kernel_log="auto", journal_dir=str(tmp_path), kmsg_path=str(kmsg))
+    own = {"journald": JournaldSection(str(tmp_path)), "kmsg": KmsgSection(str(kmsg))}
+    sources = SourcesConfig(kernel_log="auto", kinds=own)
     assert choose_kernel_log(sources, object()) == "journald"  # a journal directory named
     explicit = dataclasses.replace(sources, kernel_log="kmsg")
     assert choose_kernel_log(explicit, object()) == "kmsg"
@@ -43,7 +46,7 @@ class Dropped:
 def test_xid_intake_builds_the_kind_from_the_registry(tmp_path: Path) -> None:
     kmsg = tmp_path / "kmsg"
     kmsg.write_text("")
-    sources = SourcesConfig(kernel_log="kmsg", kmsg_path=str(kmsg))
+    sources = SourcesConfig(kernel_log="kmsg", kinds={"kmsg": KmsgSection(str(kmsg))})
     clock = SystemClock()
     inputs = XidIntake(
         sources, 1.0, str(tmp_path), object(), clock, NodeState("n1", clock.now()), Dropped()
@@ -61,14 +64,17 @@ def test_xid_intake_names_no_kind() -> None:
 
 
 def test_each_kind_reads_its_own_keys() -> None:
-    """A kind's ``sources`` keys are read by the reader its ``KIND`` names; every one is a
-    key of the section, and the config loader names none of them."""
-    assert dict(OPTIONS) == {
-        "journal_dir": BY_NAME["journald"].options["journal_dir"],
-        "kmsg_path": BY_NAME["kmsg"].options["kmsg_path"],
+    """A kind's ``sources`` keys are read by the reader its ``KIND`` names into its own
+    section type (issue 24: not fields of ``SourcesConfig``), and the config loader names
+    none of them."""
+    assert {kind: dict(s.options) for kind, s in SECTIONS.items() if s.options} == {
+        "journald": {"journal_dir": BY_NAME["journald"].options["journal_dir"]},
+        "kmsg": {"kmsg_path": BY_NAME["kmsg"].options["kmsg_path"]},
     }
+    for s in SECTIONS.values():
+        assert set(s.options) <= {f.name for f in dataclasses.fields(s.section)}
     fields = {f.name for f in dataclasses.fields(SourcesConfig)}
-    assert set(OPTIONS) <= fields
+    assert not fields & {"journal_dir", "kmsg_path"}
     loader = (ROOT / "gpuwatchd" / "configfile" / "loader.py").read_text()
     sections = (ROOT / "gpuwatchd" / "config" / "sections.py").read_text()
     for text in (loader, sections):
@@ -84,7 +90,13 @@ def test_a_kinds_key_is_read_with_its_location(tmp_path: Path) -> None:
     assert bad.value.lines() == [f"{cfg}:4:16: sources.journal_dir: expected a string, got list"]
     cfg.write_text("sources:\n  kernel_log: kmsg\n  kmsg_path: rel/kmsg\n")
     sources = load_config(str(cfg), must_exist=True).sources
-    assert sources.kmsg_path == str(tmp_path / "rel" / "kmsg")  # relative to the file
+    kmsg = sources.section("kmsg", KmsgSection).kmsg_path
+    assert kmsg == str(tmp_path / "rel" / "kmsg")  # relative to the file
+    cfg.write_text("sources:\n  kmsg_path: /dev/kmsg\n  journal_dir: null\n")
+    assert load_config(str(cfg), must_exist=True).sources == SourcesConfig()  # the defaults
+    shown = load_config(str(cfg), must_exist=True).as_dict()["sources"]
+    assert list(shown)[:3] == ["kernel_log", "journal_dir", "kmsg_path"]
+    assert (shown["journal_dir"], shown["kmsg_path"]) == (None, "/dev/kmsg")
 
 
 def test_kernel_log_names_only_the_registrys_kinds(tmp_path: Path) -> None:

@@ -15,6 +15,7 @@ from gpuwatchd.core.clock import SystemClock
 from gpuwatchd.core.nodestate import NodeState
 from gpuwatchd.core.records import XidEvent
 from gpuwatchd.sources.intake import XidIntake
+from gpuwatchd.sources.kernel.kmsg import KmsgSection
 from gpuwatchd.testing.fake_backend import make_infos
 
 ROAD = (
@@ -38,7 +39,10 @@ def _intake(tmp_path: Path) -> tuple[XidIntake, NodeState, Outlet]:
     kmsg = tmp_path / "kmsg"
     kmsg.write_text("")
     sources = dataclasses.replace(
-        default_config().sources, kernel_log="kmsg", kmsg_path=str(kmsg), merge_window=3.0
+        default_config().sources,
+        kernel_log="kmsg",
+        kinds={"kmsg": KmsgSection(str(kmsg))},
+        merge_window=3.0,
     )
     clock = SystemClock()
     state = NodeState("n1", clock.now())
@@ -109,7 +113,10 @@ def test_the_nvml_event_path_keeps_its_health_only_on_the_node_state(tmp_path: P
     kmsg = tmp_path / "kmsg"
     kmsg.write_text("")
     sources = dataclasses.replace(
-        default_config().sources, kernel_log="kmsg", kmsg_path=str(kmsg), nvml_events=True
+        default_config().sources,
+        kernel_log="kmsg",
+        kinds={"kmsg": KmsgSection(str(kmsg))},
+        nvml_events=True,
     )
     clock = SystemClock()
     state = NodeState("n1", clock.now())

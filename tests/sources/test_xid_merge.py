@@ -170,11 +170,15 @@ def test_the_expirer_thread_reports_a_mismatch_at_the_window_end_without_ticking
     from gpuwatchd.core.clock import SystemClock
     from gpuwatchd.core.nodestate import NodeState
     from gpuwatchd.sources.intake import XidIntake
+    from gpuwatchd.sources.kernel.kmsg import KmsgSection
 
     base = default_config()
     # a kmsg reader that is never started: its path only has to be named
     sources = dataclasses.replace(
-        base.sources, kernel_log="kmsg", kmsg_path="/nonexistent/kmsg", merge_window=0.3
+        base.sources,
+        kernel_log="kmsg",
+        kinds={"kmsg": KmsgSection("/nonexistent/kmsg")},
+        merge_window=0.3,
     )
     out = Outlet()
     clock = SystemClock()

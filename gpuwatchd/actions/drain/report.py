@@ -9,6 +9,8 @@ import logging
 from typing import Any
 
 from gpuwatchd.actions.drain.incidents import Incident, NodeDrain
+from gpuwatchd.actions.fleet import FleetBudget
+from gpuwatchd.config.actions import FleetDrainConfig
 from gpuwatchd.core.atomicfile import write_atomic
 from gpuwatchd.core.families import Families
 
@@ -36,6 +38,23 @@ def incident_summary(i: Incident) -> dict[str, Any]:
         "resolved": i.resolved,
         "result": i.result,
         "attempts": i.attempts,
+    }
+
+
+def fleet_summary(
+    cfg: FleetDrainConfig, fleet: FleetBudget | None, held_back: int
+) -> dict[str, Any] | None:
+    """The fleet budget's part of the summary (None: no fleet budget)."""
+    if fleet is None:
+        return None
+    last = fleet.last
+    return {
+        "max_nodes": cfg.max_nodes,
+        "max_percent": cfg.max_percent,
+        "held_back": held_back,
+        "budget": last.limit if last else None,
+        "drained": last.count if last else None,
+        "nodes": last.nodes if last else None,
     }
 
 

@@ -19,10 +19,11 @@ import logging
 import os
 import threading
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from gpuwatchd.config.sections import read_path
+from gpuwatchd.config.sections import KindSection, SourcesConfig, read_path
 from gpuwatchd.core.clock import Clock
 from gpuwatchd.core.heartbeat import Heartbeat
 from gpuwatchd.sources.kernel.cursor import PositionFile
@@ -233,11 +234,22 @@ class JournaldSource:
             self._thread.join(2.0)
 
 
+@dataclass(frozen=True)
+class JournaldSection(KindSection):
+    """journald's own key of ``sources``."""
+
+    journal_dir: str | None = None  # a journal directory (tests, containers)
+
+
+def _directory(sources: SourcesConfig) -> str | None:
+    return sources.section("journald", JournaldSection).journal_dir
+
+
 def _build(setup: KernelLogSetup) -> JournaldSource:
     return JournaldSource(
         setup.handler,
         setup.clock,
-        directory=setup.sources.journal_dir,
+        directory=_directory(setup.sources),
         position=PositionFile(setup.position_path("journald.json")),
         status=setup.status,
         backfill=setup.sources.backfill,
@@ -246,7 +258,8 @@ def _build(setup: KernelLogSetup) -> JournaldSource:
 
 KIND = KernelLogKind(
     "journald",
-    available=lambda sources, backend: bool(sources.journal_dir) or journal_available(),
+    available=lambda sources, backend: bool(_directory(sources)) or journal_available(),
     build=_build,
-    options={"journal_dir": read_path},  # a journal directory (tests, containers)
+    section=JournaldSection,
+    options={"journal_dir": read_path},
 )

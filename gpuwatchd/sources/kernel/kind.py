@@ -1,8 +1,9 @@
 """What a kernel-log source kind is: one module per kind (``journald``, ``kmsg``,
 ``scenario``), each ending in a ``KIND`` that ``registry.KINDS`` lists.
 
-A kind reads its own keys of the ``sources`` section (``options``: the config loader asks
-the registry for them, so their errors name file, line and key like every other) and says
+A kind reads its own keys of the ``sources`` section (``section``, their type, and
+``options``, their readers: the config loader asks the registry for them, so their errors
+name file, line and key like every other) and says
 whether it can serve this host (``available``: for ``sources.kernel_log:
 auto``, tried in the registry's order) and builds its reader (``build``) from a
 ``KernelLogSetup``: the trusted-line handler it feeds, the clock, the ``sources`` section,
@@ -17,7 +18,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
-from gpuwatchd.config.sections import SourceOptionReader, SourcesConfig
+from gpuwatchd.config.sections import KindSection, SourceOptionReader, SourcesConfig
 from gpuwatchd.core.clock import Clock
 from gpuwatchd.core.heartbeat import Heartbeat
 from gpuwatchd.sources.kernel.cursor import PositionFile
@@ -62,7 +63,9 @@ class KernelLogKind:
     name: str
     available: Callable[[SourcesConfig, object], bool]  # (sources, backend)
     build: Callable[[KernelLogSetup], KernelLogReader]
-    # its own keys of the ``sources`` section and their readers (``journal_dir``)
+    # its own keys of the ``sources`` section: their type (``SourcesConfig.section(name,
+    # section)`` gives them) and each key's reader (``journal_dir``)
+    section: type[KindSection] = KindSection
     options: Mapping[str, SourceOptionReader] = field(default_factory=dict)
     # its lines are scripted, there from the start: the XID merger expects a kernel line
     # for every NVML event at once, before the reader reports itself up

@@ -22,8 +22,9 @@ import stat
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
-from gpuwatchd.config.sections import read_path
+from gpuwatchd.config.sections import KindSection, SourcesConfig, read_path
 from gpuwatchd.core.clock import Clock
 from gpuwatchd.core.heartbeat import Heartbeat
 from gpuwatchd.sources.kernel.cursor import PositionFile
@@ -246,11 +247,22 @@ class KmsgSource:
             self._thread.join(2.0)
 
 
+@dataclass(frozen=True)
+class KmsgSection(KindSection):
+    """kmsg's own key of ``sources``."""
+
+    kmsg_path: str = "/dev/kmsg"  # the kmsg device, or a file in tests
+
+
+def _path(sources: SourcesConfig) -> str:
+    return sources.section("kmsg", KmsgSection).kmsg_path
+
+
 def _build(setup: KernelLogSetup) -> KmsgSource:
     return KmsgSource(
         setup.handler,
         setup.clock,
-        path=setup.sources.kmsg_path,
+        path=_path(setup.sources),
         position=PositionFile(setup.position_path("kmsg.json")),
         status=setup.status,
     )
@@ -258,7 +270,8 @@ def _build(setup: KernelLogSetup) -> KmsgSource:
 
 KIND = KernelLogKind(
     "kmsg",
-    available=lambda sources, backend: kmsg_available(sources.kmsg_path),
+    available=lambda sources, backend: kmsg_available(_path(sources)),
     build=_build,
-    options={"kmsg_path": read_path},  # the kmsg device, or a file in tests
+    section=KmsgSection,
+    options={"kmsg_path": read_path},
 )
