@@ -792,3 +792,71 @@ def test_incremental_scan_matches_the_full_scan_on_backtest_traces(name: str) ->
         total += _compare_with_full_scan(times, SHIPPED_ACCELERATION, stride=13)
     if name.startswith("leak"):
         assert total > 0
+
+
+def test_errors_on_three_gpus_within_minutes_are_one_node_ticket() -> None:
+    # Failed before: three GPUs logging corrected errors in the same minutes (a job, a driver
+    # or a power event) opened three GpuEccCorrectedRising tickets; now one node ticket, and
+    # each GPU's counters (the evidence) are as they were.
+    n = _shipped()
+    n.run(HOUR)
+    n.add(0, ecc_corrected_volatile=2, ecc_corrected_volatile_dev=2)
+    n.run(20)  # the others a poll or two later: still the same episode
+    n.add(1, ecc_corrected_volatile=1, ecc_corrected_volatile_dev=1)
+    n.add(2, ecc_corrected_volatile=5, ecc_corrected_volatile_dev=5)
+    n.run(DAY, step=60)
+    assert _tickets(n) == [("GpuMemoryErrorsOnManyGpus", None)]
+    node = next(tr for _, tr in n.transitions if tr.rule == "GpuMemoryErrorsOnManyGpus")
+    assert "GPUs 0, 1, 2 of" in node.annotations["summary"]
+    assert [f["ecc_corrected_volatile"] for f in n.fields] == [2.0, 1.0, 5.0]
+
+
+def test_a_gpu_with_errors_of_its_own_keeps_its_ticket_beside_a_node_event() -> None:
+    n = _shipped()
+    n.run(HOUR)
+    for gpu in range(3):
+        n.add(gpu, ecc_corrected_volatile=1, ecc_corrected_volatile_dev=1)
+    n.run(6 * HOUR, step=60)
+    assert _tickets(n) == [("GpuMemoryErrorsOnManyGpus", None)]
+    n.add(1, ecc_corrected_volatile=1, ecc_corrected_volatile_dev=1)  # GPU 1 alone, later
+    n.run(HOUR, step=60)
+    assert _tickets(n)[1:] == [("GpuEccCorrectedRising", "1")]
+
+
+def test_two_gpus_at_once_are_two_tickets_not_a_node_event() -> None:
+    n = _shipped()
+    n.run(HOUR)
+    for gpu in range(2):
+        n.add(gpu, ecc_corrected_volatile=1, ecc_corrected_volatile_dev=1)
+    n.run(HOUR, step=60)
+    assert sorted(_tickets(n)) == [("GpuEccCorrectedRising", "0"), ("GpuEccCorrectedRising", "1")]
+
+
+def test_certified_evidence_in_a_node_wide_episode_still_pages_for_its_gpu() -> None:
+    # The node ticket groups tickets only: a contained uncorrectable error on GPU 0 during the
+    # node-wide episode, then more errors of its own, pages for GPU 0.
+    n = _shipped()
+    n.run(HOUR)
+    n.add(0, ecc_corrected_volatile=1, ecc_corrected_volatile_dev=1, ecc_uncorrected_volatile_dev=1)
+    for gpu in (1, 2):
+        n.add(gpu, ecc_corrected_volatile=1, ecc_corrected_volatile_dev=1)
+    n.run(2 * HOUR, step=60)
+    assert _tickets(n) == [("GpuMemoryErrorsOnManyGpus", None)]
+    assert not _certified(n)
+    n.add(0, ecc_corrected_volatile=1, ecc_corrected_volatile_dev=1)
+    n.run(HOUR, step=60)
+    assert list(_certified(n)) == ["0"]
+
+
+def test_busy_gpus_that_started_apart_are_not_a_node_event() -> None:
+    # Three GPUs each logging errors every 10 minutes share every bucket by chance; their
+    # errors began hours apart, so each has its own ticket and the node none (an earlier
+    # version of this work, on any shared bucket, took GPU 2's ticket for a node event).
+    n = _shipped()
+    n.run(HOUR)
+    for t in range(8 * 6):  # 8 hours of 10-minute steps
+        for gpu, begins in ((0, 0), (1, 12), (2, 24)):  # at 0, 2 h and 4 h
+            if t >= begins:
+                n.add(gpu, ecc_corrected_volatile=1, ecc_corrected_volatile_dev=1)
+        n.run(600, step=60)
+    assert sorted(_tickets(n)) == [("GpuEccCorrectedRising", str(g)) for g in range(3)]

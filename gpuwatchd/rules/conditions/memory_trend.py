@@ -32,6 +32,12 @@ at least ``quiet`` of silence). One condition, three signals (``signal``):
 - ``corroborated``: activity in the longest window together with the GPU certifying the
   fault itself: a correctable row remap or XID 92 or 63 on this GPU in that window, or a
   bank with low or no spare rows left (row-remapper histogram) in its latest sample.
+- ``node``: one node-level alert while any GPU's activity in the longest window is
+  node-wide (began after quiet on 3 or more GPUs within minutes: ``rules/node_wide.py``;
+  a memory XID, 63/64/92/94/95, counts as activity of its GPU here),
+  with the GPUs it touched (``gpus``). A job, a driver or a power event, not that many
+  failing GPUs; ``increase``'s ``skip_node_wide`` leaves those GPUs out of the per-GPU
+  ticket.
 """
 
 from __future__ import annotations
@@ -47,6 +53,7 @@ from gpuwatchd.rules.conditions import memory_certified as mc
 from gpuwatchd.rules.conditions import schema_parts as sp
 from gpuwatchd.rules.conditions.base import (
     NO_HITS,
+    NODE_KEY,
     ConditionKind,
     Evaluator,
     Hit,
@@ -66,11 +73,17 @@ from gpuwatchd.rules.evidence import (
     rate_ratio_p_value,
 )
 from gpuwatchd.rules.model import Condition, Rule
+from gpuwatchd.rules.node_wide import (
+    field_activities,
+    node_wide_gpus,
+    with_memory_xids,
+    xid_event_gpus,
+)
 from gpuwatchd.rules.snapshot import GpuView, Snapshot
 from gpuwatchd.rules.store import StateStore
 
-Signal = Literal["acceleration", "activity", "corroborated", "certified"]
-SIGNALS: tuple[Signal, ...] = ("acceleration", "activity", "corroborated", "certified")
+Signal = Literal["acceleration", "activity", "corroborated", "certified", "node"]
+SIGNALS: tuple[Signal, ...] = ("acceleration", "activity", "corroborated", "certified", "node")
 RECHECK = 300.0  # seconds between looks at a GPU whose counter did not move
 CERTIFIED_SIGNATURE = "memory-certified-xids-1"  # the saved XIDs' format (rules store)
 log = logging.getLogger(__name__)
@@ -340,6 +353,8 @@ class _Evaluator(Evaluator):
         c = self.c
         if c.signal == "certified":
             return self._certified(snap, now, fresh)
+        if c.signal == "node":
+            return self._node(snap, now)
         look = self.look
         corroborated = c.signal == "corroborated"
         if not active and not fresh and not corroborated and look.node_quiet(snap, c.field, now):
@@ -372,6 +387,17 @@ class _Evaluator(Evaluator):
             if hit is not None:
                 hits[(g.index, -1, -1)] = hit
         return hits, unknown
+
+    def _node(self, snap: Snapshot, now: float) -> Result:
+        c = self.c
+        b1 = bucket_of(now) + 1
+        b0 = b1 - int(c.window // BUCKET)
+        acts = with_memory_xids(snap, field_activities(snap, c.field), b0)
+        gpus = sorted(set(node_wide_gpus(acts, b0, b1)) | xid_event_gpus(snap, b0))
+        if not gpus:
+            return NO_HITS, set()
+        values: dict[str, Any] = {"gpus": ", ".join(map(str, gpus))}
+        return {NODE_KEY: (float(len(gpus)), values)}, set()
 
     def _sustain(self, gpu: int, act: Activity, now: float, hit: Hit | None) -> Hit | None:
         """An acceleration holds on while its evidence keeps arriving: after a hit, the
@@ -432,6 +458,7 @@ class MemoryTrendKind(ConditionKind):
             "p_value",
             "baseline_rate",
             "recent_rate",
+            "gpus",
         }
     )
 
@@ -536,7 +563,8 @@ class MemoryTrendKind(ConditionKind):
             "Device-memory errors as activity (10-minute buckets, episodes, regimes): a "
             "significant acceleration within a regime (exact conditional binomial test), new "
             "activity, or activity the GPU corroborates (a correctable remap, a bank low on "
-            "spare rows, XID 92 or 63).",
+            "spare rows, XID 92 or 63); or, as one node alert, activity on 3 or more GPUs "
+            "within minutes (signal node).",
             optional_body=True,
         )
 
@@ -549,6 +577,8 @@ class MemoryTrendKind(ConditionKind):
             return Needs(gpu_counters=frozenset({c.field, *mc.FIELDS}), xid_window=mc.NODE_SPAN)
         if c.signal == "corroborated":
             return Needs(gpu_counters=frozenset({c.field, REMAP_FIELD}), xid_window=c.window)
+        if c.signal == "node":
+            return Needs(gpu_counters=frozenset({c.field}), xid_window=c.window)
         return Needs(gpu_counters=frozenset({c.field}))
 
     def trigger(self, c: Condition) -> Trigger:
