@@ -9,7 +9,7 @@ import random
 from pathlib import Path
 
 import pytest
-from rulekit import Node
+from rulekit import Node, uuid_of
 
 from gpuwatchd.core.errors import ConfigError
 from gpuwatchd.core.units import format_duration
@@ -20,6 +20,7 @@ from gpuwatchd.rules.evidence import (
     Activity,
     binomial_tail,
     binomial_tail_floor,
+    bucket_of,
     rate_ratio_p_value,
 )
 from gpuwatchd.rules.history import CounterHistory
@@ -860,3 +861,44 @@ def test_busy_gpus_that_started_apart_are_not_a_node_event() -> None:
                 n.add(gpu, ecc_corrected_volatile=1, ecc_corrected_volatile_dev=1)
         n.run(600, step=60)
     assert sorted(_tickets(n)) == [("GpuEccCorrectedRising", str(g)) for g in range(3)]
+
+
+def _episodes_after_install(n: Node, gpus: tuple[int, ...]) -> None:
+    """Three episodes of corrected device-memory errors within a day on ``gpus``."""
+    for _ in range(3):
+        for gpu in gpus:
+            n.add(gpu, ecc_corrected_volatile_dev=1)
+        n.run(3 * HOUR, step=60)
+
+
+def _dev_activity(n: Node, gpu: int) -> Activity:
+    return n.engine._bank.gpus[uuid_of(gpu)].hist["ecc_corrected_volatile_dev"].activity
+
+
+def test_a_fresh_install_seeds_the_regime_from_the_lifetime_counter(tmp_path: Path) -> None:
+    # Failed before: with no saved state, a GPU whose lifetime (aggregate) counter says it has
+    # logged thousands of corrected errors began a regime at the install, so its next
+    # errors were "new" (GpuMemoryErrorsNew) like those of a GPU that never logged one.
+    path = str(tmp_path / "rules.sqlite3")
+    n = Node(load_rule_set([]), gpus=3, store=StateStore(path, boot_id="b1"))
+    for f in n.fields:
+        f["ecc_corrected_volatile_dev"] = 0.0
+    n.set(0, ecc_corrected_aggregate=5000.0)  # a long history before the install
+    n.set([1, 2], ecc_corrected_aggregate=0.0)
+    n.poll()
+    install = bucket_of(n.clock.now())
+    assert _dev_activity(n, 0).count(install - 28 * 144, install) == 24  # one a day at most
+    assert _dev_activity(n, 0).count(install - 4 * 144, install + 1) == 0
+    assert not _dev_activity(n, 1).buckets
+    _episodes_after_install(n, (0, 1))
+    assert {gpu for rule, gpu in n.firing() if rule == "GpuMemoryErrorsNew"} == {"1"}
+    # the seeded points are stored like any other: a restart keeps the regime
+    n.engine.close()
+    again = Node(
+        load_rule_set([]), gpus=3, store=StateStore(path, boot_id="b2"), start=n.clock.now()
+    )
+    for f in again.fields:
+        f["ecc_corrected_volatile_dev"] = 3.0
+    again.set(0, ecc_corrected_aggregate=5003.0)
+    again.poll()
+    assert _dev_activity(again, 0).count(install - 28 * 144, install) == 24
