@@ -9,7 +9,7 @@ import random
 from pathlib import Path
 
 import pytest
-from rulekit import Node, uuid_of
+from rulekit import Node, rules, uuid_of
 
 from gpuwatchd.core.errors import ConfigError
 from gpuwatchd.core.units import format_duration
@@ -902,3 +902,52 @@ def test_a_fresh_install_seeds_the_regime_from_the_lifetime_counter(tmp_path: Pa
     again.set(0, ecc_corrected_aggregate=5003.0)
     again.poll()
     assert _dev_activity(again, 0).count(install - 28 * 144, install) == 24
+
+
+def _firing_summaries(n: Node, rule: str) -> dict[str, str]:
+    return {
+        str(tr.labels.get("gpu")): tr.annotations["summary"]
+        for _, tr in n.transitions
+        if tr.rule == rule and tr.state.value == "firing"
+    }
+
+
+def test_xid_92_marks_the_corrected_count_as_a_lower_bound_in_the_ticket() -> None:
+    # Failed before: XID 92 (the driver rate-limits the corrected count) left the ticket's
+    # count as if it were all the GPU logged.
+    n = _shipped()
+    n.run(HOUR)
+    n.xid(0, 92, pid=4242)
+    for gpu in (0, 1):
+        n.add(gpu, ecc_corrected_volatile=7, ecc_corrected_volatile_dev=7)
+    n.run(10 * 60)
+    rising = _firing_summaries(n, "GpuEccCorrectedRising")
+    note = "(a lower bound: XID 92 in the window, the driver rate-limits this count)"
+    assert rising["0"].endswith(f"7 corrected ECC error(s) in 1d {note}")
+    assert rising["1"].endswith("7 corrected ECC error(s) in 1d")
+    # memory_trend says it too; an XID 92 that left the window says nothing
+    n2 = Node(
+        rules(
+            """
+rules:
+- name: NewHbmErrors
+  severity: info
+  condition:
+    memory_trend: {signal: activity, field: ecc_corrected_volatile_dev, window: 1d,
+                   min_active: 1, min_episodes: 1}
+  annotations: {summary: 'new{rate_limited}'}
+"""
+        ),
+        gpus=2,
+    )
+    for f in n2.fields:
+        f["ecc_corrected_volatile_dev"] = 0.0
+    n2.poll()
+    n2.xid(0, 92, pid=1)
+    n2.xid(1, 92, pid=2)
+    n2.run(2 * DAY, step=600)  # GPU 1's XID 92 is two days old by its errors
+    n2.xid(0, 92, pid=3)
+    for gpu in (0, 1):
+        n2.add(gpu, ecc_corrected_volatile_dev=1)
+    n2.run(20 * 60, step=60)
+    assert _firing_summaries(n2, "NewHbmErrors") == {"0": f"new {note}", "1": "new"}

@@ -79,6 +79,7 @@ from gpuwatchd.rules.node_wide import (
     with_memory_xids,
     xid_event_gpus,
 )
+from gpuwatchd.rules.rate_limited import lookback, note
 from gpuwatchd.rules.snapshot import GpuView, Snapshot
 from gpuwatchd.rules.store import StateStore
 
@@ -385,6 +386,9 @@ class _Evaluator(Evaluator):
                     hit[1]["evidence"] = why
             look.record(h, act.version, now, hit is not None)
             if hit is not None:
+                limited = note(snap, c.field, g.index, now, c.window)
+                if limited:  # a new dict: the memo and the sustained verdict keep theirs
+                    hit = hit[0], {**(hit[1] or {}), "rate_limited": limited}
                 hits[(g.index, -1, -1)] = hit
         return hits, unknown
 
@@ -459,6 +463,7 @@ class MemoryTrendKind(ConditionKind):
             "baseline_rate",
             "recent_rate",
             "gpus",
+            "rate_limited",
         }
     )
 
@@ -579,7 +584,8 @@ class MemoryTrendKind(ConditionKind):
             return Needs(gpu_counters=frozenset({c.field, REMAP_FIELD}), xid_window=c.window)
         if c.signal == "node":
             return Needs(gpu_counters=frozenset({c.field}), xid_window=c.window)
-        return Needs(gpu_counters=frozenset({c.field}))
+        # XID 92 within the window says the count is a lower bound (rate_limited)
+        return Needs(gpu_counters=frozenset({c.field}), xid_window=lookback(c.field, c.window))
 
     def trigger(self, c: Condition) -> Trigger:
         assert isinstance(c, MemoryTrend)
@@ -587,7 +593,7 @@ class MemoryTrendKind(ConditionKind):
 
     def values(self, c: Condition) -> dict[str, Any]:
         assert isinstance(c, MemoryTrend)
-        return {"field": c.field, "window": format_duration(c.window)}
+        return {"field": c.field, "window": format_duration(c.window), "rate_limited": ""}
 
 
 KIND = MemoryTrendKind()

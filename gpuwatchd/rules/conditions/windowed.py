@@ -23,6 +23,7 @@ from gpuwatchd.rules.evidence import bucket_of
 from gpuwatchd.rules.history import CounterHistory
 from gpuwatchd.rules.model import Condition, Op, Rule, rises_only
 from gpuwatchd.rules.node_wide import field_activities, has_own_activity
+from gpuwatchd.rules.rate_limited import lookback, note
 from gpuwatchd.rules.snapshot import OP_FUNCS, Snapshot, selected
 
 
@@ -87,7 +88,8 @@ class _Evaluator(Evaluator):
             if acts is not None and not has_own_activity(acts, index, b0, b1):
                 v = 0.0  # all of it node-wide: the node's alert (rules/node_wide.py)
             if op(v, c.value):
-                hits[(index, link_no, -1)] = (v, None)
+                limited = "" if link_no >= 0 else note(snap, c.field, index, now, c.window)
+                hits[(index, link_no, -1)] = (v, {"rate_limited": limited} if limited else None)
                 true[h] = None
             else:
                 true.pop(h, None)
@@ -98,7 +100,7 @@ class WindowedKind(ConditionKind):
     """A kind over a counter's last ``window`` (subclasses name the key and measure)."""
 
     keys: ClassVar[tuple[str, ...]] = ("field", "window", "op", "value")
-    placeholders = frozenset({"field", "threshold", "window"})
+    placeholders = frozenset({"field", "threshold", "window", "rate_limited"})
     default_op: ClassVar[Op] = ">"
     default_value: ClassVar[float] = 0.0
     description: ClassVar[str]
@@ -154,7 +156,8 @@ class WindowedKind(ConditionKind):
         assert isinstance(c, Windowed)
         if c.link:
             return Needs(link_counters=frozenset({c.field}))
-        return Needs(gpu_counters=frozenset({c.field}))
+        # XID 92 within the window says the corrected count is a lower bound (rate_limited)
+        return Needs(gpu_counters=frozenset({c.field}), xid_window=lookback(c.field, c.window))
 
     def trigger(self, c: Condition) -> Trigger:
         assert isinstance(c, Windowed)
@@ -162,4 +165,9 @@ class WindowedKind(ConditionKind):
 
     def values(self, c: Condition) -> dict[str, Any]:
         assert isinstance(c, Windowed)
-        return {"field": c.field, "window": format_duration(c.window), "threshold": c.value}
+        return {
+            "field": c.field,
+            "window": format_duration(c.window),
+            "threshold": c.value,
+            "rate_limited": "",
+        }
