@@ -79,7 +79,7 @@ class NaiveActivity(Activity):
             best = max(best, i - j + 1)
         return best
 
-    def window_at(self, s1: int, hi: int, w0: int, width: int) -> tuple[int, int, int, int]:
+    def window_at(self, s1: int, hi: int, w0: int) -> tuple[int, int, int, int]:
         buckets = self.buckets
         start = buckets[s1 - 1]
         b1 = buckets[hi - 1] + 1 if hi else w0
@@ -87,8 +87,16 @@ class NaiveActivity(Activity):
             self.count(w0, b1),
             self.count(start + 1, w0),
             self.episodes(w0, b1),
-            self.peak(start, w0, width),
+            bisect.bisect_left(buckets, w0),
         )
+
+    def peaks_kept(self, width: int) -> bool:
+        return True  # nothing kept: every question walks
+
+    def peak_before(self, s1: int, lo: int, width: int) -> int:
+        buckets = self.buckets
+        end = buckets[lo] if lo < len(buckets) else buckets[-1] + 1
+        return self.peak(buckets[s1 - 1], end, width)
 
 
 def history(n: int, shape: str, seed: int) -> tuple[list[float], list[float]]:

@@ -111,6 +111,11 @@ def cmd_backtest(args: argparse.Namespace) -> int:
             f"{row['false_drains_per_1000_gpu_days']:>9.2f} "
             f"{row['tickets_per_ticketed_gpu_month']:>10.2f}"
         )
+        if row["node_tickets_per_node_month"]:
+            print(
+                f"{'':30} node tickets per node-month: {row['node_tickets_per_node_month']:.2f}; "
+                f"GPUs with a ticket of their own: {_cell(row['ticketed_gpu_share'], '%')}"
+            )
         if "within_1h_of_corroboration" in row:
             print(
                 f"{'':30} paged within 1 h of the certificate: "

@@ -103,6 +103,7 @@ def answering_rules(code: int, args: argparse.Namespace, catalog: Catalog) -> li
     from gpuwatchd.configfile.loader import default_config, load_config
     from gpuwatchd.configfile.stages import for_rules
     from gpuwatchd.rules import rules_from_settings
+    from gpuwatchd.rules.node_wide import MEMORY_XIDS
 
     path = getattr(args, "config", None)
     config = load_config(path, must_exist=True) if path else default_config()
@@ -113,6 +114,11 @@ def answering_rules(code: int, args: argparse.Namespace, catalog: Catalog) -> li
         if rule.kind == "recovery_action":
             if code == 154 and getattr(cond, "kernel_log", False):
                 how = ", when its recovery-action code is not 0x0 (None)"
+                out.append(f"{rule.name} ({rule.severity.value}{drains}{how})")
+            continue
+        if rule.kind == "memory_trend" and getattr(cond, "signal", None) == "node":
+            if code in MEMORY_XIDS:  # rules/node_wide.py: XIDs count as the node's activity
+                how = ", on 3 or more GPUs within minutes"
                 out.append(f"{rule.name} ({rule.severity.value}{drains}{how})")
             continue
         codes = getattr(cond, "codes", None)

@@ -703,6 +703,7 @@ class Score:
     false_drains: int = 0
     tickets: int = 0  # ticket firings on every trace (issue 25: tickets people can act on)
     ticket_gpus: int = 0  # traces with at least one ticket
+    node_tickets: int = 0  # node-level ticket firings (no GPU: a node-wide event's one)
 
     @property
     def false_per_1000(self) -> float:
@@ -724,6 +725,14 @@ class Score:
                 self.tickets / (self.ticket_gpus * self.family.days / 30.0), 2
             )
             if self.ticket_gpus
+            else 0.0,
+            # the share of GPUs with a ticket of their own, and node tickets per node-month
+            # (one file is one node of GPUS traces)
+            "ticketed_gpu_share": round(self.ticket_gpus / self.traces, 3) if self.traces else 0.0,
+            "node_tickets_per_node_month": round(
+                self.node_tickets / (self.traces / GPUS * self.family.days / 30.0), 2
+            )
+            if self.traces
             else 0.0,
         }
         if self.family.precursor:
@@ -764,13 +773,13 @@ class _Actions:
         self.paged: list[tuple[float, int]] = []
         self.drained: list[tuple[float, int]] = []
         self.tickets: list[tuple[float, int]] = []
+        self.node_tickets = 0
 
     def record(self, record: dict[str, Any]) -> None:
-        if (
-            record.get("record") != "alert"
-            or record["state"] != "firing"
-            or record.get("gpu") is None
-        ):
+        if record.get("record") != "alert" or record["state"] != "firing":
+            return
+        if record.get("gpu") is None:
+            self.node_tickets += record.get("severity") == "ticket"
             return
         at = (float(record["timestamp"]) - SIM_EPOCH, int(record["gpu"]))
         if record["rule"] in self.pages:
@@ -823,6 +832,7 @@ def run_family(
         Simulation(scenario, config, on_record=seen.record).run()
         score.traces += len(traces)
         score.gpu_days += len(traces) * family.days
+        score.node_tickets += seen.node_tickets
         for gpu, tr in enumerate(traces):
             paged = sorted(t for t, g in seen.paged if g == gpu)
             drained = sorted(t for t, g in seen.drained if g == gpu)

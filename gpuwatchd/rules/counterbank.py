@@ -30,6 +30,13 @@ def _changed_fields(old: Mapping[str, float], new: Mapping[str, float], out: set
         out.update(gone)
 
 
+# Counters whose fresh history is seeded from a lifetime (aggregate) counter: after a fresh
+# install a GPU with a long corrected-error history is not judged as new (CounterHistory.seed).
+# The aggregate counts every corrected error the GPU ever logged (device memory and SRAM:
+# an upper bound of the device memory's own).
+SEEDED_FROM = {"ecc_corrected_volatile_dev": "ecc_corrected_aggregate"}
+
+
 def series_key(uuid: str, field_name: str, link: int = -1) -> str:
     return f"{uuid}|{field_name}" if link < 0 else f"{uuid}|{link}|{field_name}"
 
@@ -103,6 +110,10 @@ class CounterBank:
                     h = hist.get(name)
                     if h is None:
                         h = self._history(g, name)
+                        if len(h) == 0 and name in SEEDED_FROM:
+                            prior = fields.get(SEEDED_FROM[name])
+                            if prior is not None and h.seed(t, v, prior):
+                                self._unflushed.add(h)
                     if h.add(t, v):
                         self.touched.add(h)
                         self._unflushed.add(h)

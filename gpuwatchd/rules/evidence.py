@@ -193,17 +193,31 @@ class Activity:
             pk = self._peaks[width] = _Peaks(self._epoch, k + d)
         return max(best, pk.max(buckets, d, k, hi, width))
 
-    def window_at(self, s1: int, hi: int, w0: int, width: int) -> tuple[int, int, int, int]:
+    def window_at(self, s1: int, hi: int, w0: int) -> tuple[int, int, int, int]:
         """One look's counts for the window ``[w0, buckets[hi])`` of a regime whose first
         bucket is ``buckets[s1 - 1]`` (``s1 <= hi``, ``buckets[s1 - 1] < w0``): the active
         buckets in the window, those between the regime's first bucket and the window,
-        the window's episodes and the regime's peak before it (``peak_at``). One bisect
-        and a few indexes: the memory rules' scan asks this of every width it tests."""
+        the window's episodes, and the index where the window begins (for ``peak_before``).
+        One bisect and a few indexes: the memory rules' scan asks this of every width."""
         lo = bisect.bisect_left(self.buckets, w0, s1, hi)
         if hi <= lo:
-            return 0, lo - s1, 0, 0
+            return 0, lo - s1, 0, lo
         starts = self._starts
-        return hi - lo, lo - s1, 1 + starts[hi - 1] - starts[lo], self.peak_at(s1 - 1, lo, width)
+        return hi - lo, lo - s1, 1 + starts[hi - 1] - starts[lo], lo
+
+    def peaks_kept(self, width: int) -> bool:
+        """Whether the sliding maximum of ``width`` is kept (built, and not since a late
+        bucket): asking ``peak_before`` then costs the buckets that came since it was last
+        asked, not a build over the whole regime."""
+        pk = self._peaks.get(width)
+        return pk is not None and pk.epoch == self._epoch
+
+    def peak_before(self, s1: int, lo: int, width: int) -> int:
+        """The regime's peak before the window that ``window_at`` found begins at ``lo``:
+        the most active buckets any ``width`` buckets held from the regime's first bucket
+        (``buckets[s1 - 1]``) to the window (``peak_at``). The costliest count of a look
+        (a sliding maximum kept per width), so the rate test asks it last."""
+        return self.peak_at(s1 - 1, lo, width)
 
     def episodes_at(self, lo: int, hi: int) -> int:
         """``episodes`` (gap ``EPISODE_GAP``) over the buckets ``[lo, hi)`` (indexes)."""

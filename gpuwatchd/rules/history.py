@@ -21,6 +21,12 @@ from gpuwatchd.rules.evidence import Activity
 RAW_SPAN = 2 * 3600.0
 TIERS: tuple[tuple[float, float], ...] = ((2 * 86400.0, 60.0), (float("inf"), 900.0))
 RETENTION = 30 * 86400.0
+DAY = 86400.0
+# A fresh history seeded from a lifetime count (``seed``): at most one error a day, in the
+# days [install - SEED_FROM, install - SEED_TO).
+SEED_FROM = 28 * DAY
+SEED_TO = 4 * DAY
+SEED_MOST = int((SEED_FROM - SEED_TO) // DAY)
 
 
 class CounterHistory:
@@ -96,6 +102,27 @@ class CounterHistory:
         self.activity = Activity()
         self.activity.restore(points)
         self.version += 1
+
+    def seed(self, t0: float, raw: float, prior: float) -> bool:
+        """Start a fresh history (no point yet) with the errors a lifetime count says the
+        GPU logged before ``t0``, the first sample (``raw`` its value): ``prior`` errors, at
+        most one a day, as evenly spaced points in ``[t0 - SEED_FROM, t0 - SEED_TO)``, so
+        that their activity makes the regime the new errors join (and its baseline) instead
+        of a regime that begins at ``t0``. The last seeded point has the value ``raw``: the
+        first real sample adds nothing, and no window of ``SEED_TO`` or less reaches them.
+        True when seeded (points go to the store like any other, so a restart keeps them).
+        """
+        k = min(int(prior), SEED_MOST)
+        if k <= 0 or self.ts:
+            return False
+        lo = t0 - SEED_FROM
+        step = (SEED_FROM - SEED_TO) / (k + 1)
+        self.ts = [lo + i * step for i in range(k + 1)]
+        self.vs = [raw - k + i for i in range(k + 1)]
+        for t in self.ts[1:]:
+            self.activity.mark(t)
+        self.version += 1
+        return True
 
     @property
     def current(self) -> float | None:

@@ -203,3 +203,17 @@ def test_every_leak_ends_inside_its_trace(name: str) -> None:
                 assert tr.dbe_at is not None and 0 <= tr.dbe_at < tr.days * DAY
                 assert all(0 <= t < tr.days * DAY for t, _ in tr.events)
             parse_scenario(text, f"{name}-{seed}.yaml")
+
+
+def test_a_node_wide_event_is_a_node_ticket_not_a_ticket_per_gpu() -> None:
+    # Failed before: the node-wide family's XID 92 event (XID 92 and corrected errors on all
+    # 8 GPUs within seconds) opened GpuEccCorrectedRising and GpuXidMemoryDegrading on every
+    # GPU (16 per-GPU tickets on 8 GPUs), and node tickets were not counted.
+    score = bt.run_family(bt.family_named("node-wide"), 1, 3)
+    row = score.row()
+    assert score.tickets == score.ticket_gpus == 0
+    # one node ticket per event: GpuXidOnManyGpus for the 4 XID 43 events, and
+    # GpuMemoryErrorsOnManyGpus for the XID 92 one (its XIDs and corrected errors)
+    assert score.node_tickets == 5
+    assert row["node_tickets_per_node_month"] == 1.67 and row["ticketed_gpu_share"] == 0.0
+    assert score.false_pages == score.false_drains == 0

@@ -9,7 +9,7 @@ import random
 from pathlib import Path
 
 import pytest
-from rulekit import Node
+from rulekit import Node, rules, uuid_of
 
 from gpuwatchd.core.errors import ConfigError
 from gpuwatchd.core.units import format_duration
@@ -20,6 +20,7 @@ from gpuwatchd.rules.evidence import (
     Activity,
     binomial_tail,
     binomial_tail_floor,
+    bucket_of,
     rate_ratio_p_value,
 )
 from gpuwatchd.rules.history import CounterHistory
@@ -792,3 +793,161 @@ def test_incremental_scan_matches_the_full_scan_on_backtest_traces(name: str) ->
         total += _compare_with_full_scan(times, SHIPPED_ACCELERATION, stride=13)
     if name.startswith("leak"):
         assert total > 0
+
+
+def test_errors_on_three_gpus_within_minutes_are_one_node_ticket() -> None:
+    # Failed before: three GPUs logging corrected errors in the same minutes (a job, a driver
+    # or a power event) opened three GpuEccCorrectedRising tickets; now one node ticket, and
+    # each GPU's counters (the evidence) are as they were.
+    n = _shipped()
+    n.run(HOUR)
+    n.add(0, ecc_corrected_volatile=2, ecc_corrected_volatile_dev=2)
+    n.run(20)  # the others a poll or two later: still the same episode
+    n.add(1, ecc_corrected_volatile=1, ecc_corrected_volatile_dev=1)
+    n.add(2, ecc_corrected_volatile=5, ecc_corrected_volatile_dev=5)
+    n.run(DAY, step=60)
+    assert _tickets(n) == [("GpuMemoryErrorsOnManyGpus", None)]
+    node = next(tr for _, tr in n.transitions if tr.rule == "GpuMemoryErrorsOnManyGpus")
+    assert "GPUs 0, 1, 2 of" in node.annotations["summary"]
+    assert [f["ecc_corrected_volatile"] for f in n.fields] == [2.0, 1.0, 5.0]
+
+
+def test_a_gpu_with_errors_of_its_own_keeps_its_ticket_beside_a_node_event() -> None:
+    n = _shipped()
+    n.run(HOUR)
+    for gpu in range(3):
+        n.add(gpu, ecc_corrected_volatile=1, ecc_corrected_volatile_dev=1)
+    n.run(6 * HOUR, step=60)
+    assert _tickets(n) == [("GpuMemoryErrorsOnManyGpus", None)]
+    n.add(1, ecc_corrected_volatile=1, ecc_corrected_volatile_dev=1)  # GPU 1 alone, later
+    n.run(HOUR, step=60)
+    assert _tickets(n)[1:] == [("GpuEccCorrectedRising", "1")]
+
+
+def test_two_gpus_at_once_are_two_tickets_not_a_node_event() -> None:
+    n = _shipped()
+    n.run(HOUR)
+    for gpu in range(2):
+        n.add(gpu, ecc_corrected_volatile=1, ecc_corrected_volatile_dev=1)
+    n.run(HOUR, step=60)
+    assert sorted(_tickets(n)) == [("GpuEccCorrectedRising", "0"), ("GpuEccCorrectedRising", "1")]
+
+
+def test_certified_evidence_in_a_node_wide_episode_still_pages_for_its_gpu() -> None:
+    # The node ticket groups tickets only: a contained uncorrectable error on GPU 0 during the
+    # node-wide episode, then more errors of its own, pages for GPU 0.
+    n = _shipped()
+    n.run(HOUR)
+    n.add(0, ecc_corrected_volatile=1, ecc_corrected_volatile_dev=1, ecc_uncorrected_volatile_dev=1)
+    for gpu in (1, 2):
+        n.add(gpu, ecc_corrected_volatile=1, ecc_corrected_volatile_dev=1)
+    n.run(2 * HOUR, step=60)
+    assert _tickets(n) == [("GpuMemoryErrorsOnManyGpus", None)]
+    assert not _certified(n)
+    n.add(0, ecc_corrected_volatile=1, ecc_corrected_volatile_dev=1)
+    n.run(HOUR, step=60)
+    assert list(_certified(n)) == ["0"]
+
+
+def test_busy_gpus_that_started_apart_are_not_a_node_event() -> None:
+    # Three GPUs each logging errors every 10 minutes share every bucket by chance; their
+    # errors began hours apart, so each has its own ticket and the node none (an earlier
+    # version of this work, on any shared bucket, took GPU 2's ticket for a node event).
+    n = _shipped()
+    n.run(HOUR)
+    for t in range(8 * 6):  # 8 hours of 10-minute steps
+        for gpu, begins in ((0, 0), (1, 12), (2, 24)):  # at 0, 2 h and 4 h
+            if t >= begins:
+                n.add(gpu, ecc_corrected_volatile=1, ecc_corrected_volatile_dev=1)
+        n.run(600, step=60)
+    assert sorted(_tickets(n)) == [("GpuEccCorrectedRising", str(g)) for g in range(3)]
+
+
+def _episodes_after_install(n: Node, gpus: tuple[int, ...]) -> None:
+    """Three episodes of corrected device-memory errors within a day on ``gpus``."""
+    for _ in range(3):
+        for gpu in gpus:
+            n.add(gpu, ecc_corrected_volatile_dev=1)
+        n.run(3 * HOUR, step=60)
+
+
+def _dev_activity(n: Node, gpu: int) -> Activity:
+    return n.engine._bank.gpus[uuid_of(gpu)].hist["ecc_corrected_volatile_dev"].activity
+
+
+def test_a_fresh_install_seeds_the_regime_from_the_lifetime_counter(tmp_path: Path) -> None:
+    # Failed before: with no saved state, a GPU whose lifetime (aggregate) counter says it has
+    # logged thousands of corrected errors began a regime at the install, so its next
+    # errors were "new" (GpuMemoryErrorsNew) like those of a GPU that never logged one.
+    path = str(tmp_path / "rules.sqlite3")
+    n = Node(load_rule_set([]), gpus=3, store=StateStore(path, boot_id="b1"))
+    for f in n.fields:
+        f["ecc_corrected_volatile_dev"] = 0.0
+    n.set(0, ecc_corrected_aggregate=5000.0)  # a long history before the install
+    n.set([1, 2], ecc_corrected_aggregate=0.0)
+    n.poll()
+    install = bucket_of(n.clock.now())
+    assert _dev_activity(n, 0).count(install - 28 * 144, install) == 24  # one a day at most
+    assert _dev_activity(n, 0).count(install - 4 * 144, install + 1) == 0
+    assert not _dev_activity(n, 1).buckets
+    _episodes_after_install(n, (0, 1))
+    assert {gpu for rule, gpu in n.firing() if rule == "GpuMemoryErrorsNew"} == {"1"}
+    # the seeded points are stored like any other: a restart keeps the regime
+    n.engine.close()
+    again = Node(
+        load_rule_set([]), gpus=3, store=StateStore(path, boot_id="b2"), start=n.clock.now()
+    )
+    for f in again.fields:
+        f["ecc_corrected_volatile_dev"] = 3.0
+    again.set(0, ecc_corrected_aggregate=5003.0)
+    again.poll()
+    assert _dev_activity(again, 0).count(install - 28 * 144, install) == 24
+
+
+def _firing_summaries(n: Node, rule: str) -> dict[str, str]:
+    return {
+        str(tr.labels.get("gpu")): tr.annotations["summary"]
+        for _, tr in n.transitions
+        if tr.rule == rule and tr.state.value == "firing"
+    }
+
+
+def test_xid_92_marks_the_corrected_count_as_a_lower_bound_in_the_ticket() -> None:
+    # Failed before: XID 92 (the driver rate-limits the corrected count) left the ticket's
+    # count as if it were all the GPU logged.
+    n = _shipped()
+    n.run(HOUR)
+    n.xid(0, 92, pid=4242)
+    for gpu in (0, 1):
+        n.add(gpu, ecc_corrected_volatile=7, ecc_corrected_volatile_dev=7)
+    n.run(10 * 60)
+    rising = _firing_summaries(n, "GpuEccCorrectedRising")
+    note = "(a lower bound: XID 92 in the window, the driver rate-limits this count)"
+    assert rising["0"].endswith(f"7 corrected ECC error(s) in 1d {note}")
+    assert rising["1"].endswith("7 corrected ECC error(s) in 1d")
+    # memory_trend says it too; an XID 92 that left the window says nothing
+    n2 = Node(
+        rules(
+            """
+rules:
+- name: NewHbmErrors
+  severity: info
+  condition:
+    memory_trend: {signal: activity, field: ecc_corrected_volatile_dev, window: 1d,
+                   min_active: 1, min_episodes: 1}
+  annotations: {summary: 'new{rate_limited}'}
+"""
+        ),
+        gpus=2,
+    )
+    for f in n2.fields:
+        f["ecc_corrected_volatile_dev"] = 0.0
+    n2.poll()
+    n2.xid(0, 92, pid=1)
+    n2.xid(1, 92, pid=2)
+    n2.run(2 * DAY, step=600)  # GPU 1's XID 92 is two days old by its errors
+    n2.xid(0, 92, pid=3)
+    for gpu in (0, 1):
+        n2.add(gpu, ecc_corrected_volatile_dev=1)
+    n2.run(20 * 60, step=60)
+    assert _firing_summaries(n2, "NewHbmErrors") == {"0": f"new {note}", "1": "new"}

@@ -304,3 +304,45 @@ def test_a_state_file_from_a_newer_version_or_corrupt_starts_afresh(tmp_path: Pa
         again.engine.close()
         for f in tmp_path.glob("rules.sqlite3*"):
             f.unlink()
+
+
+def _xid_tickets(n: Node) -> list[tuple[str, str | None]]:
+    return sorted(
+        (tr.rule, tr.labels.get("gpu"))
+        for _, tr in n.transitions
+        if tr.state.value == "firing" and tr.severity.value == "ticket"
+    )
+
+
+def test_a_node_wide_xid_92_is_one_node_ticket_not_one_per_gpu() -> None:
+    # Failed before: XID 92 on every GPU within seconds (a job, driver or power event)
+    # opened GpuXidMemoryDegrading on each GPU beside the node's GpuXidOnManyGpus; now the
+    # one node ticket for memory events (GpuMemoryErrorsOnManyGpus).
+    n = Node(load_rule_set([]), gpus=4)
+    n.poll()
+    n.xid(0, 92, pid=1000)
+    n.step(10)  # the other GPUs' lines a poll later: the same event
+    for gpu in (1, 2, 3):
+        n.xid(gpu, 92, pid=1000 + gpu)
+    n.run(HOUR)
+    assert _xid_tickets(n) == [("GpuMemoryErrorsOnManyGpus", None)]
+    n.xid(2, 92, pid=7)  # GPU 2 alone, later: its own ticket, a minute or two on
+    n.run(5 * 60)
+    assert _xid_tickets(n) == [("GpuMemoryErrorsOnManyGpus", None), ("GpuXidMemoryDegrading", "2")]
+
+
+def test_a_node_wide_xid_92_on_gpus_already_logging_errors_is_still_the_node_ticket() -> None:
+    # The XID rule leaves node-wide XIDs to the node ticket; that ticket must come even when
+    # the GPUs were not quiet before (their corrected errors an hour earlier).
+    n = Node(load_rule_set([]), gpus=4)
+    n.poll()
+    for gpu in (0, 1, 2):
+        n.add(gpu, ecc_corrected_volatile=1)
+        n.run(20 * 60)
+    n.run(HOUR)
+    for gpu in (0, 1, 2):
+        n.xid(gpu, 92, pid=1000 + gpu)
+    n.run(HOUR)
+    tickets = _xid_tickets(n)
+    assert ("GpuMemoryErrorsOnManyGpus", None) in tickets
+    assert not [t for t in tickets if t[0] == "GpuXidMemoryDegrading"]

@@ -1,4 +1,9 @@
-"""``increase``: how much a counter grew in the last ``window`` (counter resets handled)."""
+"""``increase``: how much a counter grew in the last ``window`` (counter resets handled).
+
+With ``skip_node_wide``, a GPU whose activity of the counter in the window all began
+node-wide (the counter starting to move on 3 or more GPUs within minutes after hours of
+quiet: ``rules/node_wide.py``) counts as no increase: the node's alert (``memory_trend``,
+``signal: node``) stands for it."""
 
 from __future__ import annotations
 
@@ -20,6 +25,8 @@ class IncreaseKind(WindowedKind):
     key = "increase"
     description = "How much a counter grew in the last window (counter resets handled)."
     model = Increase
+    keys = (*WindowedKind.keys, "skip_node_wide")
+    node_wide_option = True
 
 
 KIND = IncreaseKind()

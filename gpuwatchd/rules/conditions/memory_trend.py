@@ -32,6 +32,12 @@ at least ``quiet`` of silence). One condition, three signals (``signal``):
 - ``corroborated``: activity in the longest window together with the GPU certifying the
   fault itself: a correctable row remap or XID 92 or 63 on this GPU in that window, or a
   bank with low or no spare rows left (row-remapper histogram) in its latest sample.
+- ``node``: one node-level alert while any GPU's activity in the longest window is
+  node-wide (began after quiet on 3 or more GPUs within minutes: ``rules/node_wide.py``;
+  a memory XID, 63/64/92/94/95, counts as activity of its GPU here),
+  with the GPUs it touched (``gpus``). A job, a driver or a power event, not that many
+  failing GPUs; ``increase``'s ``skip_node_wide`` leaves those GPUs out of the per-GPU
+  ticket.
 """
 
 from __future__ import annotations
@@ -47,6 +53,7 @@ from gpuwatchd.rules.conditions import memory_certified as mc
 from gpuwatchd.rules.conditions import schema_parts as sp
 from gpuwatchd.rules.conditions.base import (
     NO_HITS,
+    NODE_KEY,
     ConditionKind,
     Evaluator,
     Hit,
@@ -66,11 +73,18 @@ from gpuwatchd.rules.evidence import (
     rate_ratio_p_value,
 )
 from gpuwatchd.rules.model import Condition, Rule
+from gpuwatchd.rules.node_wide import (
+    field_activities,
+    node_wide_gpus,
+    with_memory_xids,
+    xid_event_gpus,
+)
+from gpuwatchd.rules.rate_limited import lookback, note
 from gpuwatchd.rules.snapshot import GpuView, Snapshot
 from gpuwatchd.rules.store import StateStore
 
-Signal = Literal["acceleration", "activity", "corroborated", "certified"]
-SIGNALS: tuple[Signal, ...] = ("acceleration", "activity", "corroborated", "certified")
+Signal = Literal["acceleration", "activity", "corroborated", "certified", "node"]
+SIGNALS: tuple[Signal, ...] = ("acceleration", "activity", "corroborated", "certified", "node")
 RECHECK = 300.0  # seconds between looks at a GPU whose counter did not move
 CERTIFIED_SIGNATURE = "memory-certified-xids-1"  # the saved XIDs' format (rules store)
 log = logging.getLogger(__name__)
@@ -242,16 +256,24 @@ def _accelerated(c: MemoryTrend, r: _Regime, width: int, alpha: float) -> Hit | 
     baseline = w0 - r.start - 1
     if baseline <= 0:
         return None
-    x, y, episodes, peak = act.window_at(r.s1, r.hi, w0, width)  # w0 > start
+    x, y, episodes, lo = act.window_at(r.s1, r.hi, w0)  # w0 > start
+    # The peak is the costliest count (bench/memory_look_cost.py): asked after the cheap
+    # gates, which rule out most windows a look tests (the scan's), once its sliding maximum
+    # is built; the first time a width is tested it is built at once (a daemon start, a
+    # width the regime just grew into), so no later look pays a build over the regime.
+    # Gates only: their order does not change a verdict.
+    peak = act.peak_before(r.s1, lo, width) if not act.peaks_kept(width) else None
     if x < c.min_active or episodes < c.min_episodes:
         return None
     p0 = c.factor * width / (c.factor * width + baseline)
     if x <= (x + y) * p0:
         return None  # at most the expected count: p >= 0.5 > alpha (and no sum to take)
-    if peak >= max(c.min_active, c.peak_ratio * x):
-        return None  # an earlier window of this regime was as busy, and it subsided
     if binomial_tail_floor(x, x + y, p0) >= alpha:
         return None  # surely not significant (Slud's bound): no exact sum to take
+    if peak is None:
+        peak = act.peak_before(r.s1, lo, width)
+    if peak >= max(c.min_active, c.peak_ratio * x):
+        return None  # an earlier window of this regime was as busy, and it subsided
     p = rate_ratio_p_value(x, float(width), y, float(baseline), c.factor)
     if p >= alpha:
         return None
@@ -340,6 +362,8 @@ class _Evaluator(Evaluator):
         c = self.c
         if c.signal == "certified":
             return self._certified(snap, now, fresh)
+        if c.signal == "node":
+            return self._node(snap, now)
         look = self.look
         corroborated = c.signal == "corroborated"
         if not active and not fresh and not corroborated and look.node_quiet(snap, c.field, now):
@@ -370,8 +394,22 @@ class _Evaluator(Evaluator):
                     hit[1]["evidence"] = why
             look.record(h, act.version, now, hit is not None)
             if hit is not None:
+                limited = note(snap, c.field, g.index, now, c.window)
+                if limited:  # a new dict: the memo and the sustained verdict keep theirs
+                    hit = hit[0], {**(hit[1] or {}), "rate_limited": limited}
                 hits[(g.index, -1, -1)] = hit
         return hits, unknown
+
+    def _node(self, snap: Snapshot, now: float) -> Result:
+        c = self.c
+        b1 = bucket_of(now) + 1
+        b0 = b1 - int(c.window // BUCKET)
+        acts = with_memory_xids(snap, field_activities(snap, c.field), b0)
+        gpus = sorted(set(node_wide_gpus(acts, b0, b1)) | xid_event_gpus(snap, b0))
+        if not gpus:
+            return NO_HITS, set()
+        values: dict[str, Any] = {"gpus": ", ".join(map(str, gpus))}
+        return {NODE_KEY: (float(len(gpus)), values)}, set()
 
     def _sustain(self, gpu: int, act: Activity, now: float, hit: Hit | None) -> Hit | None:
         """An acceleration holds on while its evidence keeps arriving: after a hit, the
@@ -432,6 +470,8 @@ class MemoryTrendKind(ConditionKind):
             "p_value",
             "baseline_rate",
             "recent_rate",
+            "gpus",
+            "rate_limited",
         }
     )
 
@@ -536,7 +576,8 @@ class MemoryTrendKind(ConditionKind):
             "Device-memory errors as activity (10-minute buckets, episodes, regimes): a "
             "significant acceleration within a regime (exact conditional binomial test), new "
             "activity, or activity the GPU corroborates (a correctable remap, a bank low on "
-            "spare rows, XID 92 or 63).",
+            "spare rows, XID 92 or 63); or, as one node alert, activity on 3 or more GPUs "
+            "within minutes (signal node).",
             optional_body=True,
         )
 
@@ -549,7 +590,10 @@ class MemoryTrendKind(ConditionKind):
             return Needs(gpu_counters=frozenset({c.field, *mc.FIELDS}), xid_window=mc.NODE_SPAN)
         if c.signal == "corroborated":
             return Needs(gpu_counters=frozenset({c.field, REMAP_FIELD}), xid_window=c.window)
-        return Needs(gpu_counters=frozenset({c.field}))
+        if c.signal == "node":
+            return Needs(gpu_counters=frozenset({c.field}), xid_window=c.window)
+        # XID 92 within the window says the count is a lower bound (rate_limited)
+        return Needs(gpu_counters=frozenset({c.field}), xid_window=lookback(c.field, c.window))
 
     def trigger(self, c: Condition) -> Trigger:
         assert isinstance(c, MemoryTrend)
@@ -557,7 +601,7 @@ class MemoryTrendKind(ConditionKind):
 
     def values(self, c: Condition) -> dict[str, Any]:
         assert isinstance(c, MemoryTrend)
-        return {"field": c.field, "window": format_duration(c.window)}
+        return {"field": c.field, "window": format_duration(c.window), "rate_limited": ""}
 
 
 KIND = MemoryTrendKind()

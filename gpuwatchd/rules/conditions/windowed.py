@@ -19,8 +19,11 @@ from gpuwatchd.rules.conditions.base import (
     model_of,
 )
 from gpuwatchd.rules.conditions.reading import BodyReader
+from gpuwatchd.rules.evidence import bucket_of
 from gpuwatchd.rules.history import CounterHistory
 from gpuwatchd.rules.model import Condition, Op, Rule, rises_only
+from gpuwatchd.rules.node_wide import field_activities, has_own_activity
+from gpuwatchd.rules.rate_limited import lookback, note
 from gpuwatchd.rules.snapshot import OP_FUNCS, Snapshot, selected
 
 
@@ -31,6 +34,7 @@ class Windowed(Condition):
     op: Op = ">"
     value: float = 0.0
     link: bool = False
+    skip_node_wide: bool = False  # leave out GPUs whose activity in the window is node-wide
 
     def measure(self, h: CounterHistory, start: float, end: float) -> float:
         raise NotImplementedError
@@ -77,10 +81,15 @@ class _Evaluator(Evaluator):
                 for g in targets
                 for link_no, h in snap.series(g, c.field, c.link)
             ]
+        acts = field_activities(snap, c.field) if c.skip_node_wide else None
+        b0, b1 = bucket_of(start), bucket_of(now) + 1
         for index, link_no, h in todo:
             v = c.measure(h, start, now)
+            if acts is not None and not has_own_activity(acts, index, b0, b1):
+                v = 0.0  # all of it node-wide: the node's alert (rules/node_wide.py)
             if op(v, c.value):
-                hits[(index, link_no, -1)] = (v, None)
+                limited = "" if link_no >= 0 else note(snap, c.field, index, now, c.window)
+                hits[(index, link_no, -1)] = (v, {"rate_limited": limited} if limited else None)
                 true[h] = None
             else:
                 true.pop(h, None)
@@ -90,12 +99,13 @@ class _Evaluator(Evaluator):
 class WindowedKind(ConditionKind):
     """A kind over a counter's last ``window`` (subclasses name the key and measure)."""
 
-    keys = ("field", "window", "op", "value")
-    placeholders = frozenset({"field", "threshold", "window"})
+    keys: ClassVar[tuple[str, ...]] = ("field", "window", "op", "value")
+    placeholders = frozenset({"field", "threshold", "window", "rate_limited"})
     default_op: ClassVar[Op] = ">"
     default_value: ClassVar[float] = 0.0
     description: ClassVar[str]
     model: ClassVar[type[Windowed]]
+    node_wide_option: ClassVar[bool] = False  # takes ``skip_node_wide`` (GPU counters)
 
     def parse(
         self, p: BodyReader, body: Node, keys: dict[str, Node], what: str
@@ -108,21 +118,33 @@ class WindowedKind(ConditionKind):
         value: float | None = self.default_value
         if "value" in keys:
             value = p.r.number(keys["value"], f"{what}.value")
+        skip = False
+        if "skip_node_wide" in keys:
+            got = p.r.boolean(keys["skip_node_wide"], f"{what}.skip_node_wide")
+            if got is None:
+                return None
+            skip = got
         if found is None or window is None or op is None or value is None:
             return None
-        return self.model(found[0], window, op, value, found[2])
+        if skip and found[2]:
+            p.error(keys["skip_node_wide"], f"{what}.skip_node_wide: for GPU counters, not links")
+            return None
+        return self.model(found[0], window, op, value, found[2], skip)
 
     def schema(self) -> sp.Schema:
         number: sp.Schema = {"type": "number", "default": self.default_value}
         if self.default_value == int(self.default_value):
             number["default"] = int(self.default_value)
+        props: dict[str, sp.Schema] = {
+            "field": sp.fields(),
+            "window": sp.duration(),
+            "op": sp.op(self.default_op),
+            "value": number,
+        }
+        if self.node_wide_option:
+            props["skip_node_wide"] = {"type": "boolean", "default": False}
         return sp.body(
-            {
-                "field": sp.fields(),
-                "window": sp.duration(),
-                "op": sp.op(self.default_op),
-                "value": number,
-            },
+            props,
             self.description,
             required=("field", "window"),
         )
@@ -134,7 +156,8 @@ class WindowedKind(ConditionKind):
         assert isinstance(c, Windowed)
         if c.link:
             return Needs(link_counters=frozenset({c.field}))
-        return Needs(gpu_counters=frozenset({c.field}))
+        # XID 92 within the window says the corrected count is a lower bound (rate_limited)
+        return Needs(gpu_counters=frozenset({c.field}), xid_window=lookback(c.field, c.window))
 
     def trigger(self, c: Condition) -> Trigger:
         assert isinstance(c, Windowed)
@@ -142,4 +165,9 @@ class WindowedKind(ConditionKind):
 
     def values(self, c: Condition) -> dict[str, Any]:
         assert isinstance(c, Windowed)
-        return {"field": c.field, "window": format_duration(c.window), "threshold": c.value}
+        return {
+            "field": c.field,
+            "window": format_duration(c.window),
+            "threshold": c.value,
+            "rate_limited": "",
+        }

@@ -16,11 +16,16 @@ same XID comes back (``xid_recovery``); the default ``quiet`` resolves after the
 ``unclassified: true`` selects what nobody has classified: the catalog's codes without a
 resolution bucket, and every code the catalog does not list (a driver newer than the
 catalog) unless an override says what it is, so that no code goes unanswered.
+``skip_node_wide: true`` leaves out node events: an XID whose code came on 3 or more GPUs
+of the node within a minute (a driver, fabric, power or job event; ``xid_recurrence``'s
+``signal: node`` raises it once). An XID is judged once a minute has passed since it, so
+that the other GPUs' lines of the same event are in (the rule then runs on the periodic
+tick: about a minute or two after the line).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -41,7 +46,7 @@ from gpuwatchd.rules.conditions.base import (
 from gpuwatchd.rules.conditions.reading import BodyReader, hint
 from gpuwatchd.rules.conditions.xid_recovery import Recoveries, RecoveryPolicy, recovery_values
 from gpuwatchd.rules.model import Condition, Rule
-from gpuwatchd.rules.snapshot import Snapshot
+from gpuwatchd.rules.snapshot import SeqXid, Snapshot
 from gpuwatchd.rules.store import StateStore
 from gpuwatchd.xid import catalog as xid_catalog
 from gpuwatchd.xid import catalog_data
@@ -49,6 +54,8 @@ from gpuwatchd.xid.catalog import parse_recovery_change
 
 RECOVERY_MODES = ("quiet", "evidence")
 XID_RECOVERY_ACTION = 154
+NODE_GPUS = 3  # GPUs with the same code within NODE_WINDOW that make a node event
+NODE_WINDOW = 60.0
 CATALOG_SEVERITIES = tuple(s.value for s in xid_catalog.XidSeverity)
 
 
@@ -85,6 +92,7 @@ class XidMatch(Condition):
     unknown: bool = False  # also codes outside the catalog (and its overrides)
     episode_gap: float | None = None  # count episodes of one process, not lines
     recovery: RecoveryPolicy | None = None  # resolve on evidence (None: after quiet)
+    skip_node_wide: bool = False  # leave out a code seen on NODE_GPUS GPUs within NODE_WINDOW
 
     def hold(self, keep_firing_for: float) -> float:
         return self.quiet
@@ -242,6 +250,11 @@ class _Evaluator(Evaluator):
         hits: Hits = {}
         if cursor >= log.seq:
             return hits
+        upto = log.seq
+        if c.skip_node_wide:
+            upto = self.cursor = _settled(log.events, cursor, now)
+            if upto <= cursor:
+                return hits
         allowed: set[int] | None = None
         if self.rule.select is not None:
             allowed = {g.index for g in snap.selected(self.rule)}
@@ -253,12 +266,19 @@ class _Evaluator(Evaluator):
         def wanted(e: XidEvent) -> bool:
             if e.kind == "sxid":
                 return False
+            if c.skip_node_wide and node_event(snap, e):
+                return False
             if e.xid not in codes:
                 return unknown and not catalog.knows(e.xid)
             return e.xid not in judged or catalog.judged_fatal(e.xid, e.message) == fatal
 
         latest: dict[Key, XidEvent] = {}
-        for ev in log.newest_first(cursor):
+        for x in reversed(log.events):
+            if x.seq <= cursor:
+                break
+            if x.seq > upto:
+                continue  # not yet settled: judged at a later look
+            ev = x.event
             if not wanted(ev):
                 continue
             key = (snap.gpu_of(ev), -1, ev.xid if c.by_code else -1)
@@ -289,6 +309,31 @@ class _Evaluator(Evaluator):
         return hits
 
 
+def _settled(events: Iterable[SeqXid], cursor: int, now: float) -> int:
+    """The log number up to which the events after ``cursor`` are a minute old or more:
+    judged now; the rest waits for the other GPUs' lines of the same event."""
+    upto = cursor
+    for x in events:
+        if x.seq <= cursor:
+            continue
+        if x.event.timestamp > now - NODE_WINDOW:
+            break
+        upto = x.seq
+    return upto
+
+
+def node_event(snap: Snapshot, ev: XidEvent) -> bool:
+    """The same code on ``NODE_GPUS`` or more GPUs within ``NODE_WINDOW`` of ``ev``."""
+    gpus = set()
+    for x in snap.xids.events:
+        e = x.event
+        if e.xid == ev.xid and e.kind != "sxid" and abs(e.timestamp - ev.timestamp) <= NODE_WINDOW:
+            gpus.add(snap.gpu_of(e))
+            if len(gpus) >= NODE_GPUS:
+                return True
+    return False
+
+
 class XidKind(ConditionKind):
     key = "xid"
     keys = (
@@ -305,6 +350,7 @@ class XidKind(ConditionKind):
         "recovery",
         "escalate_after",
         "escalate_within",
+        "skip_node_wide",
     )
     placeholders = frozenset(
         {
@@ -420,6 +466,7 @@ class XidKind(ConditionKind):
         if "episode_gap" in keys:
             episode_gap = p.window(keys["episode_gap"], f"{what}.episode_gap")
         recovery = self._recovery(p, keys, what)
+        skip_node_wide = p.boolean(keys, "skip_node_wide", what, False)
         if not codes and not unknown:
             p.error(body, f"{what}: matches no XID code")
             return None
@@ -434,6 +481,7 @@ class XidKind(ConditionKind):
             unknown=unknown,
             episode_gap=episode_gap,
             recovery=recovery,
+            skip_node_wide=skip_node_wide,
         )
 
     @staticmethod
@@ -509,6 +557,12 @@ class XidKind(ConditionKind):
                     "description": "recovery: evidence: how long after a recovery a return "
                     "of the XID counts.",
                 },
+                "skip_node_wide": {
+                    "type": "boolean",
+                    "default": False,
+                    "description": "Leave out node events: a code on 3 or more GPUs within "
+                    "a minute. XIDs are judged a minute after they came (periodic).",
+                },
             },
             "XID events matched by code, the catalog's immediate resolution bucket, catalog "
             "severity or the fatal set; count in window; resolves after quiet.",
@@ -530,7 +584,8 @@ class XidKind(ConditionKind):
         return Needs(xid_window=c.window)
 
     def trigger(self, c: Condition) -> Trigger:
-        return "xid"
+        assert isinstance(c, XidMatch)
+        return "periodic" if c.skip_node_wide else "xid"
 
     def values(self, c: Condition) -> dict[str, Any]:
         assert isinstance(c, XidMatch)
