@@ -517,12 +517,7 @@ class WorkerBackend:
         try:
             self._send({"op": "sample", "gpu": index}, answered)
         except WorkerDown as exc:
-            err = exc
-
-            def failed() -> GpuSample:
-                raise err
-
-            done(failed)
+            done(_raises(exc))
 
     def start_rounds(
         self, interval_s: float, call_timeout_s: float, done: Callable[[RoundResult], None]

@@ -51,10 +51,6 @@ BEAT_S = 2.0
 # this long for another's poll, then reads alongside it: one that hangs never holds up
 # the others for more than this.
 POLL_TURN_WAIT_S = 0.25
-# The supervisor looks for a round stuck in one GPU's call every call timeout (at most
-# every BEAT_S, as the heartbeat did alone: at the default 2 s timeout no wake-up is
-# added), so it names a stuck GPU within 2 x the timeout: before the daemon's backstop
-# (3 x the timeout past the GPU's due time) marks the other GPUs stale too
 # One nvmlEventSetWait call costs driver CPU whether or not an event comes (about 1 ms a
 # second at a 1 s wait on a busy H200): wait long; an event still returns at once.
 EVENT_WAIT_S = 10.0
@@ -143,18 +139,25 @@ class Worker:
             if got_turn:
                 turn.release()
 
+    def _try_read(self, index: int) -> GpuSample | dict[str, Any]:
+        """One GPU's sample, or its error as the wire carries it (a ``BackendError``, or a
+        bug, logged: either way this GPU's error, and the worker keeps serving)."""
+        try:
+            return self._read_gpu(index)
+        except Exception as exc:
+            if not isinstance(exc, BackendError):
+                log.exception("sampling GPU %d", index)
+            return error_to_wire(exc)
+
     def _request_loop(self) -> None:
         """On-demand reads (``sample``), one at a time."""
         while (request := self._requests.get()) is not None:
             rid, index = request
-            try:
-                sample = self._read_gpu(index)
-            except Exception as exc:  # BackendError, or a bug: this GPU's error
-                if not isinstance(exc, BackendError):
-                    log.exception("sampling GPU %d", index)
-                self.send({"id": rid, "error": error_to_wire(exc)})
-                continue
-            self.send({"id": rid}, [sample])
+            got = self._try_read(index)
+            if isinstance(got, GpuSample):
+                self.send({"id": rid}, [got])
+            else:
+                self.send({"id": rid, "error": got})
 
     # -- poll rounds --------------------------------------------------------------------
     def set_cadence(self, interval: float, timeout: float) -> None:
@@ -182,20 +185,14 @@ class Worker:
                     if index in self._stuck:
                         continue
                     state.gpu, state.since = index, time.monotonic()
-                try:
-                    sample = self._read_gpu(index)
-                except Exception as exc:  # BackendError, or a bug: this GPU's error
-                    if not isinstance(exc, BackendError):
-                        log.exception("sampling GPU %d", index)
-                    with self._rounds_lock:
-                        if not self._returned(state, index):
-                            return
-                        state.errors[str(index)] = error_to_wire(exc)
-                    continue
+                got = self._try_read(index)
                 with self._rounds_lock:
                     if not self._returned(state, index):
                         return
-                    state.samples.append(sample)
+                    if isinstance(got, GpuSample):
+                        state.samples.append(got)
+                    else:
+                        state.errors[str(index)] = got
             with self._rounds_lock:
                 if not state.live:
                     return
@@ -254,7 +251,10 @@ class Worker:
     def beat(self) -> None:
         """A beat after ``BEAT_S`` without any frame: every frame tells the daemon this
         process is alive, so a worker sending rounds never beats. The same thread is the
-        round supervisor (``_supervise_round``), so it adds no wake-up of its own."""
+        round supervisor (``_supervise_round``): it looks every call timeout (at most every
+        ``BEAT_S``, so at the default 2 s timeout no wake-up is added) and so names a stuck
+        GPU within 2 x the timeout, before the daemon's backstop (3 x the timeout past the
+        GPU's due time) would mark the other GPUs stale too."""
         wait = BEAT_S
         while not self._stop.wait(wait):
             self._supervise_round()
