@@ -312,10 +312,7 @@ def claim_protocol(
         return Verdict(False, len(drains), limit, census.nodes, census)
     choosing_at = now()
     yield Write(Claim(node, None, choosing_at, xid))
-    asked = now()
-    census = yield Read(full=True)
-    assert census is not None
-    slowest = now() - asked  # our longest full census: the waits below scale with it
+    census, asked, slowest = yield from _full_read(now)  # slowest: the waits below scale with it
     if census.marks:  # the fleet is stopped: no drain until an operator resets it
         yield Write(None)
         return Verdict(False, 0, limit, census.nodes, census)
@@ -330,10 +327,8 @@ def claim_protocol(
         yield Write(None)
         return Verdict(False, limit, limit, census.nodes, census)
     started = stamp
-    asked = now()
-    census = yield Read(full=True)
-    assert census is not None
-    slowest = max(slowest, now() - asked)
+    census, asked, took = yield from _full_read(now)
+    slowest = max(slowest, took)
     waiting = {c.node for c in live_claims(census, asked).values() if c.choosing}
     waiting.discard(node)
     while True:
@@ -353,10 +348,8 @@ def claim_protocol(
                 return Verdict(False, limit, limit, census.nodes, census)
             stamp = fresh
         yield Wait(CHOOSING_POLL)
-        asked = now()
-        census = yield Read(full=True)
-        assert census is not None
-        slowest = max(slowest, now() - asked)
+        census, asked, took = yield from _full_read(now)
+        slowest = max(slowest, took)
     limit = limit_for(cfg, census.nodes)
     ahead = ahead_of(census, node, ticket, cfg, asked)
     # a breaker tripped after our ticket was taken stops the nodes behind us, not us: those
@@ -373,6 +366,17 @@ def claim_protocol(
     if census.marks or not cfg.breaker or len(ahead) < limit:
         return Verdict(False, len(ahead), limit, census.nodes, census)
     return (yield from _trip(node, xid, now, len(ahead), limit))
+
+
+def _full_read(
+    now: Callable[[], float],
+) -> Generator[Op, Census | None, tuple[Census, float, float]]:
+    """A full census, with the time we asked for it (claims are judged live as of then)
+    and how long it took to come back (our slowest one sets the waits)."""
+    asked = now()
+    census = yield Read(full=True)
+    assert census is not None
+    return census, asked, now() - asked
 
 
 def _refresh(
