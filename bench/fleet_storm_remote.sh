@@ -175,12 +175,16 @@ write_wrappers() { # host|carried
     local name bin
     for name in slurmctld slurmd slurmstepd sinfo scontrol sdiag squeue sbatch scancel srun; do
         bin=$(binary "$name") || continue
+        # slurmd looks for slurmstepd where Debian installs it (/usr/sbin) and exits where
+        # that is missing: point it at the prefix's (-d; the storm runs no job steps)
+        args='"$@"'
+        [ "$name" = slurmd ] && args="-d \"$WORK/bin/slurmstepd\" $args"
         if [ "$1" = carried ]; then
-            printf '#!/bin/sh\nexec "%s" --library-path "%s" --argv0 "%s" "%s" "$@"\n' \
-                "$LDSO" "$GLIBC/lib/$ARCH:$LIBS" "$name" "$bin" > "$WORK/bin/$name"
+            printf '#!/bin/sh\nexec "%s" --library-path "%s" --argv0 "%s" "%s" %s\n' \
+                "$LDSO" "$GLIBC/lib/$ARCH:$LIBS" "$name" "$bin" "$args" > "$WORK/bin/$name"
         else
-            printf '#!/bin/sh\nexport LD_LIBRARY_PATH="%s"\nexec "%s" "$@"\n' \
-                "$LIBS" "$bin" > "$WORK/bin/$name"
+            printf '#!/bin/sh\nexport LD_LIBRARY_PATH="%s"\nexec "%s" %s\n' \
+                "$LIBS" "$bin" "$args" > "$WORK/bin/$name"
         fi
         chmod +x "$WORK/bin/$name"
     done
