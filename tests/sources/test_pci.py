@@ -114,6 +114,24 @@ def test_watcher_without_monitor_rescans_sysfs(tmp_path: Path) -> None:
     assert counts[0] == 9 and counts[-1] == 8
 
 
+def test_missing_pyudev_is_noted_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Without pyudev the watcher reads sysfs every rescan; it says so once, not every
+    minute (seen on a GPU host without pyudev: the same line at every rescan)."""
+    import sys
+
+    monkeypatch.setitem(sys.modules, "pyudev", None)  # import pyudev raises ImportError
+    root = make_sysfs(tmp_path, DEVICES)
+    counts: list[int] = []
+    w = PciWatcher(counts.append, sysfs_root=str(root))
+    with caplog.at_level("INFO", logger="gpuwatchd.sources.gpu.pci"):
+        for _ in range(3):
+            w.enumerate()
+    assert counts == [9, 9, 9]
+    assert sum("pyudev unavailable" in r.getMessage() for r in caplog.records) == 1
+
+
 @pytest.fixture
 def udev_context() -> Iterator[Any]:
     pyudev = pytest.importorskip("pyudev")

@@ -163,6 +163,7 @@ class PciWatcher:
         except Exception as exc:  # no pyudev or no libudev: sysfs is enough
             log.info("pci: pyudev unavailable (%s): reading sysfs", exc)
             self.context = None
+            self.use_udev = False  # once: not retried (and logged) at every rescan
         return self.context
 
     def enumerate(self) -> int:
