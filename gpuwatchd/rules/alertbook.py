@@ -22,7 +22,7 @@ from gpuwatchd.rules.conditions.base import Hits, Key
 from gpuwatchd.rules.ledger import kind_of
 from gpuwatchd.rules.model import Rule
 from gpuwatchd.rules.snapshot import Snapshot
-from gpuwatchd.rules.store import LEDGER_MAX_ROWS, AlertRecord, LedgerEntry, StateStore
+from gpuwatchd.rules.store import AlertRecord, LedgerEntry, StateStore
 
 log = logging.getLogger(__name__)
 
@@ -411,7 +411,7 @@ class AlertBook:
         entry = _ledger_entry(rule, alert, drain, now)
         if entry is not None:
             self._ledger.append(entry)
-            if len(self._ledger) > LEDGER_MAX_ROWS:  # saves keep failing: the store's bound
+            if len(self._ledger) > self._store.ledger_rows:  # saves keep failing: its bound
                 del self._ledger[0]
 
     def _transition(

@@ -229,15 +229,15 @@ def _meta_time(value: object) -> float | None:
     return t if t == t and abs(t) != float("inf") else None
 
 
-def _prune_ledger(conn: sqlite3.Connection, now: float) -> None:
-    """Drop ledger rows older than ``LEDGER_RETENTION``, then the oldest beyond
-    ``LEDGER_MAX_ROWS``; remember the newest time dropped (``ledger_cut``)."""
+def _prune_ledger(conn: sqlite3.Connection, now: float, cap: int) -> None:
+    """Drop ledger rows older than ``LEDGER_RETENTION``, then the oldest beyond ``cap``;
+    remember the newest time dropped (``ledger_cut``)."""
     cut = conn.execute(
         "SELECT max(t) FROM memory_ledger WHERE t < ?", (now - LEDGER_RETENTION,)
     ).fetchone()[0]
     if cut is not None:
         conn.execute("DELETE FROM memory_ledger WHERE t <= ?", (cut,))
-    excess = conn.execute("SELECT count(*) FROM memory_ledger").fetchone()[0] - LEDGER_MAX_ROWS
+    excess = conn.execute("SELECT count(*) FROM memory_ledger").fetchone()[0] - cap
     if excess > 0:
         rows = conn.execute(
             "SELECT rowid, t FROM memory_ledger ORDER BY t, rowid LIMIT ?", (excess,)
@@ -312,8 +312,11 @@ def _alert_record(row: tuple[Any, ...]) -> AlertRecord:
 class StateStore:
     """SQLite-backed state. ``path=":memory:"`` keeps it in memory (simulate, tests)."""
 
-    def __init__(self, path: str, *, boot_id: str | None = None) -> None:
+    def __init__(
+        self, path: str, *, boot_id: str | None = None, ledger_rows: int = LEDGER_MAX_ROWS
+    ) -> None:
         self.path = path
+        self.ledger_rows = ledger_rows  # the memory ledger's bound (oldest dropped first)
         self.boot_id = boot_id if boot_id is not None else read_boot_id()
         self.errors = 0
         self.write_ok = True  # False while writes fail (disk full, read-only): for metrics
@@ -607,7 +610,7 @@ class StateStore:
                     " severity, drain) VALUES (?,?,?,?,?,?,?,?)",
                     entries,
                 )
-                _prune_ledger(conn, now)
+                _prune_ledger(conn, now, self.ledger_rows)
             for a in rows:
                 if a[3] == "firing":
                     conn.execute(
@@ -861,7 +864,7 @@ class StateStore:
             conn.execute("DELETE FROM history WHERE t < ?", (now - HISTORY_RETENTION,))
             conn.execute('DELETE FROM xid_episodes WHERE "end" < ?', (now - EPISODE_RETENTION,))
             conn.execute("DELETE FROM faults WHERE last < ?", (now - INACTIVE_RETENTION,))
-            _prune_ledger(conn, now)
+            _prune_ledger(conn, now, self.ledger_rows)
             conn.execute(
                 "DELETE FROM alerts WHERE state='inactive' AND updated < ?",
                 (now - INACTIVE_RETENTION,),

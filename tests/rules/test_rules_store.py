@@ -309,13 +309,10 @@ def test_the_memory_ledger_keeps_every_memory_firing_across_restarts(tmp_path: P
     assert len(ledger.entries) == 4 and not ledger.bad
 
 
-def test_the_memory_ledger_is_pruned_by_age_and_by_count(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    from gpuwatchd.rules import store as store_module
+def test_the_memory_ledger_is_pruned_by_age_and_by_count(tmp_path: Path) -> None:
     from gpuwatchd.rules.store import LEDGER_RETENTION, LedgerEntry
 
-    s = store(tmp_path)
+    s = StateStore(str(tmp_path / DB_NAME), boot_id="b", ledger_rows=3)
     day = 86400.0
 
     def entry(t: float, fp: str = "fp") -> LedgerEntry:
@@ -327,7 +324,6 @@ def test_the_memory_ledger_is_pruned_by_age_and_by_count(
     s.trim(LEDGER_RETENTION + day)  # the first row is now too old
     got = s.load_ledger()
     assert [e.t for e in got.entries] == [10 * day] and got.cut == 0.0
-    monkeypatch.setattr(store_module, "LEDGER_MAX_ROWS", 3)
     more = [entry(20 * day + i, f"fp{i}") for i in range(4)]
     assert s.save_alerts([], 21 * day, more)
     got = s.load_ledger()
