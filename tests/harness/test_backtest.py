@@ -200,6 +200,51 @@ def test_from_state_without_a_ledger_falls_back_to_the_alert_states_and_says_flo
     assert "the counts are a floor" in capsys.readouterr().out
 
 
+def test_from_state_on_a_node_upgraded_mid_history_adds_the_older_alert_states_as_a_floor(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The ledger started on day 10 (the daemon was upgraded then): what fired before comes
+    # from the alert states (the DBE of day 5; page A is replaced by page B there, GPU 1's
+    # page forgotten), what fired after from the ledger.
+    _field_history(tmp_path)
+    db = sqlite3.connect(tmp_path / "rules.sqlite3")
+    with db:
+        since = db.execute("SELECT value FROM meta WHERE key='ledger_since'").fetchone()[0]
+        upgrade = float(since) + 10 * DAY
+        db.execute("DELETE FROM memory_ledger WHERE t < ?", (upgrade,))
+        db.execute("UPDATE meta SET value=? WHERE key='ledger_since'", (repr(upgrade),))
+    db.close()
+    assert main(["backtest", "--from-state", str(tmp_path), "--json"]) == 0
+    row = json.loads(capsys.readouterr().out)
+    assert (row["uncorrectable_errors"], row["ue_paged_1h_ahead"]) == (2, 0)
+    assert (row["memory_pages"], row["pages_unconfirmed_after_90d"]) == (1, 1)
+    assert (row["counts"], row["nodes_floor"]) == ("floor", 1)
+
+
+def test_from_state_counts_only_what_the_ledger_kept_whole(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A ledger that dropped its oldest rows (here over a bound of 2): pages after the
+    # newest dropped row count; an error counts only when its 90-day look back is after it.
+    store = StateStore(str(tmp_path / "rules.sqlite3"), boot_id="b", ledger_rows=2)
+    page = "GpuMemoryErrorsCorroborated"
+
+    def at(day: float, kind: str, fp: str) -> LedgerEntry:
+        rule = page if kind == "memory" else "GpuXidFatal"
+        return LedgerEntry(day * DAY, fp, rule, "0", "GPU-0", kind, "page", kind == "memory")
+
+    assert store.save_alerts([], 0.0, [at(0, "memory", "a")])
+    assert store.save_alerts([], 0.0, [at(20, "memory", "b")])
+    assert store.save_alerts([], 0.0, [at(30, "ue", "c")])  # drops the page of day 0
+    store.close()
+    assert main(["backtest", "--from-state", str(tmp_path), "--json"]) == 0
+    row = json.loads(capsys.readouterr().out)
+    # the error of day 30 looks back to day -60: the dropped page of day 0 was in reach
+    assert row["uncorrectable_errors"] == 0
+    assert (row["memory_pages"], row["pages_confirmed_within_90d"]) == (1, 1)
+    assert row["counts"] == "exact"
+
+
 def test_from_state_skips_a_damaged_ledger_row_with_a_warning(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
