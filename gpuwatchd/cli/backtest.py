@@ -49,7 +49,8 @@ def add_parser(
         help="instead: report on nodes' own history, read from their state directories (or "
         "rules.sqlite3 files; repeatable): uncorrectable memory errors preceded by a memory "
         "page >= 1 h or a drain >= 24 h before, and memory pages no such error followed "
-        "within 90 days (docs/DETECTION.md)",
+        "within 90 days; exact from the state's memory ledger, a floor where there is none "
+        "(docs/DETECTION.md)",
     )
     p.add_argument(
         "--write-scenarios",
@@ -194,6 +195,8 @@ def _from_state(paths: list[str], config: Config, as_json: bool) -> int:
     except OSError as exc:
         print(f"gpuwatchd backtest: {exc}", file=sys.stderr)
         return 1
+    for warning in report.warnings:
+        print(f"gpuwatchd backtest: warning: {warning}", file=sys.stderr)
     if as_json:
         print(json.dumps(report.row()))
     else:

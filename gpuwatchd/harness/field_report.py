@@ -14,12 +14,18 @@ nodes or read in place), so that a site can measure recall and precision on its 
   yet (open, with the days watched so far).
 
 A *memory* rule is one of the shipped or site rules whose condition is ``memory_trend``,
-or whose name starts with ``GpuRowRemap`` or ``GpuXidMemory``. What the state keeps bounds
-what this can say: each alert series (a rule on one GPU) keeps its latest firing only, and a
-resolved one is forgotten 90 days after it last changed; so a GPU paged twice counts once,
-an error resolved more than 90 days ago is gone, and the report is a floor on pages and
-errors, exact on which came first. The file is read from a private copy, so a node's
-state is never changed.
+or whose name starts with ``GpuRowRemap`` or ``GpuXidMemory``.
+
+The counts come from the state's **memory ledger** (``rules/ledger.py``): every memory
+firing since the node's daemon first kept one, so a GPU paged twice counts twice. The ledger
+keeps 190 days: pages are counted over all of it, uncorrectable errors only where their
+90-day look back is all there (after the newest row it dropped, ``ledger_cut``, plus 90
+days). A state without a ledger (an older version), or firings from before the ledger
+started, fall back to the alert states: each alert series (a rule on one GPU) keeps its
+latest firing only, and a resolved one is forgotten 90 days after it last changed, so those
+counts are a floor (exact on which came first), and the output says so. A ledger row that
+does not read (a damaged or forged file) is skipped with a warning naming the file and row.
+The file is read from a private copy, so a node's state is never changed.
 """
 
 from __future__ import annotations
@@ -33,8 +39,8 @@ from typing import Any
 
 from gpuwatchd.configfile.loader import Config
 from gpuwatchd.core.alerts import AlertSeverity
-from gpuwatchd.rules.conditions.memory_trend import MemoryTrend
-from gpuwatchd.rules.store import DB_NAME, AlertRecord, StateStore
+from gpuwatchd.rules.ledger import UE_RULES, UE_XID_RULE, is_memory_rule, is_xid48
+from gpuwatchd.rules.store import DB_NAME, AlertRecord, Ledger, StateStore
 
 HOUR = 3600.0
 DAY = 86400.0
@@ -42,9 +48,6 @@ FOLLOW = 90 * DAY  # a page is confirmed by an uncorrectable error within this l
 PAGE_LEAD = HOUR  # the goals' lead times (issue 25)
 DRAIN_LEAD = DAY
 UE_MERGE = HOUR  # two uncorrectable-error alerts on one GPU this close are one error
-UE_RULES = ("GpuEccUncorrectedRising",)
-UE_XID_RULE = "GpuXidFatal"  # for XID 48
-MEMORY_PREFIXES = ("GpuRowRemap", "GpuXidMemory")
 
 
 @dataclass
@@ -61,6 +64,12 @@ class FieldReport:
     pages_unconfirmed: int = 0
     pages_open: int = 0
     open_days: list[float] = field(default_factory=list)
+    nodes_exact: int = 0  # counted from a memory ledger alone
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def exact(self) -> bool:
+        return self.nodes_exact == self.nodes
 
     def row(self) -> dict[str, Any]:
         def share(part: int, whole: int) -> float | None:
@@ -78,6 +87,10 @@ class FieldReport:
             "pages_unconfirmed_after_90d": self.pages_unconfirmed,
             "pages_open": self.pages_open,
             "precision": share(self.pages_confirmed, self.pages_confirmed + self.pages_unconfirmed),
+            "counts": "exact" if self.exact else "floor",
+            "nodes_exact": self.nodes_exact,
+            "nodes_floor": self.nodes - self.nodes_exact,
+            "warnings": len(self.warnings),
         }
 
 
@@ -89,7 +102,7 @@ def memory_rules(config: Config) -> tuple[set[str], set[str]]:
     pages: set[str] = set()
     drains: set[str] = set()
     for r in rules_from_settings(for_rules(config)).rules:
-        if not (isinstance(r.condition, MemoryTrend) or r.name.startswith(MEMORY_PREFIXES)):
+        if not is_memory_rule(r):
             continue
         if r.severity is AlertSeverity.PAGE:
             pages.add(r.name)
@@ -98,9 +111,18 @@ def memory_rules(config: Config) -> tuple[set[str], set[str]]:
     return pages, drains
 
 
-def read_alerts(path: str) -> list[AlertRecord]:
-    """The alert records of a state directory (or a ``rules.sqlite3`` file), read from a
-    private copy. ``OSError`` when there is nothing to read."""
+@dataclass
+class NodeState:
+    """What one node's rule state holds for the report."""
+
+    path: str  # the file read (its copy was)
+    alerts: list[AlertRecord]
+    ledger: Ledger
+
+
+def read_state(path: str) -> NodeState:
+    """The alert records and memory ledger of a state directory (or a ``rules.sqlite3``
+    file), read from a private copy. ``OSError`` when there is nothing to read."""
     db = os.path.join(path, DB_NAME) if os.path.isdir(path) else path
     if not os.path.isfile(db):
         raise FileNotFoundError(f"{db}: no rule state here")
@@ -112,61 +134,114 @@ def read_alerts(path: str) -> list[AlertRecord]:
                 shutil.copyfile(db + suffix, copy + suffix)
         store = StateStore(copy, boot_id="field-report")
         try:
-            return store.load_alerts()
+            return NodeState(db, store.load_alerts(), store.load_ledger())
         finally:
             store.close()
 
 
-def _xid48(rec: AlertRecord) -> bool:
-    """An XID 48 (double-bit error) alert: its label, or the shipped summary's first words."""
-    if "xid" in rec.labels:
-        return rec.labels["xid"] == "48"
-    return rec.annotations.get("summary", "").startswith("XID 48 ")
+def read_alerts(path: str) -> list[AlertRecord]:
+    """The alert records of a state directory (or a ``rules.sqlite3`` file)."""
+    return read_state(path).alerts
 
 
 def _gpu(rec: AlertRecord) -> str | None:
     return rec.labels.get("uuid") or rec.labels.get("gpu")
 
 
-def score_node(
-    records: Iterable[AlertRecord], pages: set[str], drains: set[str], report: FieldReport
-) -> None:
-    """Add one node's alert records to ``report``; its "now" is the last moment the node
-    judged anything (so a copy read later does not age its pages)."""
-    recs = [r for r in records if r.fired_at is not None and _gpu(r) is not None]
-    if not recs:
-        report.nodes += 1
+@dataclass(frozen=True)
+class _Event:
+    gpu: str
+    t: float
+    ue: bool
+    page: bool
+    drain: bool
+
+
+def _from_alerts(
+    records: Iterable[AlertRecord], pages: set[str], drains: set[str], before: float | None
+) -> list[_Event]:
+    """The alert states' latest firings (those before ``before`` only, when given)."""
+    out: list[_Event] = []
+    for r in records:
+        gpu = _gpu(r)
+        if gpu is None or r.fired_at is None or (before is not None and r.fired_at >= before):
+            continue
+        ue = r.rule in UE_RULES or (r.rule == UE_XID_RULE and is_xid48(r.labels, r.annotations))
+        page, drain = r.rule in pages, r.rule in drains
+        if ue or page or drain:
+            out.append(_Event(gpu, r.fired_at, ue, page, drain))
+    return out
+
+
+def _from_ledger(ledger: Ledger) -> list[_Event]:
+    out: list[_Event] = []
+    for e in ledger.entries:
+        gpu = e.uuid or e.gpu
+        if not gpu:
+            continue
+        memory = e.kind == "memory"
+        out.append(_Event(gpu, e.t, e.kind == "ue", memory and e.severity == "page",
+                          memory and e.drain))  # fmt: skip
+    return out
+
+
+def score_node(node: NodeState, pages: set[str], drains: set[str], report: FieldReport) -> None:
+    """Add one node's history to ``report``; its "now" is the last moment the node judged
+    anything (so a copy read later does not age its pages)."""
+    ledger = node.ledger
+    for rowid, why in ledger.bad:
+        report.warnings.append(f"{node.path}: memory_ledger row {rowid}: {why}: skipped")
+    if ledger.truncated:
+        report.warnings.append(
+            f"{node.path}: memory_ledger holds more rows than the report reads; the oldest "
+            "were left out"
+        )
+    if ledger.since is None:
+        events = _from_alerts(node.alerts, pages, drains, None)
+        exact = False
+    else:
+        floor = _from_alerts(node.alerts, pages, drains, ledger.since)
+        events = floor + _from_ledger(ledger)
+        exact = not floor
+    report.nodes += 1
+    report.nodes_exact += exact
+    times = [t for r in node.alerts if r.fired_at is not None for t in (r.last_true, r.fired_at)]
+    times += [e.t for e in ledger.entries]
+    if not events or not times:
         return
-    now = max(max(r.last_true for r in recs), max(r.fired_at or 0.0 for r in recs))
+    now = max(times)
+    cut = ledger.cut  # ledger rows up to here were dropped: count only what is whole
     ues: dict[str, list[float]] = {}
     paged: dict[str, list[float]] = {}
     drained: dict[str, list[float]] = {}
-    for r in recs:
-        gpu = _gpu(r)
-        assert gpu is not None and r.fired_at is not None
-        if r.rule in UE_RULES or (r.rule == UE_XID_RULE and _xid48(r)):
-            ues.setdefault(gpu, []).append(r.fired_at)
-        if r.rule in pages:
-            paged.setdefault(gpu, []).append(r.fired_at)
-        if r.rule in drains:
-            drained.setdefault(gpu, []).append(r.fired_at)
+    for e in events:
+        if e.ue:
+            ues.setdefault(e.gpu, []).append(e.t)
+        if e.page:
+            paged.setdefault(e.gpu, []).append(e.t)
+        if e.drain:
+            drained.setdefault(e.gpu, []).append(e.t)
     merged: dict[str, list[float]] = {}
-    for gpu, times in ues.items():
+    for gpu, ts in ues.items():
         out: list[float] = []
-        for t in sorted(times):
+        for t in sorted(ts):
             if not out or t - out[-1] > UE_MERGE:
                 out.append(t)
         merged[gpu] = out
-    for gpu, times in merged.items():
-        for t in times:
+    for gpu, ts in merged.items():
+        for t in ts:
+            if cut is not None and t - FOLLOW <= cut:
+                continue  # its look back reaches into what was dropped
             report.ues += 1
             p = any(t - FOLLOW <= x <= t - PAGE_LEAD for x in paged.get(gpu, ()))
             d = any(t - FOLLOW <= x <= t - DRAIN_LEAD for x in drained.get(gpu, ()))
             report.ue_paged += p
             report.ue_drained += d
             report.ue_warned += p or d
-    for gpu, times in paged.items():
-        for x in times:
+    for gpu, ts in paged.items():
+        for x in sorted(ts):
+            if cut is not None and x <= cut:
+                continue
             report.pages += 1
             if any(x < t <= x + FOLLOW for t in merged.get(gpu, ())):
                 report.pages_confirmed += 1
@@ -175,14 +250,13 @@ def score_node(
             else:
                 report.pages_open += 1
                 report.open_days.append((now - x) / DAY)
-    report.nodes += 1
 
 
 def field_report(paths: Iterable[str], config: Config) -> FieldReport:
     pages, drains = memory_rules(config)
     report = FieldReport()
     for path in paths:
-        score_node(read_alerts(path), pages, drains, report)
+        score_node(read_state(path), pages, drains, report)
     return report
 
 
@@ -201,6 +275,13 @@ def render(report: FieldReport) -> list[str]:
         f"  pages followed by an uncorrectable error within 90 days: {report.pages_confirmed}; "
         f"none within 90 days: {report.pages_unconfirmed} (precision {pct(row['precision'])}); "
         f"younger than 90 days, none yet: {report.pages_open}",
-        "  (each alert series keeps its latest firing: a floor on counts, exact on the order)",
     ]
+    if report.exact:
+        lines.append("  (exact: every memory firing, from each node's memory ledger)")
+    else:
+        lines.append(
+            f"  ({report.nodes - report.nodes_exact} node(s) without a memory ledger, or with "
+            "firings from before it started: there each alert series keeps its latest firing "
+            "only, so the counts are a floor, exact on the order)"
+        )
     return lines

@@ -19,9 +19,10 @@ from typing import Any
 
 from gpuwatchd.core.alerts import AlertSeverity, AlertState, AlertTransition, fingerprint
 from gpuwatchd.rules.conditions.base import Hits, Key
+from gpuwatchd.rules.ledger import kind_of
 from gpuwatchd.rules.model import Rule
 from gpuwatchd.rules.snapshot import Snapshot
-from gpuwatchd.rules.store import AlertRecord, StateStore
+from gpuwatchd.rules.store import AlertRecord, LedgerEntry, StateStore
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +74,16 @@ class Alert:
 class AlertBook:
     """The alerts by rule, which of them are active, and what is not yet saved."""
 
-    __slots__ = ("_dirty", "_idents", "_store", "active", "alerts", "queued", "transitions")
+    __slots__ = (
+        "_dirty",
+        "_idents",
+        "_ledger",
+        "_store",
+        "active",
+        "alerts",
+        "queued",
+        "transitions",
+    )
 
     def __init__(self, store: StateStore) -> None:
         self._store = store
@@ -82,6 +92,7 @@ class AlertBook:
         self.queued: list[AlertTransition] = []  # made outside an evaluation (reloads)
         self.transitions: dict[tuple[str, str], int] = {}  # (rule, state) -> count
         self._dirty: dict[str, Alert] = {}
+        self._ledger: list[LedgerEntry] = []  # memory-relevant firings not yet saved
         self._idents: dict[tuple[str, Key, str], tuple[str, Mapping[str, str]]] = {}
         self._restore()
 
@@ -162,11 +173,13 @@ class AlertBook:
 
     def save(self, now: float) -> None:
         if self._dirty:
-            if not self._store.save_alerts([a.record() for a in self._dirty.values()], now):
+            records = [a.record() for a in self._dirty.values()]
+            if not self._store.save_alerts(records, now, self._ledger):
                 return  # the disk failed: they stay dirty and go with the next save
             for a in self._dirty.values():
                 a.saved_last_true = a.last_true
             self._dirty.clear()
+            self._ledger.clear()
 
     # -- the state machine ----------------------------------------------------------------
     def step(
@@ -393,6 +406,14 @@ class AlertBook:
             alert.escalated = False
             self.active[rule.name].pop(alert.fingerprint, None)
 
+    def _note_firing(self, rule: Rule, alert: Alert, drain: bool, now: float) -> None:
+        """A memory-relevant firing goes into the ledger with the next save."""
+        entry = _ledger_entry(rule, alert, drain, now)
+        if entry is not None:
+            self._ledger.append(entry)
+            if len(self._ledger) > self._store.ledger_rows:  # saves keep failing: its bound
+                del self._ledger[0]
+
     def _transition(
         self, rule: Rule | None, alert: Alert, state: AlertState, now: float, note: str = ""
     ) -> AlertTransition:
@@ -410,6 +431,8 @@ class AlertBook:
                 alert.escalated and rule.escalate is not None and rule.escalate.drain
             )
             routes = rule.routes
+            if state is AlertState.FIRING:
+                self._note_firing(rule, alert, drain, now)
         return AlertTransition(
             rule=name,
             state=state,
@@ -423,6 +446,23 @@ class AlertBook:
             routes=routes,
             sequence=alert.sequence,
         )
+
+
+def _ledger_entry(rule: Rule, alert: Alert, drain: bool, now: float) -> LedgerEntry | None:
+    kind = kind_of(rule, alert.labels, alert.annotations, alert.severity, drain)
+    if kind is None:
+        return None
+    labels = alert.labels
+    return LedgerEntry(
+        now,
+        alert.fingerprint,
+        rule.name,
+        labels.get("gpu", ""),
+        labels.get("uuid", ""),
+        kind,
+        alert.severity.value,
+        drain,
+    )
 
 
 def render(rule: Rule, fixed: Mapping[str, Any], node: str, alert: Alert) -> Mapping[str, str]:

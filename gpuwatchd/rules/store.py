@@ -11,7 +11,14 @@ What survives a restart (and a reboot):
 - **XID episodes** of ``xid_recurrence`` rules (per rule, GPU UUID and code: start, end,
   processes, whether independent, part of a node event, the open one, recent), for 36
   days and at most 1024 per GPU and rule, so a weekly -> daily -> hourly history spans
-  restarts; a rule whose grouping parameters changed starts afresh.
+  restarts; a rule whose grouping parameters changed starts afresh;
+- the **memory ledger** (``rules/ledger.py``): one row per memory-relevant firing (time,
+  series, GPU index and UUID, rule, kind, severity, drain), written with the alert state
+  that fired, for 190 days (two 90-day windows and a margin) and at most 10,000 rows (the
+  oldest dropped first); ``meta`` keeps when it started (``ledger_since``) and the newest
+  time it dropped (``ledger_cut``), so the field report knows what it may count. A state
+  file of an older version gains the empty table on open (same schema version: an older
+  daemon ignores the table).
 
 Every write is one transaction (WAL journal, ``synchronous=FULL``). A database that is
 missing is created; one that is corrupt or from another schema is moved aside
@@ -45,6 +52,10 @@ HISTORY_RETENTION = 30 * 86400.0
 INACTIVE_RETENTION = 90 * 86400.0
 EPISODE_RETENTION = 36 * 86400.0  # the longest xid_recurrence history (30d) and a margin
 EPISODES_PER_GPU = 1024  # per rule: the newest are kept
+LEDGER_RETENTION = 190 * 86400.0  # a UE's 90-day look back from a page 100 days old
+LEDGER_MAX_ROWS = 10_000  # per node (per state file): the oldest are dropped first
+LEDGER_KINDS = frozenset({"ue", "memory"})
+LEDGER_SEVERITIES = frozenset({"page", "ticket", "info"})
 BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
 RETRY_DISK_EVERY = 5.0  # seconds between attempts to write an in-memory state back to disk
 
@@ -83,6 +94,12 @@ CREATE TABLE IF NOT EXISTS xid_recoveries (
     recovered REAL, proof TEXT NOT NULL, flags INTEGER NOT NULL, ecc REAL,
     PRIMARY KEY (rule, uuid, xid)
 ) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS memory_ledger (
+    t REAL NOT NULL, fingerprint TEXT NOT NULL, rule TEXT NOT NULL, gpu TEXT NOT NULL,
+    uuid TEXT NOT NULL, kind TEXT NOT NULL, severity TEXT NOT NULL, drain INTEGER NOT NULL,
+    UNIQUE (fingerprint, t)
+);
+CREATE INDEX IF NOT EXISTS memory_ledger_t ON memory_ledger(t);
 CREATE TABLE IF NOT EXISTS faults (
     fingerprint TEXT NOT NULL, boot_id TEXT NOT NULL, first REAL NOT NULL, last REAL NOT NULL,
     PRIMARY KEY (fingerprint, boot_id)
@@ -160,6 +177,82 @@ class RecoveryRecord:
     ecc: float | None
 
 
+@dataclass(frozen=True)
+class LedgerEntry:
+    """One memory-relevant firing (``rules/ledger.py``): when, which series and GPU, what
+    it did."""
+
+    t: float
+    fingerprint: str
+    rule: str
+    gpu: str  # the GPU's index label ("" for a node-level alert)
+    uuid: str  # its UUID label ("" when unknown)
+    kind: str  # "ue" (uncorrectable memory error) | "memory" (a memory rule's warning)
+    severity: str  # page | ticket | info, as it fired (an escalation's included)
+    drain: bool
+
+
+@dataclass
+class Ledger:
+    """The memory ledger as read back: ``since`` is None when the file never had one (a
+    state of an older version); rows that did not read are in ``bad`` as (rowid, why)."""
+
+    entries: list[LedgerEntry]
+    since: float | None
+    cut: float | None
+    bad: list[tuple[int, str]] = field(default_factory=list)
+    truncated: bool = False
+
+
+def _ledger_entry(row: tuple[Any, ...]) -> LedgerEntry:
+    """One ledger row, every column checked (``ValueError`` naming the field)."""
+    t, fp, rule, gpu, uuid, kind, severity, drain = row
+    if not _number(t) or t != t or t in (float("inf"), float("-inf")):
+        raise ValueError(f"t: not a time: {str(t)[:40]!r}")
+    for name, v in (("fingerprint", fp), ("rule", rule), ("gpu", gpu), ("uuid", uuid)):
+        if not isinstance(v, str) or len(v) > 256:
+            raise ValueError(f"{name}: not text of at most 256 characters")
+    if kind not in LEDGER_KINDS:
+        raise ValueError(f"kind: {str(kind)[:40]!r} is not one of {sorted(LEDGER_KINDS)}")
+    if severity not in LEDGER_SEVERITIES:
+        raise ValueError(f"severity: {str(severity)[:40]!r} is not one of page, ticket, info")
+    if drain not in (0, 1) or isinstance(drain, float | str):
+        raise ValueError(f"drain: {str(drain)[:40]!r} is not 0 or 1")
+    return LedgerEntry(float(t), fp, rule, gpu, uuid, kind, severity, bool(drain))
+
+
+def _meta_time(value: object) -> float | None:
+    try:
+        t = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return None
+    return t if t == t and abs(t) != float("inf") else None
+
+
+def _prune_ledger(conn: sqlite3.Connection, now: float, cap: int) -> None:
+    """Drop ledger rows older than ``LEDGER_RETENTION``, then the oldest beyond ``cap``;
+    remember the newest time dropped (``ledger_cut``)."""
+    cut = conn.execute(
+        "SELECT max(t) FROM memory_ledger WHERE t < ?", (now - LEDGER_RETENTION,)
+    ).fetchone()[0]
+    if cut is not None:
+        conn.execute("DELETE FROM memory_ledger WHERE t <= ?", (cut,))
+    excess = conn.execute("SELECT count(*) FROM memory_ledger").fetchone()[0] - cap
+    if excess > 0:
+        rows = conn.execute(
+            "SELECT rowid, t FROM memory_ledger ORDER BY t, rowid LIMIT ?", (excess,)
+        ).fetchall()
+        conn.executemany("DELETE FROM memory_ledger WHERE rowid=?", [(r[0],) for r in rows])
+        cut = max(cut if cut is not None else rows[-1][1], rows[-1][1])
+    if cut is not None:
+        old = conn.execute("SELECT value FROM meta WHERE key='ledger_cut'").fetchone()
+        before = _meta_time(old[0]) if old is not None else None
+        if before is None or cut > before:
+            conn.execute(
+                "INSERT OR REPLACE INTO meta(key, value) VALUES ('ledger_cut', ?)", (repr(cut),)
+            )
+
+
 MAX_RECOVERIES = 4096  # per rule: a forged or endless stream of GPUs cannot grow it
 
 
@@ -219,8 +312,11 @@ def _alert_record(row: tuple[Any, ...]) -> AlertRecord:
 class StateStore:
     """SQLite-backed state. ``path=":memory:"`` keeps it in memory (simulate, tests)."""
 
-    def __init__(self, path: str, *, boot_id: str | None = None) -> None:
+    def __init__(
+        self, path: str, *, boot_id: str | None = None, ledger_rows: int = LEDGER_MAX_ROWS
+    ) -> None:
         self.path = path
+        self.ledger_rows = ledger_rows  # the memory ledger's bound (oldest dropped first)
         self.boot_id = boot_id if boot_id is not None else read_boot_id()
         self.errors = 0
         self.write_ok = True  # False while writes fail (disk full, read-only): for metrics
@@ -232,6 +328,7 @@ class StateStore:
         self.disk_path: str | None = None if path == ":memory:" else path
         self._ident: tuple[int, int] | None = None
         self._retry_at = 0.0
+        self._ledger_started = False  # ``ledger_since`` written by this store
         self._open()
 
     # -- opening and rebuilding -----------------------------------------------------------
@@ -369,6 +466,7 @@ class StateStore:
                 aside,
             )
         self.rebuilt = True
+        self._ledger_started = False  # the new file's ledger starts now
         try:
             conn = self._connect()
             with conn:
@@ -465,7 +563,15 @@ class StateStore:
                 )
         return out
 
-    def save_alerts(self, records: Iterable[AlertRecord], now: float) -> bool:
+    def save_alerts(
+        self, records: Iterable[AlertRecord], now: float, ledger: Iterable[LedgerEntry] = ()
+    ) -> bool:
+        """Save alert states and, in the same transaction, the memory ledger's new rows
+        (a row already there, from a save that is retried, is not written twice)."""
+        entries = [
+            (e.t, e.fingerprint, e.rule, e.gpu, e.uuid, e.kind, e.severity, int(e.drain))
+            for e in ledger
+        ]
         rows = [
             (
                 a.fingerprint,
@@ -485,13 +591,26 @@ class StateStore:
             )
             for a in records
         ]
-        if not rows:
+        if not rows and not entries:
             return True
+        start_ledger = not self._ledger_started
 
         def write(conn: sqlite3.Connection) -> None:
             conn.executemany(
                 "INSERT OR REPLACE INTO alerts VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)", rows
             )
+            if start_ledger:  # from now on every memory firing is in the ledger
+                conn.execute(
+                    "INSERT OR IGNORE INTO meta(key, value) VALUES ('ledger_since', ?)",
+                    (repr(now),),
+                )
+            if entries:
+                conn.executemany(
+                    "INSERT OR IGNORE INTO memory_ledger(t, fingerprint, rule, gpu, uuid, kind,"
+                    " severity, drain) VALUES (?,?,?,?,?,?,?,?)",
+                    entries,
+                )
+                _prune_ledger(conn, now, self.ledger_rows)
             for a in rows:
                 if a[3] == "firing":
                     conn.execute(
@@ -500,7 +619,48 @@ class StateStore:
                         (a[0], a[11], now, now),
                     )
 
-        return self._write("saving alert states", write)
+        if not self._write("saving alert states", write):
+            return False
+        self._ledger_started = True
+        return True
+
+    def load_ledger(self, limit: int = LEDGER_MAX_ROWS) -> Ledger:
+        """The memory ledger, newest ``limit`` rows at most (a forged file cannot make the
+        reader hold more), oldest first; rows that do not read are skipped and listed."""
+        db = self._db()
+        try:
+            meta = dict(
+                db.execute(
+                    "SELECT key, value FROM meta WHERE key IN ('ledger_since', 'ledger_cut')"
+                ).fetchall()
+            )
+            rows = db.execute(
+                "SELECT rowid, t, fingerprint, rule, gpu, uuid, kind, severity, drain"
+                " FROM memory_ledger ORDER BY t DESC, rowid DESC LIMIT ?",
+                (limit + 1,),
+            ).fetchall()
+        except sqlite3.DatabaseError as exc:
+            return Ledger([], None, None, [(0, f"the ledger does not read: {exc}")])
+        since = _meta_time(meta.get("ledger_since"))
+        bad: list[tuple[int, str]] = []
+        if "ledger_since" in meta and since is None:
+            bad.append((0, f"meta ledger_since: not a time: {str(meta['ledger_since'])[:40]!r}"))
+        out: list[LedgerEntry] = []
+        for row in rows[:limit]:
+            try:
+                out.append(_ledger_entry(tuple(row[1:])))
+            except (ValueError, TypeError) as exc:
+                bad.append((int(row[0]), str(exc)))
+        out.reverse()
+        bad.sort()
+        truncated = len(rows) > limit
+        cut = _meta_time(meta.get("ledger_cut"))
+        if truncated:  # the rows not read are as good as dropped
+            unread = rows[limit][1]
+            last = float(unread) if _number(unread) else out[0].t if out else None
+            if last is not None and (cut is None or last > cut):
+                cut = last
+        return Ledger(out, since, cut, bad, truncated)
 
     def fault_boots(self, fingerprint: str, since: float) -> set[str]:
         """The boots in which this alert was firing at some time after ``since``."""
@@ -704,6 +864,7 @@ class StateStore:
             conn.execute("DELETE FROM history WHERE t < ?", (now - HISTORY_RETENTION,))
             conn.execute('DELETE FROM xid_episodes WHERE "end" < ?', (now - EPISODE_RETENTION,))
             conn.execute("DELETE FROM faults WHERE last < ?", (now - INACTIVE_RETENTION,))
+            _prune_ledger(conn, now, self.ledger_rows)
             conn.execute(
                 "DELETE FROM alerts WHERE state='inactive' AND updated < ?",
                 (now - INACTIVE_RETENTION,),

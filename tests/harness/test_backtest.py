@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import pty
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -16,7 +17,7 @@ from rulekit import Node
 from gpuwatchd.cli.main import main
 from gpuwatchd.harness import backtest as bt
 from gpuwatchd.rules.loader import load_rule_set
-from gpuwatchd.rules.store import StateStore
+from gpuwatchd.rules.store import LedgerEntry, StateStore
 from gpuwatchd.scenario.model import parse_scenario
 
 ROOT = Path(__file__).resolve().parent.parent.parent
@@ -118,13 +119,14 @@ def test_the_long_stepped_leak_has_a_weekly_phase_of_weeks_and_records_its_rise(
                 assert tr.dbe_at < tr.days * bt.DAY
 
 
-def test_from_state_reports_recall_and_precision_on_a_nodes_own_history(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    # A real engine with the shipped rules writes its state; the report reads it back.
-    # GPU 0: a contained uncorrectable error, errors a day later (page), the DBE 3 days on.
-    # GPU 1: the same page, never followed by a DBE (91 days). GPU 2: a DBE out of nowhere.
-    n = Node(load_rule_set([]), gpus=3, store=StateStore(str(tmp_path / "rules.sqlite3")))
+def _field_history(state: Path) -> None:
+    """A real engine with the shipped rules writes a node's state over 137 days.
+
+    GPU 0: a contained uncorrectable error, errors a day later (page A, day 2), the DBE on
+    day 5; 40 days on the same again (page B, day 46, the first resolved on day 31), never
+    followed by a DBE. GPU 1: the same page A, never followed (resolved on day 31, so the
+    alert state forgets it 90 days later). GPU 2: a DBE out of nowhere on day 137."""
+    n = Node(load_rule_set([]), gpus=3, store=StateStore(str(state / "rules.sqlite3")))
     for f in n.fields:
         f["ecc_corrected_volatile_dev"] = 0.0
     n.poll()
@@ -136,20 +138,148 @@ def test_from_state_reports_recall_and_precision_on_a_nodes_own_history(
         n.add(gpu, ecc_corrected_volatile_dev=1)
     n.run(3 * DAY, step=600)
     n.xid(0, 48)
-    n.run(88 * DAY, step=3600)
+    n.run(40 * DAY, step=3600)
+    n.xid(0, 94)
+    n.run(DAY, step=600)
+    n.add(0, ecc_corrected_volatile_dev=1)
+    n.run(91 * DAY, step=3600)
     n.xid(2, 48)
     n.run(HOUR, step=600)
-    paged = {(tr.rule, tr.labels.get("gpu")) for _, tr in n.transitions}
-    assert ("GpuMemoryErrorsCorroborated", "0") in paged and ("GpuXidFatal", "2") in paged
+    fired = [
+        (tr.rule, tr.labels.get("gpu"), round(t / DAY))
+        for t, tr in n.transitions
+        if tr.state.value == "firing"
+    ]
+    pages = [f for f in fired if f[0] == "GpuMemoryErrorsCorroborated"]
+    assert pages == [
+        ("GpuMemoryErrorsCorroborated", g, d) for g, d in (("0", 2), ("1", 2), ("0", 46))
+    ]
+    assert ("GpuXidFatal", "0", 5) in fired and ("GpuXidFatal", "2", 137) in fired
     n.engine.close()
+
+
+def test_from_state_reports_recall_and_precision_on_a_nodes_own_history(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Every page counts, from the memory ledger: GPU 0 paged twice is two pages (A
+    # confirmed by the DBE 3 days on, B never), and GPU 1's page, which the alert state
+    # forgot, is still there; the alert state alone would give 1 page, recall 0.
+    _field_history(tmp_path)
     assert main(["backtest", "--from-state", str(tmp_path), "--json"]) == 0
-    row = json.loads(capsys.readouterr().out)
+    out = capsys.readouterr()
+    row = json.loads(out.out)
     assert row["uncorrectable_errors"] == 2
     assert (row["ue_paged_1h_ahead"], row["ue_drained_24h_ahead"], row["recall"]) == (1, 1, 0.5)
-    assert row["memory_pages"] == 2
-    assert (row["pages_confirmed_within_90d"], row["pages_unconfirmed_after_90d"]) == (1, 1)
-    assert row["precision"] == 0.5 and row["pages_open"] == 0
+    assert row["memory_pages"] == 3
+    assert (row["pages_confirmed_within_90d"], row["pages_unconfirmed_after_90d"]) == (1, 2)
+    assert row["precision"] == 0.333 and row["pages_open"] == 0
+    assert (row["counts"], row["nodes_exact"], row["nodes_floor"]) == ("exact", 1, 0)
+    assert out.err == ""
+    assert main(["backtest", "--from-state", str(tmp_path)]) == 0
+    assert "exact: every memory firing" in capsys.readouterr().out
     assert main(["backtest", "--from-state", str(tmp_path / "nothing")]) == 1
+
+
+def test_from_state_without_a_ledger_falls_back_to_the_alert_states_and_says_floor(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A state written before the ledger existed: the same history, its ledger taken out.
+    _field_history(tmp_path)
+    db = sqlite3.connect(tmp_path / "rules.sqlite3")
+    with db:
+        db.execute("DROP TABLE memory_ledger")
+        db.execute("DELETE FROM meta WHERE key LIKE 'ledger%'")
+    db.close()
+    assert main(["backtest", "--from-state", str(tmp_path), "--json"]) == 0
+    row = json.loads(capsys.readouterr().out)
+    # page B only (each series keeps its latest firing; GPU 1's page was forgotten)
+    assert (row["memory_pages"], row["pages_unconfirmed_after_90d"]) == (1, 1)
+    assert (row["uncorrectable_errors"], row["ue_paged_1h_ahead"]) == (2, 0)
+    assert (row["counts"], row["nodes_exact"], row["nodes_floor"]) == ("floor", 0, 1)
+    assert main(["backtest", "--from-state", str(tmp_path)]) == 0
+    assert "the counts are a floor" in capsys.readouterr().out
+
+
+def test_from_state_on_a_node_upgraded_mid_history_adds_the_older_alert_states_as_a_floor(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The ledger started on day 10 (the daemon was upgraded then): what fired before comes
+    # from the alert states (the DBE of day 5; page A is replaced by page B there, GPU 1's
+    # page forgotten), what fired after from the ledger.
+    _field_history(tmp_path)
+    db = sqlite3.connect(tmp_path / "rules.sqlite3")
+    with db:
+        since = db.execute("SELECT value FROM meta WHERE key='ledger_since'").fetchone()[0]
+        upgrade = float(since) + 10 * DAY
+        db.execute("DELETE FROM memory_ledger WHERE t < ?", (upgrade,))
+        db.execute("UPDATE meta SET value=? WHERE key='ledger_since'", (repr(upgrade),))
+    db.close()
+    assert main(["backtest", "--from-state", str(tmp_path), "--json"]) == 0
+    row = json.loads(capsys.readouterr().out)
+    assert (row["uncorrectable_errors"], row["ue_paged_1h_ahead"]) == (2, 0)
+    assert (row["memory_pages"], row["pages_unconfirmed_after_90d"]) == (1, 1)
+    assert (row["counts"], row["nodes_floor"]) == ("floor", 1)
+
+
+def test_from_state_counts_only_what_the_ledger_kept_whole(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A ledger that dropped its oldest rows (here over a bound of 2): pages after the
+    # newest dropped row count; an error counts only when its 90-day look back is after it.
+    store = StateStore(str(tmp_path / "rules.sqlite3"), boot_id="b", ledger_rows=2)
+    page = "GpuMemoryErrorsCorroborated"
+
+    def at(day: float, kind: str, fp: str) -> LedgerEntry:
+        rule = page if kind == "memory" else "GpuXidFatal"
+        return LedgerEntry(day * DAY, fp, rule, "0", "GPU-0", kind, "page", kind == "memory")
+
+    assert store.save_alerts([], 0.0, [at(0, "memory", "a")])
+    assert store.save_alerts([], 0.0, [at(20, "memory", "b")])
+    assert store.save_alerts([], 0.0, [at(30, "ue", "c")])  # drops the page of day 0
+    store.close()
+    assert main(["backtest", "--from-state", str(tmp_path), "--json"]) == 0
+    row = json.loads(capsys.readouterr().out)
+    # the error of day 30 looks back to day -60: the dropped page of day 0 was in reach
+    assert row["uncorrectable_errors"] == 0
+    assert (row["memory_pages"], row["pages_confirmed_within_90d"]) == (1, 1)
+    assert row["counts"] == "exact"
+
+
+def test_from_state_skips_a_damaged_ledger_row_with_a_warning(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A forged or damaged state file: ledger rows of the wrong shape are skipped, each
+    # named by file and row; the rest is counted.
+    store = StateStore(str(tmp_path / "rules.sqlite3"), boot_id="b")
+    page = "GpuMemoryErrorsCorroborated"
+    ok = [
+        LedgerEntry(10 * DAY, "fp0", page, "0", "GPU-0", "memory", "page", True),
+        LedgerEntry(12 * DAY, "fp1", "GpuXidFatal", "0", "GPU-0", "ue", "page", True),
+    ]
+    assert store.save_alerts([], 0.0, ok)
+    store.close()
+    db = sqlite3.connect(tmp_path / "rules.sqlite3")
+    with db:
+        bad = [
+            ("a time", "fp2", "R", "0", "GPU-0", "memory", "page", 0),
+            (11 * DAY, "fp3", "R", "0", "GPU-0", "forged", "page", 0),
+            (11 * DAY, "fp4", "R", "0", "GPU-0", "memory", "page", "yes"),
+            (11 * DAY, "fp5", b"\x00", "0", "GPU-0", "memory", "page", 0),
+        ]
+        db.executemany("INSERT INTO memory_ledger VALUES (?,?,?,?,?,?,?,?)", bad)
+        query = "SELECT rowid FROM memory_ledger WHERE fingerprint > 'fp1' ORDER BY rowid"
+        rowids = [r[0] for r in db.execute(query)]
+    db.close()
+    assert main(["backtest", "--from-state", str(tmp_path), "--json"]) == 0
+    out = capsys.readouterr()
+    row = json.loads(out.out)
+    assert (row["memory_pages"], row["pages_confirmed_within_90d"], row["warnings"]) == (1, 1, 4)
+    assert (row["uncorrectable_errors"], row["ue_paged_1h_ahead"]) == (1, 1)
+    warned = out.err.splitlines()
+    assert len(warned) == 4
+    for line, rowid, field in zip(warned, rowids, ("t:", "kind:", "drain:", "rule:"), strict=True):
+        assert f"{tmp_path / 'rules.sqlite3'}: memory_ledger row {rowid}: {field}" in line
+        assert line.endswith(": skipped")
 
 
 def _backtest(stderr: int) -> subprocess.Popen[bytes]:

@@ -9,7 +9,7 @@ import sqlite3
 from pathlib import Path
 
 import pytest
-from rulekit import T0, Node
+from rulekit import T0, Node, uuid_of
 
 from gpuwatchd.core.alerts import AlertSeverity
 from gpuwatchd.core.records import GpuStatus
@@ -249,3 +249,109 @@ def test_lost_gpu_alert_state_persists_too(tmp_path: Path) -> None:
     second.run(60)
     assert second.transitions == []
     assert second.firing() == {("Lost", "2")}
+
+
+LEDGER_RULES = """
+rules:
+- name: GpuRowRemapPending
+  severity: ticket
+  condition:
+    threshold: {field: remapped_rows_pending, op: '>', value: 0}
+  escalate: {after: reboot, within: 7d, severity: page, drain: true}
+- name: GpuEccUncorrectedRising
+  severity: ticket
+  condition:
+    increase: {field: ecc_uncorrected_volatile, window: 1d}
+- name: Hot
+  severity: page
+  condition:
+    threshold: {field: temperature_gpu, op: '>', value: 85}
+"""
+
+
+def _ledger_rows(path: Path) -> list[tuple[object, ...]]:
+    db = sqlite3.connect(path)
+    try:
+        return db.execute(
+            "SELECT rule, gpu, uuid, kind, severity, drain FROM memory_ledger ORDER BY t, rowid"
+        ).fetchall()
+    finally:
+        db.close()
+
+
+def test_the_memory_ledger_keeps_every_memory_firing_across_restarts(tmp_path: Path) -> None:
+    # Each firing of a memory rule or an uncorrectable error is one ledger row, with the
+    # severity and drain it fired with (an escalation after a reboot is a page of its
+    # own); a rule that is not about memory leaves none.
+    first = Node(LEDGER_RULES, store=store(tmp_path, "boot-A"))
+    first.set(1, remapped_rows_pending=1, temperature_gpu=95)
+    first.step()
+    first.set(2, ecc_uncorrected_volatile=1)
+    first.step()
+    first.engine.close()
+    second = Node(LEDGER_RULES, store=store(tmp_path, "boot-B"), start=first.clock.now() + 900)
+    second.set(1, remapped_rows_pending=1)
+    second.step()
+    second.set(1, remapped_rows_pending=0)
+    second.run(600)
+    second.set(1, remapped_rows_pending=2)  # the same series fires again: a second row
+    second.run(600)
+    second.engine.close()
+    rows = _ledger_rows(tmp_path / "state" / DB_NAME)
+    assert rows == [
+        ("GpuRowRemapPending", "1", uuid_of(1), "memory", "ticket", 0),
+        ("GpuEccUncorrectedRising", "2", uuid_of(2), "ue", "ticket", 0),
+        ("GpuRowRemapPending", "1", uuid_of(1), "memory", "page", 1),  # escalated: rebooted
+        ("GpuRowRemapPending", "1", uuid_of(1), "memory", "page", 1),  # fired again
+    ]
+    ledger = StateStore(str(tmp_path / "state" / DB_NAME), boot_id="r").load_ledger()
+    assert ledger.since is not None and ledger.since <= T0 + 10 and ledger.cut is None
+    assert len(ledger.entries) == 4 and not ledger.bad
+
+
+def test_the_memory_ledger_is_pruned_by_age_and_by_count(tmp_path: Path) -> None:
+    from gpuwatchd.rules.store import LEDGER_RETENTION, LedgerEntry
+
+    s = StateStore(str(tmp_path / DB_NAME), boot_id="b", ledger_rows=3)
+    day = 86400.0
+
+    def entry(t: float, fp: str = "fp") -> LedgerEntry:
+        return LedgerEntry(t, fp, "GpuRowRemapFailure", "0", "GPU-0", "memory", "page", True)
+
+    assert s.save_alerts([], 0.0, [entry(0.0), entry(10 * day)])
+    assert s.save_alerts([], 10 * day, [entry(10 * day)])  # a retried save: not twice
+    assert [e.t for e in s.load_ledger().entries] == [0.0, 10 * day]
+    s.trim(LEDGER_RETENTION + day)  # the first row is now too old
+    got = s.load_ledger()
+    assert [e.t for e in got.entries] == [10 * day] and got.cut == 0.0
+    more = [entry(20 * day + i, f"fp{i}") for i in range(4)]
+    assert s.save_alerts([], 21 * day, more)
+    got = s.load_ledger()
+    assert [e.t for e in got.entries] == [20 * day + i for i in (1, 2, 3)]
+    assert got.cut == 20 * day  # the newest row dropped
+    s.close()
+
+
+def test_a_state_file_without_the_ledger_still_opens_and_gains_one(tmp_path: Path) -> None:
+    # A rules.sqlite3 written before the ledger existed: same schema version, no table.
+    first = Node(HOT, store=store(tmp_path))
+    first.set(2, temperature_gpu=95)
+    first.run(120)
+    first.engine.close()
+    path = tmp_path / "state" / DB_NAME
+    db = sqlite3.connect(path)
+    with db:
+        db.execute("DROP TABLE memory_ledger")
+        db.execute("DELETE FROM meta WHERE key LIKE 'ledger%'")
+    db.close()
+    old = StateStore(str(path), boot_id="boot-1")
+    assert not old.rebuilt and old.load_ledger().since is None  # nothing recorded yet
+    assert [a.rule for a in old.load_alerts()] == ["Hot"]  # the alert states are kept
+    old.close()
+    second = Node(HOT, store=store(tmp_path), start=first.clock.now() + 60)
+    second.set(2, temperature_gpu=95)
+    second.step()
+    assert second.transitions == []  # still firing: no second page
+    second.engine.close()
+    ledger = StateStore(str(path), boot_id="r").load_ledger()
+    assert ledger.since == second.clock.now() and ledger.entries == []
