@@ -67,7 +67,7 @@ def worker_of(pid: int) -> int | None:
     return None
 
 
-def start(name: str, tree: Path, tmp: Path, standin_dir: Path) -> dict[str, Any]:
+def start(name: str, tree: Path, tmp: Path, standin_dir: Path, interval: float) -> dict[str, Any]:
     state = tmp / name
     state.mkdir()
     kmsg = state / "kmsg"
@@ -75,7 +75,7 @@ def start(name: str, tree: Path, tmp: Path, standin_dir: Path) -> dict[str, Any]
     cfg = state / "gpuwatchd.yaml"
     cfg.write_text(
         f"node_name: rounds-{name}\nstate_dir: {state}\nbackend: nvml\n"
-        "poll: {interval: 1s}\n"
+        f"poll: {{interval: {interval:g}s}}\n"
         f"sources: {{kernel_log: kmsg, kmsg_path: {kmsg}, nvml_events: true}}\n"
         # a receiver, as on a real node, so the actions threads run (no alert fires here)
         f'receivers:\n  - {{name: hook, type: webhook, url: "http://127.0.0.1:{free_port()}/"}}\n'
@@ -134,6 +134,7 @@ def main() -> None:
     ap.add_argument("--after", type=Path, required=True, help="checkout for 'after'")
     ap.add_argument("--gpus", type=int, default=4)
     ap.add_argument("--seconds", type=float, default=60.0)
+    ap.add_argument("--interval", type=float, default=1.0, help="poll.interval, seconds")
     ap.add_argument("--warmup", type=float, default=15.0)
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
@@ -142,8 +143,8 @@ def main() -> None:
     standin_dir.mkdir()
     (standin_dir / "bench_standin.py").write_text(STANDIN.format(gpus=args.gpus))
     runs = [
-        start("before", args.before.resolve(), tmp, standin_dir),
-        start("after", args.after.resolve(), tmp, standin_dir),
+        start("before", args.before.resolve(), tmp, standin_dir, args.interval),
+        start("after", args.after.resolve(), tmp, standin_dir, args.interval),
     ]
     try:
         time.sleep(args.warmup)
@@ -161,8 +162,13 @@ def main() -> None:
         first = {n: (snapshot(d), snapshot(w)) for n, (d, w) in pids.items()}
         t0 = time.monotonic()
         time.sleep(args.seconds)
-        rounds = time.monotonic() - t0  # 1 s polls: one round a second
-        result: dict[str, Any] = {"gpus": args.gpus, "seconds": round(rounds, 1)}
+        seconds = time.monotonic() - t0
+        rounds = seconds / args.interval
+        result: dict[str, Any] = {
+            "gpus": args.gpus,
+            "seconds": round(seconds, 1),
+            "interval": args.interval,
+        }
         for name, (daemon, worker) in pids.items():
             d0, w0 = first[name]
             result[name] = {

@@ -96,6 +96,26 @@ def test_the_worker_owns_the_cadence_one_frame_per_round_with_every_gpu(
         backend.close()
 
 
+@pytest.mark.parametrize("hang_s", [1.5, 2.5])  # under and over the worker's first beat
+def test_rounds_slower_than_the_hang_timeout_are_not_a_hang(
+    monkeypatch: pytest.MonkeyPatch, hang_s: float
+) -> None:
+    """A poll interval longer than the hang timeout (60 s polls, the 30 s default): every
+    GPU is in every round, so none is "left out" between rounds, the worker beats often
+    enough for a hang timeout under its default 2 s beat, and it lives."""
+    _env(monkeypatch, "ok")
+    backend = WorkerBackend(SystemClock(), _settings(hang_s=hang_s))
+    rounds = _Rounds()
+    try:
+        backend.open()
+        backend.start_rounds(4.0, 0.5, rounds)
+        wait_until(lambda: len(rounds.since(0)) >= 3, 30, "three rounds")
+        assert backend.restarts == 0, backend.health()["last_exit"]
+        assert all(isinstance(v, GpuSample) for got in rounds.since(0) for v in got.values())
+    finally:
+        backend.close()
+
+
 def test_a_gpu_stuck_in_a_call_is_left_out_of_rounds_and_the_others_go_on(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

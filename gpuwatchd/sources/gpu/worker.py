@@ -99,11 +99,14 @@ class WorkerSettings:
         }
 
     def open_args(self) -> dict[str, Any]:
-        """The worker's ``open`` message: the backend's arguments as JSON, and ``events``."""
+        """The worker's ``open`` message: the backend's arguments as JSON, ``events``, and
+        ``beat_s``: how long the worker may stay silent (a quarter of the hang timeout, so
+        a beat or a round always comes well before the daemon would call it hung)."""
         return {
             **self.backend_kwargs(),
             "extra_fields": [dataclasses.asdict(e) for e in self.extra_fields],
             "events": self.events,
+            "beat_s": self.hang_s / 4,
         }
 
 
@@ -466,8 +469,9 @@ class WorkerBackend:
         hang = self.settings.hang_s
         with self._lock:
             oldest = min((p.since for p in self._pending.values()), default=now)
-        if self._cadence is not None:  # a GPU missing from every round since
-            oldest = min(oldest, min(self._gpu_seen.values(), default=now))
+        if self._cadence is not None:  # a GPU missing from every round since it was due
+            due = min(self._gpu_seen.values(), default=now) + self._cadence[0]
+            oldest = min(oldest, due)
         why = ""
         if now - self._last_beat > hang:
             why = f"no heartbeat for {now - self._last_beat:.0f}s"

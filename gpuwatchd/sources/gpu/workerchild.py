@@ -45,7 +45,7 @@ from gpuwatchd.sources.gpu.nvml import NvmlBackend
 log = logging.getLogger("gpuwatchd.nvml-worker")
 
 MODULE_ENV = "GPUWATCHD_NVML_MODULE"
-BEAT_S = 2.0
+BEAT_S = 2.0  # until the daemon says how often it needs to hear (``open``'s ``beat_s``)
 # The GPUs take turns: NVML charges about 1.4x the CPU for two GPUs read at the same moment
 # from two threads (bench/nvml_worker_gap.py, 2 x H200 under NCCL). A GPU waits at most
 # this long for another's poll, then reads alongside it: one that hangs never holds up
@@ -65,12 +65,13 @@ class _Round:
     """One round thread's state: the GPU it is reading (and since when), the samples and
     errors read so far in this round."""
 
-    __slots__ = ("errors", "gpu", "live", "samples", "since")
+    __slots__ = ("errors", "gpu", "live", "next_at", "samples", "since")
 
     def __init__(self) -> None:
         self.live = True  # False once the supervisor has given up on it
         self.gpu: int | None = None
         self.since = 0.0
+        self.next_at = 0.0  # when its next round starts (monotonic)
         self.samples: list[GpuSample] = []
         self.errors: dict[str, dict[str, Any]] = {}
 
@@ -84,6 +85,8 @@ class Worker:
         self._indices: list[int] = []
         self._requests: queue.SimpleQueue[tuple[int, int] | None] = queue.SimpleQueue()
         self._sent_at = time.monotonic()
+        self._beat_s = BEAT_S
+        self._beat_wake = threading.Event()  # set: beat_s or the cadence changed: look again
         self._encoder = wire.SampleEncoder()
         self._turn = threading.Lock()  # GPUs polled one after another (POLL_TURN_WAIT_S)
         # the poll rounds: cadence, the current round thread's state, GPUs stuck in a call
@@ -113,7 +116,11 @@ class Worker:
         name = os.environ.get(MODULE_ENV)
         if name:
             module = importlib.import_module(name)
-        kwargs = {k: v for k, v in args.items() if k != "events"}  # WorkerSettings's
+        beat = args.get("beat_s")
+        if isinstance(beat, (int, float)) and beat == beat:
+            self._beat_s = min(60.0, max(0.1, float(beat)))
+            self._beat_wake.set()
+        kwargs = {k: v for k, v in args.items() if k not in ("events", "beat_s")}
         kwargs["extra_fields"] = tuple(ExtraField(**e) for e in kwargs.get("extra_fields", []))
         backend = NvmlBackend(SystemClock(), nvml=module, **kwargs)
         try:
@@ -168,6 +175,7 @@ class Worker:
             self._cadence.set()
         else:
             self._start_round_thread()
+        self._beat_wake.set()  # the supervisor's next look depends on the cadence
 
     def _start_round_thread(self) -> None:
         state = _Round()
@@ -206,6 +214,7 @@ class Worker:
             now = time.monotonic()
             if next_round < now:  # fell behind (a slow round, a suspend): don't burst
                 next_round = now + interval
+            state.next_at = next_round
             if self._cadence.wait(next_round - now):
                 self._cadence.clear()
                 next_round = time.monotonic()
@@ -249,23 +258,36 @@ class Worker:
                 self.send({"events": [wire.event_to_wire(e) for e in events]})
 
     def beat(self) -> None:
-        """A beat after ``BEAT_S`` without any frame: every frame tells the daemon this
-        process is alive, so a worker sending rounds never beats. The same thread is the
-        round supervisor (``_supervise_round``): it looks every call timeout (at most every
-        ``BEAT_S``, so at the default 2 s timeout no wake-up is added) and so names a stuck
-        GPU within 2 x the timeout, before the daemon's backstop (3 x the timeout past the
-        GPU's due time) would mark the other GPUs stale too."""
-        wait = BEAT_S
-        while not self._stop.wait(wait):
+        """A beat after ``beat_s`` (the daemon's hang timeout / 4) without any frame: every
+        frame tells the daemon this process is alive, so a worker sending rounds at least
+        that often never beats. The same thread is the round supervisor
+        (``_supervise_round``), and it wakes only when a call could be past its timeout: a
+        call's timeout after the call began, or the next round's start plus the timeout,
+        but no sooner than one timeout from now. A healthy worker's supervisor so wakes at
+        most once per round, and a stuck GPU is named within 2 x the timeout."""
+        wait = self._beat_s
+        while True:
+            self._beat_wake.wait(wait)
+            self._beat_wake.clear()
+            if self._stop.is_set():
+                return
             self._supervise_round()
-            quiet = time.monotonic() - self._sent_at
-            if quiet >= BEAT_S:
+            now = time.monotonic()
+            quiet = now - self._sent_at
+            if quiet >= self._beat_s:
                 self.send({"beat": True})
                 quiet = 0.0
-            wait = BEAT_S - quiet
-            with self._rounds_lock:
-                if self._timeout > 0:
-                    wait = min(wait, self._timeout)
+            wait = min(self._beat_s - quiet, self._next_look(now))
+
+    def _next_look(self, now: float) -> float:
+        """Seconds until a round's call could be past its timeout (inf: no rounds)."""
+        with self._rounds_lock:
+            state, timeout = self._round, self._timeout
+            if state is None or timeout <= 0:
+                return float("inf")
+            if state.gpu is not None:  # in a call now
+                return max(0.05, state.since + timeout - now)
+            return max(timeout, state.next_at + timeout - now)
 
     def serve(self, inp: IO[bytes]) -> None:
         threading.Thread(target=self.beat, name="beat", daemon=True).start()
