@@ -22,6 +22,7 @@ from collections import deque
 BUCKET = 600.0  # seconds per activity bucket
 EPISODE_GAP = 6  # buckets of silence (1 hour) that separate two episodes
 RETENTION_BUCKETS = int(36 * 86400 / BUCKET)
+PREPARE_STEP = 4  # buckets a new bucket takes into a sliding maximum prepared ahead of its use
 
 
 def bucket_of(t: float) -> int:
@@ -34,8 +35,8 @@ class Activity:
     Every question the memory rules ask costs O(log n) in the number of kept buckets,
     whatever the history: the episode starts are kept as a running count beside the
     buckets, the regime breaks (gaps longer than ``quiet``) as a list per ``quiet`` asked
-    about, and the peak of a regime as a sliding maximum of window counts per width, extended as
-    buckets come. A late point (a clock step) rebuilds them once."""
+    about, and the peak of a regime as a sliding maximum of window counts per width, which
+    ``mark`` extends as buckets come. A late point (a clock step) rebuilds them once."""
 
     __slots__ = ("_breaks", "_dropped", "_epoch", "_peaks", "_starts", "buckets", "version")
 
@@ -75,6 +76,16 @@ class Activity:
                 del buckets[:k]
                 del starts[:k]
                 self._dropped += k
+            if self._peaks:
+                # every kept width takes in the buckets that no look from now on can have
+                # in its window (those before b + 1 - width): a look then catches up at
+                # most the few that aged out of its window since the last bucket
+                d = self._dropped
+                n = len(buckets)
+                for width, pk in self._peaks.items():
+                    i = pk.hi - d
+                    if i < 0 or (i < n and buckets[i] <= b - width):
+                        pk.advance(buckets, d, b + 1 - width, width)
         self.version += 1
 
     def _rebuild(self) -> None:
@@ -173,11 +184,12 @@ class Activity:
         ``buckets[lo] + width``) holds every bucket from ``lo`` to its end, so the best of
         those is the last one's count. Every later window lies inside the kept history, and
         its count does not depend on ``lo``: those counts are kept per width (``_Peaks``),
-        one per bucket, computed once when the bucket is first asked about, and their
-        maximum over ``[k, hi)`` is a sliding maximum (a monotone deque). While looks move
-        forward in time (``lo`` and ``hi`` never go back) a look costs O(1) amortised per
-        width, whatever the history: a new regime or retention moving ``lo`` only slides
-        the window. A look at the past starts the deque over (O(n), tests and benches)."""
+        one per bucket, and their maximum over ``[k, hi)`` is a sliding maximum (a
+        monotone deque). The first ask builds them; from then on ``mark`` takes each new
+        bucket in, so while looks move forward in time (``lo`` and ``hi`` never go back)
+        a look takes in at most the few buckets that left its window since the last mark,
+        whatever the history: a new regime or retention moving ``lo`` only slides the
+        window. A look at the past starts the deque over (O(n), tests and benches)."""
         if hi <= lo:
             return 0
         buckets = self.buckets
@@ -212,6 +224,32 @@ class Activity:
         pk = self._peaks.get(width)
         return pk is not None and pk.epoch == self._epoch
 
+    def peaks_behind(self, b1: int) -> dict[int, int]:
+        """The most buckets a kept sliding maximum would still take in for a look whose
+        newest bucket is ``b1 - 1``, by width: what such a look could have to catch up
+        (tests). 0 right after ``mark``, but for a width being prepared."""
+        buckets = self.buckets
+        d = self._dropped
+        behind = {}
+        for width, pk in self._peaks.items():
+            i = max(pk.hi - d, 0)
+            behind[width] = max(bisect.bisect_left(buckets, b1 - width, i) - i, 0)
+        return behind
+
+    def prepare_peaks(self, s1: int, width: int) -> None:
+        """Start keeping the sliding maximum of ``width`` over the regime whose first
+        bucket is ``buckets[s1 - 1]``, before any look asks for it (the scan's next width,
+        which the regime grows into in a few days): from then on each new bucket takes in
+        at most ``PREPARE_STEP`` of the buckets it has to count, so no single look pays the
+        build over the regime (a look that asks before it is done pays what is left)."""
+        if len(self._peaks) >= 64 or self.peaks_kept(width):
+            return
+        buckets = self.buckets
+        first = buckets[s1 - 1]
+        k = bisect.bisect_left(buckets, first + width, s1 - 1)
+        pk = self._peaks[width] = _Peaks(self._epoch, k + self._dropped)
+        pk.lag = True
+
     def peak_before(self, s1: int, lo: int, width: int) -> int:
         """The regime's peak before the window that ``window_at`` found begins at ``lo``:
         the most active buckets any ``width`` buckets held from the regime's first bucket
@@ -229,9 +267,14 @@ class Activity:
 class _Peaks:
     """One window width's counts: ``counts[i - base]`` active buckets in the ``width``
     buckets that end with bucket ``i`` (absolute index), and a monotone deque of the
-    indexes in ``[k, hi)`` whose counts no later index beats (its front: the maximum)."""
+    indexes in ``[k, hi)`` whose counts no later index beats (its front: the maximum).
 
-    __slots__ = ("base", "counts", "epoch", "hi", "k", "queue")
+    Built at the first look that asks (``Activity.peak_at``); from then on ``advance``
+    takes in each bucket as ``Activity.mark`` adds one, so a look finds the counts and
+    the deque current up to its last bucket and catches up only the buckets that aged
+    out of its window since (a few), not all those since the width was last asked."""
+
+    __slots__ = ("base", "counts", "epoch", "hi", "k", "lag", "queue")
 
     def __init__(self, epoch: int, base: int) -> None:
         self.epoch = epoch
@@ -240,11 +283,60 @@ class _Peaks:
         self.queue: deque[int] = deque()
         self.k = base
         self.hi = base
+        self.lag = False  # prepared ahead of its first look: catching up PREPARE_STEP a bucket
+
+    def _take(self, buckets: list[int], d: int, hi: int, width: int) -> None:
+        """Counts and the deque up to ``hi`` (absolute, past ``self.hi``)."""
+        counts = self.counts
+        base = self.base
+        right = bisect.bisect_right
+        for i in range(base + len(counts), hi):  # counts of the buckets not yet seen
+            j = i - d
+            counts.append(j - right(buckets, buckets[j] - width, 0, j) + 1)
+        queue = self.queue
+        for i in range(self.hi, hi):
+            n = counts[i - base]
+            while queue and counts[queue[-1] - base] <= n:
+                queue.pop()
+            queue.append(i)
+        self.hi = hi
+
+    def advance(self, buckets: list[int], d: int, limit: int, width: int) -> None:
+        """Take in the buckets before bucket ``limit``: no window of a look from now on
+        (one whose newest bucket is at least the newest marked) begins before them. One
+        or two a call while it keeps up; ``PREPARE_STEP`` at most while ``lag``."""
+        if self.hi < d:  # retention dropped all it had come to: start at the front
+            self.counts.clear()
+            self.queue.clear()
+            self.base = self.hi = self.k = d
+        i = self.hi - d
+        stop = len(buckets)
+        if self.lag:
+            stop = min(stop, i + PREPARE_STEP)
+        counts = self.counts
+        queue = self.queue
+        base = self.base
+        while i < stop and buckets[i] < limit:
+            a = i + d - base
+            if a == len(counts):
+                counts.append(i - bisect.bisect_right(buckets, buckets[i] - width, 0, i) + 1)
+            n = counts[a]
+            while queue and counts[queue[-1] - base] <= n:
+                queue.pop()
+            queue.append(i + d)
+            i += 1
+        self.hi = i + d
+        if d - base > 4096:  # counts of dropped buckets: no window starts there
+            while queue and queue[0] < d:
+                queue.popleft()
+            del counts[: d - base]
+            self.base = d
 
     def max(self, buckets: list[int], d: int, k: int, hi: int, width: int) -> int:
         """The most any window ending in ``[k, hi)`` (local indexes) held."""
         k += d
         hi += d
+        self.lag = False
         queue = self.queue
         if k < self.k or hi < self.hi:  # a look back in time: start over from k
             queue.clear()
@@ -254,19 +346,15 @@ class _Peaks:
             counts.clear()
             queue.clear()
             self.base = self.hi = k
-        base = self.base
-        right = bisect.bisect_right
-        for i in range(base + len(counts), hi):  # counts of the buckets not yet seen
-            j = i - d
-            counts.append(j - right(buckets, buckets[j] - width, 0, j) + 1)
-        for i in range(max(self.hi, k), hi):
-            n = counts[i - base]
-            while queue and counts[queue[-1] - base] <= n:
-                queue.pop()
-            queue.append(i)
+        elif self.hi < k:  # the window moved past all the deque holds (a new regime)
+            queue.clear()
+            self.hi = k
+        if hi > self.hi:
+            self._take(buckets, d, hi, width)
         while queue and queue[0] < k:
             queue.popleft()
-        self.k, self.hi = k, hi
+        self.k = k
+        base = self.base
         if k - base > 4096:  # the regime moved on (retention, a new one): keep it bounded
             del counts[: k - base]
             base = self.base = k
