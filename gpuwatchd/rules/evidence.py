@@ -361,8 +361,17 @@ class _Peaks:
         return counts[queue[0] - base] if queue else 0
 
 
-def binomial_tail(x: int, n: int, p: float) -> float:
-    """P(X >= x) for X ~ Binomial(n, p), exactly (to float precision)."""
+def binomial_tail(x: int, n: int, p: float, alpha: float = 0.0) -> float:
+    """P(X >= x) for X ~ Binomial(n, p), exactly (to float precision; the terms are
+    summed from ``x`` up until they no longer add to it).
+
+    With ``alpha`` (a test at that level), only as exact as the test and its shown p-value
+    need, which is usually far fewer terms: a partial sum at or above ``alpha`` once it
+    gets there (the tail is at least that), or a partial sum that rounds to the same two
+    significant digits (``f"{p:.1e}"``) as every value the rest of the sum could still add
+    up to, below ``alpha``. What the rest can add is bounded by a geometric series, as the
+    ratio of a term to the one before only shrinks beyond the mode. So the verdict
+    (``< alpha``) and the shown value are those of the exact sum."""
     if x <= 0:
         return 1.0
     if x > n or p <= 0.0:
@@ -380,11 +389,32 @@ def binomial_tail(x: int, n: int, p: float) -> float:
     term = math.exp(log_term)
     total = term
     ratio = p / q
+    if alpha <= 0.0:
+        for k in range(x, n):
+            term *= (n - k) / (k + 1) * ratio
+            total += term
+            if term < total * 1e-12:
+                break
+        return min(total, 1.0)
+    if total >= alpha:
+        return total  # the tail is at least its first term: not significant at alpha
+    small = 1e-4  # a term this small against the sum: see whether the rest can matter
     for k in range(x, n):
-        term *= (n - k) / (k + 1) * ratio
+        r = (n - k) / (k + 1) * ratio
+        term *= r
         total += term
-        if term < total * 1e-12:
-            break
+        if term < total * small:
+            if small <= 1e-12:
+                break
+            # the terms after this one shrink at least as fast as r (the ratios only
+            # shrink past the mode): all of them add less than term * r / (1 - r)
+            if r < 1.0:
+                upper = total + term * r / (1.0 - r)
+                if upper < alpha and f"{total:.1e}" == f"{upper:.1e}":
+                    return total
+            small *= 1e-4
+        elif total >= alpha:
+            return total  # the tail is at least this: not significant at alpha
     return min(total, 1.0)
 
 
@@ -399,9 +429,10 @@ def binomial_tail_floor(x: int, n: int, p: float) -> float:
     return 0.5 * math.erfc(z / math.sqrt(2.0))
 
 
-def rate_ratio_p_value(x: int, w: float, y: int, b: float, rho: float) -> float:
+def rate_ratio_p_value(x: int, w: float, y: int, b: float, rho: float, alpha: float = 0.0) -> float:
     """The exact conditional test of two Poisson rates (the C-test): the chance of at least
     ``x`` of the ``x + y`` events falling in the recent span ``w`` if the recent rate were
-    only ``rho`` times the rate over the earlier span ``b``. Small means "accelerated"."""
+    only ``rho`` times the rate over the earlier span ``b``. Small means "accelerated".
+    ``alpha``: only as exact as a test at that level needs (``binomial_tail``)."""
     p0 = rho * w / (rho * w + b)
-    return binomial_tail(x, x + y, p0)
+    return binomial_tail(x, x + y, p0, alpha)

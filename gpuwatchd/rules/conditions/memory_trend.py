@@ -282,7 +282,8 @@ def _accelerated(c: MemoryTrend, r: _Regime, width: int, alpha: float) -> Hit | 
         peak = act.peak_before(r.s1, lo, width)
     if peak >= max(c.min_active, c.peak_ratio * x):
         return None  # an earlier window of this regime was as busy, and it subsided
-    p = rate_ratio_p_value(x, float(width), y, float(baseline), c.factor)
+    # only as exact as the verdict and its shown p-value need (binomial_tail)
+    p = rate_ratio_p_value(x, float(width), y, float(baseline), c.factor, alpha)
     if p >= alpha:
         return None
     if c.dispersion:
@@ -292,7 +293,7 @@ def _accelerated(c: MemoryTrend, r: _Regime, width: int, alpha: float) -> Hit | 
         phi = act.dispersion(r.start + 1, w0)
         if phi > 1.0:
             p = rate_ratio_p_value(
-                int(x / phi), float(width), round(y / phi), float(baseline), c.factor
+                int(x / phi), float(width), round(y / phi), float(baseline), c.factor, alpha
             )
             if p >= alpha:
                 return None
