@@ -199,6 +199,9 @@ class Activity:
             return best
         d = self._dropped
         pk = self._peaks.get(width)
+        if pk is not None and pk.hi == hi + d and pk.k == k + d:
+            queue = pk.queue  # as of the last ask or mark: nothing to take in or drop
+            return max(best, pk.counts[queue[0] - pk.base]) if queue else best
         if pk is None or pk.epoch != self._epoch or pk.base > k + d:
             if len(self._peaks) >= 64:  # the scan's widths too; never grow without bound
                 self._peaks.clear()
@@ -221,8 +224,7 @@ class Activity:
         """Whether the sliding maximum of ``width`` is kept (built, and not since a late
         bucket): asking ``peak_before`` then costs the buckets that came since it was last
         asked, not a build over the whole regime."""
-        pk = self._peaks.get(width)
-        return pk is not None and pk.epoch == self._epoch
+        return width in self._peaks  # a late bucket clears them all (_rebuild)
 
     def peaks_behind(self, b1: int) -> dict[int, int]:
         """The most buckets a kept sliding maximum would still take in for a look whose
