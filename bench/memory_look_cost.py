@@ -13,10 +13,12 @@ periodic evaluation does.
 below: the regime start found by walking back through the whole history, the episodes
 and the peak counted bucket by bucket, every look); "after" is ``rules/evidence.py`` now
 (running counts, per-``quiet`` regime breaks, a regime's counts read by index once per
-look, its peak as prefix maxima per window width extended per new bucket). Both read the
-same buckets and must agree on every verdict (checked here on every look). Each look is
-timed on its own: the average and the worst over a day of looks, and the first look on a
-fresh history (cold caches, as after a daemon start).
+look, its peak as a sliding maximum per window width that every look extends by the
+buckets that left the window). Both read the same buckets and must agree on every
+verdict (checked here on every look). Each look is timed on its own: the average and the
+worst over a day of looks, and the first look on a fresh history (cold caches, as after
+a daemon start); the errors of the two days of looks are marked as the looks reach them,
+and those marks are timed too.
 
     .venv/bin/python bench/memory_look_cost.py [--looks 288] [--repeat 5]
 """
@@ -153,8 +155,8 @@ def time_looks(
     rule keeps its last verdict as the evaluator does (``JudgeMemo``). ``live``: errors
     that come during the looks (marked before the first look after them; each new active
     bucket's ``mark`` of the timed day is timed too, best of ``repeat``: its average and
-    worst, since ``mark`` keeps the peaks' sliding maxima current; and the worst of a
-    look with the marks just before it, as one poll that brings a new bucket pays)."""
+    worst, as a poll that brings a new bucket pays it; and the worst look together with
+    the marks just before it: that poll's whole cost)."""
     warmup = [T_END - 2 * DAY + k * 300.0 for k in range(looks)]
     nows = [T_END - DAY + k * 300.0 for k in range(looks)]
     live = live or []

@@ -22,7 +22,7 @@ from collections import deque
 BUCKET = 600.0  # seconds per activity bucket
 EPISODE_GAP = 6  # buckets of silence (1 hour) that separate two episodes
 RETENTION_BUCKETS = int(36 * 86400 / BUCKET)
-PREPARE_STEP = 4  # buckets a new bucket takes into a sliding maximum prepared ahead of its use
+PREPARE_STEP = 4  # buckets a look takes into a sliding maximum prepared ahead of its use
 
 
 def bucket_of(t: float) -> int:
@@ -36,7 +36,8 @@ class Activity:
     whatever the history: the episode starts are kept as a running count beside the
     buckets, the regime breaks (gaps longer than ``quiet``) as a list per ``quiet`` asked
     about, and the peak of a regime as a sliding maximum of window counts per width, which
-    ``mark`` extends as buckets come. A late point (a clock step) rebuilds them once."""
+    each look extends as buckets leave its window (``keep_peaks``). A late point (a clock
+    step) rebuilds them once."""
 
     __slots__ = ("_breaks", "_dropped", "_epoch", "_peaks", "_starts", "buckets", "version")
 
@@ -76,16 +77,6 @@ class Activity:
                 del buckets[:k]
                 del starts[:k]
                 self._dropped += k
-            if self._peaks:
-                # every kept width takes in the buckets that no look from now on can have
-                # in its window (those before b + 1 - width): a look then catches up at
-                # most the few that aged out of its window since the last bucket
-                d = self._dropped
-                n = len(buckets)
-                for width, pk in self._peaks.items():
-                    i = pk.hi - d
-                    if i < 0 or (i < n and buckets[i] <= b - width):
-                        pk.advance(buckets, d, b + 1 - width, width)
         self.version += 1
 
     def _rebuild(self) -> None:
@@ -185,9 +176,9 @@ class Activity:
         those is the last one's count. Every later window lies inside the kept history, and
         its count does not depend on ``lo``: those counts are kept per width (``_Peaks``),
         one per bucket, and their maximum over ``[k, hi)`` is a sliding maximum (a
-        monotone deque). The first ask builds them; from then on ``mark`` takes each new
-        bucket in, so while looks move forward in time (``lo`` and ``hi`` never go back)
-        a look takes in at most the few buckets that left its window since the last mark,
+        monotone deque). The first ask builds them; from then on every look takes in the
+        buckets that left the window since the last (``keep_peaks``), so while looks move
+        forward in time (``lo`` and ``hi`` never go back) an ask takes in none,
         whatever the history: a new regime or retention moving ``lo`` only slides the
         window. A look at the past starts the deque over (O(n), tests and benches)."""
         if hi <= lo:
@@ -200,7 +191,7 @@ class Activity:
         d = self._dropped
         pk = self._peaks.get(width)
         if pk is not None and pk.hi == hi + d and pk.k == k + d:
-            queue = pk.queue  # as of the last ask or mark: nothing to take in or drop
+            queue = pk.queue  # as of the last ask or look: nothing to take in or drop
             return max(best, pk.counts[queue[0] - pk.base]) if queue else best
         if pk is None or pk.epoch != self._epoch or pk.base > k + d:
             if len(self._peaks) >= 64:  # the scan's widths too; never grow without bound
@@ -226,10 +217,24 @@ class Activity:
         asked, not a build over the whole regime."""
         return width in self._peaks  # a late bucket clears them all (_rebuild)
 
+    def keep_peaks(self, b1: int) -> None:
+        """Every kept width takes in the buckets that a look at ``b1`` (the bucket after
+        its newest) or later no longer holds in its window: those before ``b1 - width``.
+        Buckets leave a window one by one as time passes, so a look once per bucket takes
+        in at most one per width, and a look that asks a peak catches up none."""
+        buckets = self.buckets
+        d = self._dropped
+        n = len(buckets)
+        for width, pk in self._peaks.items():
+            i = pk.hi - d
+            if i >= 0 and (i >= n or buckets[i] >= b1 - width):
+                continue  # nothing left its window since
+            pk.advance(buckets, d, b1 - width, width)
+
     def peaks_behind(self, b1: int) -> dict[int, int]:
         """The most buckets a kept sliding maximum would still take in for a look whose
         newest bucket is ``b1 - 1``, by width: what such a look could have to catch up
-        (tests). 0 right after ``mark``, but for a width being prepared."""
+        (tests). 0 right after ``keep_peaks``, but for a width being prepared."""
         buckets = self.buckets
         d = self._dropped
         behind = {}
@@ -241,7 +246,7 @@ class Activity:
     def prepare_peaks(self, s1: int, width: int) -> None:
         """Start keeping the sliding maximum of ``width`` over the regime whose first
         bucket is ``buckets[s1 - 1]``, before any look asks for it (the scan's next width,
-        which the regime grows into in a few days): from then on each new bucket takes in
+        which the regime grows into in a few days): from then on each look takes in
         at most ``PREPARE_STEP`` of the buckets it has to count, so no single look pays the
         build over the regime (a look that asks before it is done pays what is left)."""
         if len(self._peaks) >= 64 or self.peaks_kept(width):
@@ -272,9 +277,9 @@ class _Peaks:
     indexes in ``[k, hi)`` whose counts no later index beats (its front: the maximum).
 
     Built at the first look that asks (``Activity.peak_at``); from then on ``advance``
-    takes in each bucket as ``Activity.mark`` adds one, so a look finds the counts and
-    the deque current up to its last bucket and catches up only the buckets that aged
-    out of its window since (a few), not all those since the width was last asked."""
+    takes in each bucket as it leaves the window (``Activity.keep_peaks``, at every look),
+    so an ask finds the counts and the deque current, not behind by all the buckets since
+    the width was last asked."""
 
     __slots__ = ("base", "counts", "epoch", "hi", "k", "lag", "queue")
 
@@ -285,7 +290,7 @@ class _Peaks:
         self.queue: deque[int] = deque()
         self.k = base
         self.hi = base
-        self.lag = False  # prepared ahead of its first look: catching up PREPARE_STEP a bucket
+        self.lag = False  # prepared ahead of its first ask: catching up PREPARE_STEP a look
 
     def _take(self, buckets: list[int], d: int, hi: int, width: int) -> None:
         """Counts and the deque up to ``hi`` (absolute, past ``self.hi``)."""
@@ -305,8 +310,8 @@ class _Peaks:
 
     def advance(self, buckets: list[int], d: int, limit: int, width: int) -> None:
         """Take in the buckets before bucket ``limit``: no window of a look from now on
-        (one whose newest bucket is at least the newest marked) begins before them. One
-        or two a call while it keeps up; ``PREPARE_STEP`` at most while ``lag``."""
+        (at ``limit + width`` or later) begins before them. At most one a call while
+        looks come once a bucket; ``PREPARE_STEP`` at most while ``lag``."""
         if self.hi < d:  # retention dropped all it had come to: start at the front
             self.counts.clear()
             self.queue.clear()

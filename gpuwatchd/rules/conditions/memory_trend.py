@@ -190,6 +190,7 @@ def _judge(c: MemoryTrend, act: Activity, b1: int) -> Hit | None:
     hi = bisect.bisect_left(buckets, b1)
     if hi == 0:
         return None  # no activity before b1
+    act.keep_peaks(b1)  # the buckets that left each width's window since the last look
     start = act.regime_start(b1, quiet)
     assert start is not None
     # the regime's bookkeeping, found once per look and shared by every window tested
@@ -226,8 +227,8 @@ def _scanned(c: MemoryTrend, r: _Regime) -> Hit | None:
     active bucket only: a rise shows most where new activity just came (later, the same
     windows hold no more events and a longer baseline), and so it costs nothing on the
     looks between errors. Each width reads the regime's counts by index (``_Regime``) and
-    its peak from a sliding maximum kept per width (``Activity.peak_at``) that each new
-    bucket extends: nothing is rescanned from the regime's start when a new bucket comes.
+    its peak from a sliding maximum kept per width (``Activity.peak_at``) that each look
+    extends: nothing is rescanned from the regime's start when a new bucket comes.
     The next widths the regime will grow into are prepared ahead of their first test
     (``Activity.prepare_peaks``)."""
     if r.act.buckets[r.hi - 1] != r.b1 - 1:
@@ -240,7 +241,7 @@ def _scanned(c: MemoryTrend, r: _Regime) -> Hit | None:
         baseline = r.b1 - width - r.start
         if baseline < least or baseline < c.scan_ratio * width:
             # the next two widths this regime grows into: their peaks are prepared a few
-            # buckets at a time from now on, so the look that first tests one builds little
+            # buckets a look from now on, so the look that first tests one builds little
             # (two: the one after next has no backlog yet while the baseline is short)
             for ahead in (width, width + step):
                 if ahead not in fixed:
