@@ -13,10 +13,12 @@ periodic evaluation does.
 below: the regime start found by walking back through the whole history, the episodes
 and the peak counted bucket by bucket, every look); "after" is ``rules/evidence.py`` now
 (running counts, per-``quiet`` regime breaks, a regime's counts read by index once per
-look, its peak as prefix maxima per window width extended per new bucket). Both read the
-same buckets and must agree on every verdict (checked here on every look). Each look is
-timed on its own: the average and the worst over a day of looks, and the first look on a
-fresh history (cold caches, as after a daemon start).
+look, its peak as a sliding maximum per window width that every look extends by the
+buckets that left the window). Both read the same buckets and must agree on every
+verdict (checked here on every look). Each look is timed on its own: the average and the
+worst over a day of looks, and the first look on a fresh history (cold caches, as after
+a daemon start); the errors of the two days of looks are marked as the looks reach them,
+and those marks are timed too.
 
     .venv/bin/python bench/memory_look_cost.py [--looks 288] [--repeat 5]
 """
@@ -100,10 +102,11 @@ class NaiveActivity(Activity):
 
 
 def history(n: int, shape: str, seed: int) -> tuple[list[float], list[float]]:
-    """``n`` distinct active buckets over the 29 days before ``T_END`` (one regime), and
-    none during the looks; ``chronic``: a trickle for 40 days, longer than the history
-    kept (so retention moves the regime's first kept bucket on as errors come), that goes
-    on at the same density through the two days of looks."""
+    """``n`` distinct active buckets over the 29 days before ``T_END`` (one regime), the
+    history before the two days of looks, and those of the two days, marked as the looks
+    reach them (a daemon never holds a bucket from its future); ``chronic``: a trickle for
+    40 days, longer than the history kept (so retention moves the regime's first kept
+    bucket on as errors come), that goes on at the same density through the looks."""
     rng = random.Random(f"{shape}:{n}:{seed}")
     if shape == "chronic":
         first = int((T_END - 40 * DAY) // BUCKET)
@@ -123,7 +126,9 @@ def history(n: int, shape: str, seed: int) -> tuple[list[float], list[float]]:
         while len(chosen) < n:
             chosen.add(first + int(span * rng.random() ** 0.5))
         picks = list(chosen)
-    return [b * BUCKET + 1.0 for b in sorted(picks)], []
+    times = [b * BUCKET + 1.0 for b in sorted(picks)]
+    cut = T_END - 2 * DAY
+    return [t for t in times if t < cut], [t for t in times if t >= cut]
 
 
 def build(cls: type[Activity], times: list[float]) -> Activity:
@@ -141,18 +146,24 @@ def time_looks(
     repeat: int,
     memo: bool = False,
     live: list[float] | None = None,
-) -> tuple[float, float, float, list[object]]:
+) -> tuple[float, float, float, list[object], tuple[float, float, float]]:
     """Microseconds per GPU look (all ``rules``) over the last day of looks, after a day
     of untimed looks (a daemon that has been running): the average and the worst (each
     look's time the best of ``repeat`` runs, so the machine's other jobs count as little
     as they can); and the costliest look of the first day, on a fresh history (caches
     cold: a daemon start). The verdicts of the last run's timed day. With ``memo``, each
     rule keeps its last verdict as the evaluator does (``JudgeMemo``). ``live``: errors
-    that come during the looks (marked, untimed, before the first look after them)."""
+    that come during the looks (marked before the first look after them; each new active
+    bucket's ``mark`` of the timed day is timed too, best of ``repeat``: its average and
+    worst, as a poll that brings a new bucket pays it; and the worst look together with
+    the marks just before it: that poll's whole cost)."""
     warmup = [T_END - 2 * DAY + k * 300.0 for k in range(looks)]
     nows = [T_END - DAY + k * 300.0 for k in range(looks)]
     live = live or []
     per = [float("inf")] * looks
+    polls = [float("inf")] * looks  # a look and the marks just before it
+    timed_marks = [t for t in live if warmup[-1] < t <= nows[-1]]
+    marks = [float("inf")] * len(timed_marks)
     cold = float("inf")
     verdicts: list[object] = []
     clock = time.perf_counter
@@ -170,16 +181,31 @@ def time_looks(
             first = max(first, clock() - t0)
         cold = min(cold, first)
         verdicts = []
+        seen = 0
         for i, now in enumerate(nows):
+            marked = 0.0
             while pending and pending[0] <= now:
+                t0 = clock()
                 act.mark(pending.pop(0))
+                dt = clock() - t0
+                marked += dt
+                if dt < marks[seen]:
+                    marks[seen] = dt
+                seen += 1
             t0 = clock()
             for c, m in zip(rules, memos, strict=True):
                 verdicts.append(judge(c, act, now, m))
             dt = clock() - t0
             if dt < per[i]:
                 per[i] = dt
-    return sum(per) / looks * 1e6, max(per) * 1e6, cold * 1e6, verdicts
+            if dt + marked < polls[i]:
+                polls[i] = dt + marked
+    mark_cost = (
+        (sum(marks) / len(marks) * 1e6, max(marks) * 1e6, max(polls) * 1e6)
+        if marks
+        else (0.0, 0.0, max(polls) * 1e6)
+    )
+    return sum(per) / looks * 1e6, max(per) * 1e6, cold * 1e6, verdicts, mark_cost
 
 
 def main() -> int:
@@ -198,9 +224,12 @@ def main() -> int:
     print(f"# {platform.python_implementation()} {platform.python_version()}, {platform.node()}")
     print("# us per GPU look: both rules (before, after, with the memo) and the acceleration")
     print("# rule alone with the memo; avg/worst over the second day of looks; cold: the")
-    print("# costliest look of the first day (fresh history, caches cold: a daemon start)")
+    print("# costliest look of the first day (fresh history, caches cold: a daemon start);")
+    print("# mark: us per new active bucket (Activity.mark) during the acceleration rule's day;")
+    print("# +look: its worst look with the marks just before it (one poll with a new bucket)")
     print(
-        "active | shape   | before avg | after avg | memo avg/worst | accel avg/worst | cold | hits"
+        "active | shape   | before avg | after avg | memo avg/worst | accel avg/worst | cold"
+        " | mark avg/worst | +look | hits"
     )
     for n in (0, 1000, 2000, 4000):
         for shape in ("steady", "rising", "chronic"):
@@ -208,16 +237,16 @@ def main() -> int:
                 continue
             times, live = history(n, shape, args.seed)
             assert build(NaiveActivity, times).buckets == build(Activity, times).buckets
-            before, _, _, v_old = time_looks(
+            before, _, _, v_old, _ = time_looks(
                 NaiveActivity, times, rules, args.looks, args.repeat, live=live
             )
-            after, _, _, v_new = time_looks(
+            after, _, _, v_new, _ = time_looks(
                 Activity, times, rules, args.looks, args.repeat, live=live
             )
-            memo_avg, memo_worst, cold, v_memo = time_looks(
+            memo_avg, memo_worst, cold, v_memo, _ = time_looks(
                 Activity, times, rules, args.looks, args.repeat, memo=True, live=live
             )
-            acc_avg, acc_worst, _, _ = time_looks(
+            acc_avg, acc_worst, _, _, (mark_avg, mark_worst, poll_worst) = time_looks(
                 Activity, times, [accel], args.looks, args.repeat, memo=True, live=live
             )
             if v_old != v_new or v_new != v_memo:
@@ -227,7 +256,7 @@ def main() -> int:
             print(
                 f"{n:6d} | {shape:7s} | {before:10.1f} | {after:9.1f} |"
                 f" {memo_avg:6.1f}/{memo_worst:7.1f} | {acc_avg:6.1f}/{acc_worst:8.1f} |"
-                f" {cold:7.1f} | {hits}"
+                f" {cold:7.1f} | {mark_avg:5.1f}/{mark_worst:6.1f} | {poll_worst:5.1f} | {hits}"
             )
     return 0
 

@@ -22,6 +22,7 @@ from collections import deque
 BUCKET = 600.0  # seconds per activity bucket
 EPISODE_GAP = 6  # buckets of silence (1 hour) that separate two episodes
 RETENTION_BUCKETS = int(36 * 86400 / BUCKET)
+PREPARE_STEP = 4  # buckets a look takes into a sliding maximum prepared ahead of its use
 
 
 def bucket_of(t: float) -> int:
@@ -34,8 +35,9 @@ class Activity:
     Every question the memory rules ask costs O(log n) in the number of kept buckets,
     whatever the history: the episode starts are kept as a running count beside the
     buckets, the regime breaks (gaps longer than ``quiet``) as a list per ``quiet`` asked
-    about, and the peak of a regime as a sliding maximum of window counts per width, extended as
-    buckets come. A late point (a clock step) rebuilds them once."""
+    about, and the peak of a regime as a sliding maximum of window counts per width, which
+    each look extends as buckets leave its window (``keep_peaks``). A late point (a clock
+    step) rebuilds them once."""
 
     __slots__ = ("_breaks", "_dropped", "_epoch", "_peaks", "_starts", "buckets", "version")
 
@@ -173,11 +175,12 @@ class Activity:
         ``buckets[lo] + width``) holds every bucket from ``lo`` to its end, so the best of
         those is the last one's count. Every later window lies inside the kept history, and
         its count does not depend on ``lo``: those counts are kept per width (``_Peaks``),
-        one per bucket, computed once when the bucket is first asked about, and their
-        maximum over ``[k, hi)`` is a sliding maximum (a monotone deque). While looks move
-        forward in time (``lo`` and ``hi`` never go back) a look costs O(1) amortised per
-        width, whatever the history: a new regime or retention moving ``lo`` only slides
-        the window. A look at the past starts the deque over (O(n), tests and benches)."""
+        one per bucket, and their maximum over ``[k, hi)`` is a sliding maximum (a
+        monotone deque). The first ask builds them; from then on every look takes in the
+        buckets that left the window since the last (``keep_peaks``), so while looks move
+        forward in time (``lo`` and ``hi`` never go back) an ask takes in none,
+        whatever the history: a new regime or retention moving ``lo`` only slides the
+        window. A look at the past starts the deque over (O(n), tests and benches)."""
         if hi <= lo:
             return 0
         buckets = self.buckets
@@ -187,6 +190,9 @@ class Activity:
             return best
         d = self._dropped
         pk = self._peaks.get(width)
+        if pk is not None and pk.hi == hi + d and pk.k == k + d:
+            queue = pk.queue  # as of the last ask or look: nothing to take in or drop
+            return max(best, pk.counts[queue[0] - pk.base]) if queue else best
         if pk is None or pk.epoch != self._epoch or pk.base > k + d:
             if len(self._peaks) >= 64:  # the scan's widths too; never grow without bound
                 self._peaks.clear()
@@ -209,8 +215,47 @@ class Activity:
         """Whether the sliding maximum of ``width`` is kept (built, and not since a late
         bucket): asking ``peak_before`` then costs the buckets that came since it was last
         asked, not a build over the whole regime."""
-        pk = self._peaks.get(width)
-        return pk is not None and pk.epoch == self._epoch
+        return width in self._peaks  # a late bucket clears them all (_rebuild)
+
+    def keep_peaks(self, b1: int) -> None:
+        """Every kept width takes in the buckets that a look at ``b1`` (the bucket after
+        its newest) or later no longer holds in its window: those before ``b1 - width``.
+        Buckets leave a window one by one as time passes, so a look once per bucket takes
+        in at most one per width, and a look that asks a peak catches up none."""
+        buckets = self.buckets
+        d = self._dropped
+        n = len(buckets)
+        for width, pk in self._peaks.items():
+            i = pk.hi - d
+            if i >= 0 and (i >= n or buckets[i] >= b1 - width):
+                continue  # nothing left its window since
+            pk.advance(buckets, d, b1 - width, width)
+
+    def peaks_behind(self, b1: int) -> dict[int, int]:
+        """The most buckets a kept sliding maximum would still take in for a look whose
+        newest bucket is ``b1 - 1``, by width: what such a look could have to catch up
+        (tests). 0 right after ``keep_peaks``, but for a width being prepared."""
+        buckets = self.buckets
+        d = self._dropped
+        behind = {}
+        for width, pk in self._peaks.items():
+            i = max(pk.hi - d, 0)
+            behind[width] = max(bisect.bisect_left(buckets, b1 - width, i) - i, 0)
+        return behind
+
+    def prepare_peaks(self, s1: int, width: int) -> None:
+        """Start keeping the sliding maximum of ``width`` over the regime whose first
+        bucket is ``buckets[s1 - 1]``, before any look asks for it (the scan's next width,
+        which the regime grows into in a few days): from then on each look takes in
+        at most ``PREPARE_STEP`` of the buckets it has to count, so no single look pays the
+        build over the regime (a look that asks before it is done pays what is left)."""
+        if len(self._peaks) >= 64 or self.peaks_kept(width):
+            return
+        buckets = self.buckets
+        first = buckets[s1 - 1]
+        k = bisect.bisect_left(buckets, first + width, s1 - 1)
+        pk = self._peaks[width] = _Peaks(self._epoch, k + self._dropped)
+        pk.lag = True
 
     def peak_before(self, s1: int, lo: int, width: int) -> int:
         """The regime's peak before the window that ``window_at`` found begins at ``lo``:
@@ -229,9 +274,14 @@ class Activity:
 class _Peaks:
     """One window width's counts: ``counts[i - base]`` active buckets in the ``width``
     buckets that end with bucket ``i`` (absolute index), and a monotone deque of the
-    indexes in ``[k, hi)`` whose counts no later index beats (its front: the maximum)."""
+    indexes in ``[k, hi)`` whose counts no later index beats (its front: the maximum).
 
-    __slots__ = ("base", "counts", "epoch", "hi", "k", "queue")
+    Built at the first look that asks (``Activity.peak_at``); from then on ``advance``
+    takes in each bucket as it leaves the window (``Activity.keep_peaks``, at every look),
+    so an ask finds the counts and the deque current, not behind by all the buckets since
+    the width was last asked."""
+
+    __slots__ = ("base", "counts", "epoch", "hi", "k", "lag", "queue")
 
     def __init__(self, epoch: int, base: int) -> None:
         self.epoch = epoch
@@ -240,11 +290,60 @@ class _Peaks:
         self.queue: deque[int] = deque()
         self.k = base
         self.hi = base
+        self.lag = False  # prepared ahead of its first ask: catching up PREPARE_STEP a look
+
+    def _take(self, buckets: list[int], d: int, hi: int, width: int) -> None:
+        """Counts and the deque up to ``hi`` (absolute, past ``self.hi``)."""
+        counts = self.counts
+        base = self.base
+        right = bisect.bisect_right
+        for i in range(base + len(counts), hi):  # counts of the buckets not yet seen
+            j = i - d
+            counts.append(j - right(buckets, buckets[j] - width, 0, j) + 1)
+        queue = self.queue
+        for i in range(self.hi, hi):
+            n = counts[i - base]
+            while queue and counts[queue[-1] - base] <= n:
+                queue.pop()
+            queue.append(i)
+        self.hi = hi
+
+    def advance(self, buckets: list[int], d: int, limit: int, width: int) -> None:
+        """Take in the buckets before bucket ``limit``: no window of a look from now on
+        (at ``limit + width`` or later) begins before them. At most one a call while
+        looks come once a bucket; ``PREPARE_STEP`` at most while ``lag``."""
+        if self.hi < d:  # retention dropped all it had come to: start at the front
+            self.counts.clear()
+            self.queue.clear()
+            self.base = self.hi = self.k = d
+        i = self.hi - d
+        stop = len(buckets)
+        if self.lag:
+            stop = min(stop, i + PREPARE_STEP)
+        counts = self.counts
+        queue = self.queue
+        base = self.base
+        while i < stop and buckets[i] < limit:
+            a = i + d - base
+            if a == len(counts):
+                counts.append(i - bisect.bisect_right(buckets, buckets[i] - width, 0, i) + 1)
+            n = counts[a]
+            while queue and counts[queue[-1] - base] <= n:
+                queue.pop()
+            queue.append(i + d)
+            i += 1
+        self.hi = i + d
+        if d - base > 4096:  # counts of dropped buckets: no window starts there
+            while queue and queue[0] < d:
+                queue.popleft()
+            del counts[: d - base]
+            self.base = d
 
     def max(self, buckets: list[int], d: int, k: int, hi: int, width: int) -> int:
         """The most any window ending in ``[k, hi)`` (local indexes) held."""
         k += d
         hi += d
+        self.lag = False
         queue = self.queue
         if k < self.k or hi < self.hi:  # a look back in time: start over from k
             queue.clear()
@@ -254,27 +353,32 @@ class _Peaks:
             counts.clear()
             queue.clear()
             self.base = self.hi = k
-        base = self.base
-        right = bisect.bisect_right
-        for i in range(base + len(counts), hi):  # counts of the buckets not yet seen
-            j = i - d
-            counts.append(j - right(buckets, buckets[j] - width, 0, j) + 1)
-        for i in range(max(self.hi, k), hi):
-            n = counts[i - base]
-            while queue and counts[queue[-1] - base] <= n:
-                queue.pop()
-            queue.append(i)
+        elif self.hi < k:  # the window moved past all the deque holds (a new regime)
+            queue.clear()
+            self.hi = k
+        if hi > self.hi:
+            self._take(buckets, d, hi, width)
         while queue and queue[0] < k:
             queue.popleft()
-        self.k, self.hi = k, hi
+        self.k = k
+        base = self.base
         if k - base > 4096:  # the regime moved on (retention, a new one): keep it bounded
             del counts[: k - base]
             base = self.base = k
         return counts[queue[0] - base] if queue else 0
 
 
-def binomial_tail(x: int, n: int, p: float) -> float:
-    """P(X >= x) for X ~ Binomial(n, p), exactly (to float precision)."""
+def binomial_tail(x: int, n: int, p: float, alpha: float = 0.0) -> float:
+    """P(X >= x) for X ~ Binomial(n, p), exactly (to float precision; the terms are
+    summed from ``x`` up until they no longer add to it).
+
+    With ``alpha`` (a test at that level), only as exact as the test and its shown p-value
+    need, which is usually far fewer terms: a partial sum at or above ``alpha`` once it
+    gets there (the tail is at least that), or a partial sum that rounds to the same two
+    significant digits (``f"{p:.1e}"``) as every value the rest of the sum could still add
+    up to, below ``alpha``. What the rest can add is bounded by a geometric series, as the
+    ratio of a term to the one before only shrinks beyond the mode. So the verdict
+    (``< alpha``) and the shown value are those of the exact sum."""
     if x <= 0:
         return 1.0
     if x > n or p <= 0.0:
@@ -292,11 +396,32 @@ def binomial_tail(x: int, n: int, p: float) -> float:
     term = math.exp(log_term)
     total = term
     ratio = p / q
+    if alpha <= 0.0:
+        for k in range(x, n):
+            term *= (n - k) / (k + 1) * ratio
+            total += term
+            if term < total * 1e-12:
+                break
+        return min(total, 1.0)
+    if total >= alpha:
+        return total  # the tail is at least its first term: not significant at alpha
+    small = 1e-4  # a term this small against the sum: see whether the rest can matter
     for k in range(x, n):
-        term *= (n - k) / (k + 1) * ratio
+        r = (n - k) / (k + 1) * ratio
+        term *= r
         total += term
-        if term < total * 1e-12:
-            break
+        if term < total * small:
+            if small <= 1e-12:
+                break
+            # the terms after this one shrink at least as fast as r (the ratios only
+            # shrink past the mode): all of them add less than term * r / (1 - r)
+            if r < 1.0:
+                upper = total + term * r / (1.0 - r)
+                if upper < alpha and f"{total:.1e}" == f"{upper:.1e}":
+                    return total
+            small *= 1e-4
+        elif total >= alpha:
+            return total  # the tail is at least this: not significant at alpha
     return min(total, 1.0)
 
 
@@ -311,9 +436,10 @@ def binomial_tail_floor(x: int, n: int, p: float) -> float:
     return 0.5 * math.erfc(z / math.sqrt(2.0))
 
 
-def rate_ratio_p_value(x: int, w: float, y: int, b: float, rho: float) -> float:
+def rate_ratio_p_value(x: int, w: float, y: int, b: float, rho: float, alpha: float = 0.0) -> float:
     """The exact conditional test of two Poisson rates (the C-test): the chance of at least
     ``x`` of the ``x + y`` events falling in the recent span ``w`` if the recent rate were
-    only ``rho`` times the rate over the earlier span ``b``. Small means "accelerated"."""
+    only ``rho`` times the rate over the earlier span ``b``. Small means "accelerated".
+    ``alpha``: only as exact as a test at that level needs (``binomial_tail``)."""
     p0 = rho * w / (rho * w + b)
-    return binomial_tail(x, x + y, p0)
+    return binomial_tail(x, x + y, p0, alpha)

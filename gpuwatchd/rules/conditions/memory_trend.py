@@ -190,6 +190,7 @@ def _judge(c: MemoryTrend, act: Activity, b1: int) -> Hit | None:
     hi = bisect.bisect_left(buckets, b1)
     if hi == 0:
         return None  # no activity before b1
+    act.keep_peaks(b1)  # the buckets that left each width's window since the last look
     start = act.regime_start(b1, quiet)
     assert start is not None
     # the regime's bookkeeping, found once per look and shared by every window tested
@@ -226,8 +227,10 @@ def _scanned(c: MemoryTrend, r: _Regime) -> Hit | None:
     active bucket only: a rise shows most where new activity just came (later, the same
     windows hold no more events and a longer baseline), and so it costs nothing on the
     looks between errors. Each width reads the regime's counts by index (``_Regime``) and
-    its peak from prefix maxima kept per width (``Activity.peak_at``): nothing is rescanned
-    from the regime's start when a new bucket comes."""
+    its peak from a sliding maximum kept per width (``Activity.peak_at``) that each look
+    extends: nothing is rescanned from the regime's start when a new bucket comes.
+    The next widths the regime will grow into are prepared ahead of their first test
+    (``Activity.prepare_peaks``)."""
     if r.act.buckets[r.hi - 1] != r.b1 - 1:
         return None  # no activity in the newest bucket
     step = max(int(c.scan // BUCKET), 1)
@@ -237,6 +240,12 @@ def _scanned(c: MemoryTrend, r: _Regime) -> Hit | None:
     while True:
         baseline = r.b1 - width - r.start
         if baseline < least or baseline < c.scan_ratio * width:
+            # the next two widths this regime grows into: their peaks are prepared a few
+            # buckets a look from now on, so the look that first tests one builds little
+            # (two: the one after next has no backlog yet while the baseline is short)
+            for ahead in (width, width + step):
+                if ahead not in fixed:
+                    r.act.prepare_peaks(r.s1, ahead)
             return None
         if width not in fixed:
             hit = _accelerated(c, r, width, c.scan_alpha)
@@ -259,8 +268,8 @@ def _accelerated(c: MemoryTrend, r: _Regime, width: int, alpha: float) -> Hit | 
     x, y, episodes, lo = act.window_at(r.s1, r.hi, w0)  # w0 > start
     # The peak is the costliest count (bench/memory_look_cost.py): asked after the cheap
     # gates, which rule out most windows a look tests (the scan's), once its sliding maximum
-    # is built; the first time a width is tested it is built at once (a daemon start, a
-    # width the regime just grew into), so no later look pays a build over the regime.
+    # is kept (built, or prepared by the scan); the first time a width that is not is tested
+    # (a daemon start) it is built at once, so no later look pays a build over the regime.
     # Gates only: their order does not change a verdict.
     peak = act.peak_before(r.s1, lo, width) if not act.peaks_kept(width) else None
     if x < c.min_active or episodes < c.min_episodes:
@@ -274,7 +283,8 @@ def _accelerated(c: MemoryTrend, r: _Regime, width: int, alpha: float) -> Hit | 
         peak = act.peak_before(r.s1, lo, width)
     if peak >= max(c.min_active, c.peak_ratio * x):
         return None  # an earlier window of this regime was as busy, and it subsided
-    p = rate_ratio_p_value(x, float(width), y, float(baseline), c.factor)
+    # only as exact as the verdict and its shown p-value need (binomial_tail)
+    p = rate_ratio_p_value(x, float(width), y, float(baseline), c.factor, alpha)
     if p >= alpha:
         return None
     if c.dispersion:
@@ -284,7 +294,7 @@ def _accelerated(c: MemoryTrend, r: _Regime, width: int, alpha: float) -> Hit | 
         phi = act.dispersion(r.start + 1, w0)
         if phi > 1.0:
             p = rate_ratio_p_value(
-                int(x / phi), float(width), round(y / phi), float(baseline), c.factor
+                int(x / phi), float(width), round(y / phi), float(baseline), c.factor, alpha
             )
             if p >= alpha:
                 return None
