@@ -375,11 +375,11 @@ class WorkerBackend:
             pending.answer(None)  # WorkerDown
         if self._stop.is_set():
             return
+        down = f"NVML worker is down ({self.last_exit})"
         on_round = self._on_round
         if on_round is not None:  # every GPU stale at once
-            down = WorkerDown(f"NVML worker is down ({self.last_exit})")
-            on_round({info.index: _raises(down) for info in self._infos})
-        self._events.put(WorkerDown(f"NVML worker is down ({self.last_exit})"))
+            on_round({info.index: _raises(WorkerDown(down)) for info in self._infos})
+        self._events.put(WorkerDown(down))  # its own: each is raised in its own thread
         log.error("NVML worker %s; GPUs are stale until it is back", self.last_exit)
         if was_up:
             self._status(SOURCE, False, self.last_exit)
