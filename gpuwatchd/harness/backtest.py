@@ -438,6 +438,28 @@ def _regular_cadence(rng: random.Random) -> Trace:
     return tr
 
 
+def _continuous_stream(rng: random.Random) -> Trace:
+    """Weekly, then daily (both Poisson), then a continuous stream: exactly one error an
+    hour for 2-4 days (as ``scenarios/ecc-leak.yaml``), then the error. Every bucket of the
+    stream is within an hour of the last, so the stream is one episode: while it lasts it
+    looks like a job session, and a test that vetoes sessions must still drain it."""
+    tr = Trace()
+    start = rng.uniform(0, 3) * DAY
+    daily_at = start + rng.uniform(5, 9) * DAY
+    stream_at = daily_at + rng.uniform(5, 8) * DAY
+    end = stream_at + rng.uniform(2, 4) * DAY
+    start, daily_at, stream_at, end = _inside(tr, start, daily_at, stream_at, end)
+    tr.poisson(rng, start, daily_at, 1 / 7)
+    tr.poisson(rng, daily_at, stream_at, 1.0)
+    t = stream_at + rng.uniform(0, HOUR)
+    while t < end:
+        tr.add(t, 1)
+        t += HOUR
+    tr.rise_at = daily_at
+    tr.dbe(end)
+    return tr
+
+
 def _prior_ue_streak(rng: random.Random) -> Trace:
     """The Summit streaks: a contained uncorrectable error (XID 94, the uncorrected counter, an
     uncorrectable remap), then more memory errors over 1-5 days (corrected ones and further
@@ -631,6 +653,12 @@ FAMILIES: tuple[Family, ...] = (
         "leak-regular-cadence",
         "weekly, daily (4-8 d), hourly (1 d) at a regular cadence (+-10 %), then the error",
         _regular_cadence,
+        True,
+    ),
+    Family(
+        "leak-continuous-stream",
+        "weekly (5-9 d), daily (5-8 d), then exactly one an hour for 2-4 d, then the error",
+        _continuous_stream,
         True,
     ),
     Family(
