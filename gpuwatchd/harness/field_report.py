@@ -39,7 +39,7 @@ from typing import Any
 
 from gpuwatchd.configfile.loader import Config
 from gpuwatchd.core.alerts import AlertSeverity
-from gpuwatchd.rules.ledger import UE_RULES, UE_XID_RULE, is_memory_rule, is_xid48
+from gpuwatchd.rules.ledger import is_memory_rule, is_ue
 from gpuwatchd.rules.store import DB_NAME, AlertRecord, Ledger, StateStore
 
 HOUR = 3600.0
@@ -139,11 +139,6 @@ def read_state(path: str) -> NodeState:
             store.close()
 
 
-def read_alerts(path: str) -> list[AlertRecord]:
-    """The alert records of a state directory (or a ``rules.sqlite3`` file)."""
-    return read_state(path).alerts
-
-
 def _gpu(rec: AlertRecord) -> str | None:
     return rec.labels.get("uuid") or rec.labels.get("gpu")
 
@@ -166,7 +161,7 @@ def _from_alerts(
         gpu = _gpu(r)
         if gpu is None or r.fired_at is None or (before is not None and r.fired_at >= before):
             continue
-        ue = r.rule in UE_RULES or (r.rule == UE_XID_RULE and is_xid48(r.labels, r.annotations))
+        ue = is_ue(r.rule, r.labels, r.annotations)
         page, drain = r.rule in pages, r.rule in drains
         if ue or page or drain:
             out.append(_Event(gpu, r.fired_at, ue, page, drain))

@@ -30,6 +30,7 @@ __all__ = [
     "UE_XID_RULE",
     "LedgerEntry",
     "is_memory_rule",
+    "is_ue",
     "is_xid48",
     "kind_of",
 ]
@@ -50,6 +51,11 @@ def is_xid48(labels: Mapping[str, str], annotations: Mapping[str, str]) -> bool:
     return annotations.get("summary", "").startswith("XID 48 ")
 
 
+def is_ue(rule: str, labels: Mapping[str, str], annotations: Mapping[str, str]) -> bool:
+    """A firing of ``rule`` that is an uncorrectable memory error."""
+    return rule in UE_RULES or (rule == UE_XID_RULE and is_xid48(labels, annotations))
+
+
 def kind_of(
     rule: Rule,
     labels: Mapping[str, str],
@@ -58,8 +64,7 @@ def kind_of(
     drain: bool,
 ) -> str | None:
     """The ledger kind of one firing of ``rule``, or None when it is not memory-relevant."""
-    name = rule.name
-    if name in UE_RULES or (name == UE_XID_RULE and is_xid48(labels, annotations)):
+    if is_ue(rule.name, labels, annotations):
         return "ue"
     if is_memory_rule(rule) and (severity is not AlertSeverity.INFO or drain):
         return "memory"

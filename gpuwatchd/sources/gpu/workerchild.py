@@ -15,8 +15,9 @@ reach the same journal. The first message is ``open`` with the backend's setting
 - ``sample`` (``gpu``): one GPU read now, answered on its own (an on-demand read); it
   takes its turn with the round thread;
 - XID events: one thread waits in ``nvmlEventSetWait`` and sends every batch unasked;
-- a heartbeat every second from its own thread, so the daemon can tell a wedged worker
-  from a slow GPU;
+- a heartbeat from its own thread after ``beat_s`` (a quarter of the daemon's hang
+  timeout, sent with ``open``) without any other frame, so the daemon can tell a wedged
+  worker from a slow GPU;
 - ``close``: shut NVML down and exit.
 
 If the daemon goes away (stdin closes) the worker exits. ``GPUWATCHD_NVML_MODULE`` names a
