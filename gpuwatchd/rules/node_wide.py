@@ -134,6 +134,60 @@ def field_activities(snap: Snapshot, field: str) -> dict[int, Buckets]:
     return out
 
 
+class NodeLook:
+    """One rule's view of one field's node-wide activity, with the answers of
+    ``has_own_activity`` and ``node_wide_gpus`` kept while they cannot change: both are pure
+    functions of every GPU's active buckets and the window's buckets, and a node with errors
+    asks them on every poll (a firing ticket is judged again at each one), while the buckets
+    change once per 10-minute turn or new active bucket. ``look`` reads the node and starts
+    over when any GPU's activity (its object or its ``version``) or the window moved."""
+
+    __slots__ = ("_gpus", "_key", "_own", "acts")
+
+    def __init__(self) -> None:
+        self._key: tuple[object, ...] = ()
+        self._own: dict[int, bool] = {}
+        self._gpus: list[int] | None = None
+        self.acts: dict[int, Buckets] = {}
+
+    def look(self, snap: Snapshot, field: str, b0: int, b1: int) -> dict[int, Buckets]:
+        acts: dict[int, Buckets] = {}
+        key: list[object] = [b0, b1]
+        for g in snap.gpus:
+            h = g.data.hist.get(field)
+            if h is not None and h.activity.buckets:
+                act = h.activity
+                acts[g.index] = act.buckets
+                key += (g.index, act, act.version)
+        frozen = tuple(key)
+        if frozen != self._key:
+            self._key = frozen
+            self._own = {}
+            self._gpus = None
+        self.acts = acts
+        return acts
+
+    def own(self, gpu: int) -> bool:
+        """``has_own_activity`` for ``gpu`` over the window of the last ``look``."""
+        got = self._own.get(gpu)
+        if got is None:
+            b0, b1 = self._window()
+            got = self._own[gpu] = has_own_activity(self.acts, gpu, b0, b1)
+        return got
+
+    def node_wide(self) -> list[int]:
+        """``node_wide_gpus`` over the window of the last ``look``."""
+        if self._gpus is None:
+            b0, b1 = self._window()
+            self._gpus = node_wide_gpus(self.acts, b0, b1)
+        return self._gpus
+
+    def _window(self) -> tuple[int, int]:
+        b0, b1 = self._key[0], self._key[1]
+        assert isinstance(b0, int) and isinstance(b1, int)
+        return b0, b1
+
+
 def xid_event_gpus(snap: Snapshot, b0: int) -> set[int]:
     """The GPUs with a memory XID from bucket ``b0`` on whose code came on 3 or more GPUs
     within a minute (``xid``'s node event, what its ``skip_node_wide`` leaves out), whether

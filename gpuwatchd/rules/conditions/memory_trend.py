@@ -74,7 +74,7 @@ from gpuwatchd.rules.evidence import (
 )
 from gpuwatchd.rules.model import Condition, Rule
 from gpuwatchd.rules.node_wide import (
-    field_activities,
+    NodeLook,
     node_wide_gpus,
     with_memory_xids,
     xid_event_gpus,
@@ -311,7 +311,16 @@ def _accelerated(c: MemoryTrend, r: _Regime, width: int, alpha: float) -> Hit | 
 
 
 class _Evaluator(Evaluator):
-    __slots__ = ("c", "certified_hits", "certs", "look", "memos", "restored", "sustained")
+    __slots__ = (
+        "c",
+        "certified_hits",
+        "certs",
+        "look",
+        "memos",
+        "node",
+        "restored",
+        "sustained",
+    )
 
     def __init__(self, rule: Rule) -> None:
         super().__init__(rule)
@@ -322,6 +331,7 @@ class _Evaluator(Evaluator):
         self.restored = False  # saved XIDs taken back (or adopted from a reload)
         self.sustained: dict[int, dict[str, Any]] = {}  # GPU -> its hit's values, while held
         self.memos: dict[int, JudgeMemo] = {}  # GPU -> its last verdict
+        self.node = NodeLook()  # signal: node, while no memory XID is in its window
 
     def adopt(self, old: Evaluator) -> None:
         if isinstance(old, _Evaluator):
@@ -414,8 +424,10 @@ class _Evaluator(Evaluator):
         c = self.c
         b1 = bucket_of(now) + 1
         b0 = b1 - int(c.window // BUCKET)
-        acts = with_memory_xids(snap, field_activities(snap, c.field), b0)
-        gpus = sorted(set(node_wide_gpus(acts, b0, b1)) | xid_event_gpus(snap, b0))
+        acts = self.node.look(snap, c.field, b0, b1)
+        with_xids = with_memory_xids(snap, acts, b0)
+        found = self.node.node_wide() if with_xids is acts else node_wide_gpus(with_xids, b0, b1)
+        gpus = sorted(set(found) | xid_event_gpus(snap, b0))
         if not gpus:
             return NO_HITS, set()
         values: dict[str, Any] = {"gpus": ", ".join(map(str, gpus))}

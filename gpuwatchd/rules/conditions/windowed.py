@@ -22,7 +22,7 @@ from gpuwatchd.rules.conditions.reading import BodyReader
 from gpuwatchd.rules.evidence import bucket_of
 from gpuwatchd.rules.history import CounterHistory
 from gpuwatchd.rules.model import Condition, Op, Rule, rises_only
-from gpuwatchd.rules.node_wide import field_activities, has_own_activity
+from gpuwatchd.rules.node_wide import NodeLook
 from gpuwatchd.rules.rate_limited import lookback, note
 from gpuwatchd.rules.snapshot import OP_FUNCS, Snapshot, selected
 
@@ -41,12 +41,13 @@ class Windowed(Condition):
 
 
 class _Evaluator(Evaluator):
-    __slots__ = ("c", "true")
+    __slots__ = ("c", "node", "true")
 
     def __init__(self, rule: Rule) -> None:
         super().__init__(rule)
         self.c = model_of(rule, Windowed)
         self.true: dict[CounterHistory, None] = {}  # series where it held last time
+        self.node = NodeLook() if self.c.skip_node_wide else None
 
     def evaluate(self, snap: Snapshot, now: float, active: bool, fresh: bool) -> Result:
         c = self.c
@@ -81,11 +82,12 @@ class _Evaluator(Evaluator):
                 for g in targets
                 for link_no, h in snap.series(g, c.field, c.link)
             ]
-        acts = field_activities(snap, c.field) if c.skip_node_wide else None
-        b0, b1 = bucket_of(start), bucket_of(now) + 1
+        node = self.node
+        if node is not None:
+            node.look(snap, c.field, bucket_of(start), bucket_of(now) + 1)
         for index, link_no, h in todo:
             v = c.measure(h, start, now)
-            if acts is not None and not has_own_activity(acts, index, b0, b1):
+            if node is not None and not node.own(index):
                 v = 0.0  # all of it node-wide: the node's alert (rules/node_wide.py)
             if op(v, c.value):
                 limited = "" if link_no >= 0 else note(snap, c.field, index, now, c.window)
