@@ -39,7 +39,16 @@ class Activity:
     each look extends as buckets leave its window (``keep_peaks``). A late point (a clock
     step) rebuilds them once."""
 
-    __slots__ = ("_breaks", "_dropped", "_epoch", "_peaks", "_starts", "buckets", "version")
+    __slots__ = (
+        "_breaks",
+        "_dropped",
+        "_epoch",
+        "_peaks",
+        "_starts",
+        "_turn",
+        "buckets",
+        "version",
+    )
 
     def __init__(self) -> None:
         self.buckets: list[int] = []
@@ -50,6 +59,19 @@ class Activity:
         self._starts: list[int] = []
         self._breaks: dict[int, list[int]] = {}  # quiet -> absolute i: a gap > quiet before i
         self._peaks: dict[int, _Peaks] = {}  # window width -> its window counts
+        self._turn = 0  # which half of the widths the next look keeps (keep_peaks)
+
+    @property
+    def epoch(self) -> int:
+        """Bumped when a late bucket lands in the middle: what a caller kept about the
+        buckets (indexes, counts) no longer holds."""
+        return self._epoch
+
+    @property
+    def dropped(self) -> int:
+        """Buckets dropped from the front so far: ``i + dropped`` numbers bucket ``i`` for
+        good (it stays the same while retention drops older ones)."""
+        return self._dropped
 
     def mark(self, t: float) -> None:
         """The counter grew at time ``t``."""
@@ -225,11 +247,33 @@ class Activity:
         buckets = self.buckets
         d = self._dropped
         n = len(buckets)
+        right = bisect.bisect_right
+        turn = self._turn = self._turn ^ 1
         for width, pk in self._peaks.items():
+            turn ^= 1
+            if turn and not pk.lag:
+                continue  # every other width: the rest at the next look
             i = pk.hi - d
-            if i >= 0 and (i >= n or buckets[i] >= b1 - width):
+            limit = b1 - width
+            if i >= 0 and (i >= n or buckets[i] >= limit):
                 continue  # nothing left its window since
-            pk.advance(buckets, d, b1 - width, width)
+            base = pk.base
+            if i < 0 or pk.lag or d - base > 4096:
+                pk.advance(buckets, d, limit, width)
+                continue
+            # _Peaks.advance inline (a call costs about as much as the bucket it takes in)
+            counts = pk.counts
+            queue = pk.queue
+            while i < n and buckets[i] < limit:
+                a = i + d - base
+                if a == len(counts):
+                    counts.append(i - right(buckets, buckets[i] - width, 0, i) + 1)
+                k = counts[a]
+                while queue and counts[queue[-1] - base] <= k:
+                    queue.pop()
+                queue.append(i + d)
+                i += 1
+            pk.hi = i + d
 
     def peaks_behind(self, b1: int) -> dict[int, int]:
         """The most buckets a kept sliding maximum would still take in for a look whose
@@ -333,6 +377,8 @@ class _Peaks:
             queue.append(i + d)
             i += 1
         self.hi = i + d
+        if self.lag and (i >= len(buckets) or buckets[i] >= limit):
+            self.lag = False  # caught up: from now on like any kept width
         if d - base > 4096:  # counts of dropped buckets: no window starts there
             while queue and queue[0] < d:
                 queue.popleft()

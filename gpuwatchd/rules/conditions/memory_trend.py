@@ -43,8 +43,11 @@ at least ``quiet`` of silence). One condition, three signals (``signal``):
 from __future__ import annotations
 
 import bisect
+import heapq
 import logging
+import math
 from dataclasses import dataclass
+from statistics import NormalDist
 from typing import Any, Literal
 
 from gpuwatchd.config.yamlsrc import Node
@@ -142,13 +145,14 @@ class JudgeMemo:
     look reuses it: the fixed windows and the change-point scan run once per new active
     bucket or bucket turn, not on every poll."""
 
-    __slots__ = ("act", "b1", "hit", "version")
+    __slots__ = ("act", "b1", "hit", "skips", "version")
 
     def __init__(self) -> None:
         self.act: Activity | None = None
         self.b1 = -1
         self.version = -1
         self.hit: Hit | None = None
+        self.skips: _Skips | None = None  # the windows surely rejected for a while
 
 
 def judge(c: MemoryTrend, act: Activity, now: float, memo: JudgeMemo | None = None) -> Hit | None:
@@ -160,14 +164,17 @@ def judge(c: MemoryTrend, act: Activity, now: float, memo: JudgeMemo | None = No
         return _judge(c, act, b1)
     if memo.act is not act or memo.b1 != b1 or memo.version != act.version:
         memo.act, memo.b1, memo.version = act, b1, act.version
-        memo.hit = _judge(c, act, b1)
+        skips = memo.skips
+        if skips is None or skips.act is not act or skips.epoch != act.epoch:
+            skips = memo.skips = _Skips(act)  # a late bucket: the indexes kept moved
+        memo.hit = _judge(c, act, b1, skips)
     hit = memo.hit
     if hit is None:
         return None
     return hit[0], None if hit[1] is None else dict(hit[1])
 
 
-def _judge(c: MemoryTrend, act: Activity, b1: int) -> Hit | None:
+def _judge(c: MemoryTrend, act: Activity, b1: int, skips: _Skips | None = None) -> Hit | None:
     quiet = int(c.quiet // BUCKET)
     if c.signal != "acceleration":
         width = int(c.window // BUCKET)
@@ -196,6 +203,8 @@ def _judge(c: MemoryTrend, act: Activity, b1: int) -> Hit | None:
     # the regime's bookkeeping, found once per look and shared by every window tested
     r = _Regime(act, b1, hi, start, bisect.bisect_right(buckets, start, 0, hi))
     alpha = c.alpha / len(c.windows)
+    if skips is not None:
+        return skips.judge(c, r, alpha)
     for window in c.windows:
         hit = _accelerated(c, r, int(window // BUCKET), alpha)
         if hit is not None:
@@ -308,6 +317,262 @@ def _accelerated(c: MemoryTrend, r: _Regime, width: int, alpha: float) -> Hit | 
         "window": format_duration(width * BUCKET),
     }
     return float(x), values
+
+
+SKIP_MOST = 144  # buckets (a day): the furthest a look may move and still skip a window
+_MARGIN = 1e-7  # a bound's chance must clear alpha by this much (relative): float rounding
+_FAR = 1 << 62
+_Z: dict[float, float] = {}  # alpha -> the normal deviate with that upper tail
+
+
+class _Group:
+    """The windows one look tests in order (the fixed windows, or the scan's widths), each
+    with how far later looks may move on from the one that last tested it while its test
+    surely rejects it again: its budget ``a`` (``_budget``).
+
+    Looks move forward in time, and between two looks the activity moves only this way:
+    new active buckets after the last one, buckets of time, the regime's first bucket
+    later (retention, a new regime). A window's bound holds while the look's ``b1`` is at
+    most ``a`` buckets past the bucket after the last active one at the test (so at most
+    ``a`` new active buckets and ``a`` buckets of time) and its regime's first bucket at
+    most ``a`` buckets later (so at most ``a`` buckets fewer in the baseline): one number,
+    ``b1 + start``, at most ``due``. A bound from the regime's peak holds only while the
+    first bucket stays (``stay``). The dues are kept in a heap, so a look finds the
+    windows whose bound ran out without visiting the others."""
+
+    __slots__ = ("b1_from", "due", "heap", "lim", "start_from", "stay", "widths")
+
+    def __init__(self, widths: list[int], old: _Group | None = None) -> None:
+        n = len(widths)
+        self.widths = widths
+        self.due = [-1] * n  # b1 + start at most this: surely rejected (-1: test it)
+        self.stay = [_FAR] * n  # the regime's first bucket at most this (the peak's bound)
+        self.b1_from = [0] * n  # the look that found the bound (0: none yet)
+        self.start_from = [0] * n
+        if old is not None:  # the widths both hold keep what their last test found
+            for i, width in enumerate(old.widths[:n]):
+                if widths[i] != width:
+                    break
+                self.due[i] = old.due[i]
+                self.stay[i] = old.stay[i]
+                self.b1_from[i] = old.b1_from[i]
+                self.start_from[i] = old.start_from[i]
+        self.heap: list[tuple[int, int]] = []
+        self.lim = (0, 0, -1)
+        self._limits()
+
+    def _limits(self) -> None:
+        """The heap of dues afresh, and what every bound needs of a look: a ``b1`` and a
+        first bucket no earlier than where a bound was found, the first bucket no later
+        than the tightest ``stay``."""
+        self.heap = [(due, i) for i, due in enumerate(self.due)]
+        heapq.heapify(self.heap)
+        if self.widths:
+            self.lim = (max(self.b1_from), max(self.start_from), min(self.stay))
+
+    def test(self, c: MemoryTrend, r: _Regime, alpha: float, moving: bool) -> Hit | None:
+        """``_accelerated`` for each window in order, but those still surely rejected: the
+        first hit, or None. ``moving``: the regime's first bucket moved lately
+        (retention), so no bound that needs it to stay is worth finding."""
+        if not self.widths:
+            return None
+        b1 = r.b1
+        start = r.start
+        m = b1 + start
+        heap = self.heap
+        due = self.due
+        lim = self.lim
+        if b1 >= lim[0] and lim[1] <= start <= lim[2]:
+            if heap[0][0] >= m:
+                return None  # every window is surely rejected: nothing to test
+            order = []
+            while heap and heap[0][0] < m:  # the bounds that ran out (or stale entries)
+                d, i = heapq.heappop(heap)
+                if d == due[i]:
+                    order.append(i)
+            if len(order) > 1:
+                order = sorted(set(order))
+        else:  # a look back in time or a first bucket that moved: test every window
+            order = list(range(len(self.widths)))
+        # bounds found now hold from the bucket after the last active one
+        m0 = r.act.buckets[r.hi - 1] + 1 + start
+        widths = self.widths
+        stay = self.stay
+        for k, i in enumerate(order):
+            width = widths[i]
+            hit = _accelerated(c, r, width, alpha)
+            if hit is not None:
+                for j in order[k:]:  # tested again at the next look
+                    due[j] = -1
+                self._limits()
+                return hit
+            # the first bounds of a group all begin at one look: their ends are spread
+            # over the day, so that no later look has to test them all again at once
+            most = SKIP_MOST if self.b1_from[i] else SKIP_MOST * (i + 1) // len(widths)
+            a, same_start = _budget(c, r, width, alpha, most, moving)
+            due[i] = m0 + a
+            stay[i] = start if same_start else _FAR
+            self.b1_from[i] = b1
+            self.start_from[i] = start
+            if len(order) < len(widths):
+                heapq.heappush(heap, (due[i], i))
+        if len(order) == len(widths) or len(heap) > 4 * len(widths):
+            self._limits()
+        else:
+            self.lim = (max(lim[0], b1), max(lim[1], start), min(stay))
+        return None
+
+
+class _Skips:
+    """One rule's bounds on one GPU's activity (kept in its ``JudgeMemo``): which windows a
+    look need not test because an earlier look proved they stay rejected (``_Group``).
+    Most looks then test no window at all; the verdicts are those of ``_judge`` without it
+    (a bound only ever skips a window whose test would return None)."""
+
+    __slots__ = ("act", "epoch", "fixed", "moved", "scan", "start", "top")
+
+    def __init__(self, act: Activity) -> None:
+        self.act = act
+        self.epoch = act.epoch
+        self.fixed: _Group | None = None
+        self.scan = _Group([])
+        self.top = -1  # the scan's widths: step, 2 step, ... top * step (-1: none yet)
+        self.start = -1  # the regime's first bucket at the last look
+        self.moved = -SKIP_MOST  # the b1 of the last look that found it moved
+
+    def judge(self, c: MemoryTrend, r: _Regime, alpha: float) -> Hit | None:
+        """The fixed windows, then the scan (``_scanned``), skipping what is bounded."""
+        act = r.act
+        if r.start != self.start:
+            if self.start >= 0:
+                self.moved = r.b1
+            self.start = r.start
+        if r.b1 - self.moved < SKIP_MOST:
+            # retention moves the regime's first bucket on (a trickle longer than the
+            # history kept): a bound lasts a few buckets there, so each look tests every
+            # window, as without bounds (those kept stay valid for later looks)
+            for window in c.windows:
+                hit = _accelerated(c, r, int(window // BUCKET), alpha)
+                if hit is not None:
+                    return hit
+            return _scanned(c, r) if c.scan > 0 else None
+        moving = False
+        fixed = self.fixed
+        if fixed is None:
+            fixed = self.fixed = _Group([int(w // BUCKET) for w in c.windows])
+        hit = fixed.test(c, r, alpha, moving)
+        if hit is not None or c.scan <= 0:
+            return hit
+        if act.buckets[r.hi - 1] != r.b1 - 1:
+            return None  # no activity in the newest bucket (as _scanned)
+        step = max(int(c.scan // BUCKET), 1)
+        least = c.scan_baseline / BUCKET
+        ratio = c.scan_ratio
+        top = max(self.top, 0)
+        room = r.b1 - r.start  # the scan's loop condition, for k * step (monotone in k)
+        while top > 0 and (room - top * step < least or room - top * step < ratio * top * step):
+            top -= 1
+        while not (
+            room - (top + 1) * step < least or room - (top + 1) * step < ratio * (top + 1) * step
+        ):
+            top += 1
+        if top != self.top:
+            # the regime grew into a width (or out of one): the next two are prepared
+            # ahead of their first test, as _scanned does
+            fixed_widths = fixed.widths
+            widths = [k * step for k in range(1, top + 1) if k * step not in fixed_widths]
+            self.scan = _Group(widths, self.scan)
+            self.top = top
+            for ahead in ((top + 1) * step, (top + 2) * step):
+                if ahead not in fixed_widths:
+                    act.prepare_peaks(r.s1, ahead)
+        return self.scan.test(c, r, c.scan_alpha, moving)
+
+
+def _budget(
+    c: MemoryTrend, r: _Regime, width: int, alpha: float, most: int, moving: bool
+) -> tuple[int, bool]:
+    """How far looks may move on from this one while the window of ``width`` stays surely
+    rejected (``_Group``): the budget ``a`` (-1: test it at the next look), and whether it
+    holds only while the regime's first bucket stays where it is (the peak veto's).
+
+    Each bound is one of ``_accelerated``'s gates at the window's worst case after the
+    move: at most ``a`` more active buckets in it (the window's start only moves forward),
+    ``a`` fewer in the baseline (retention or a new first bucket takes them), a baseline
+    ``a`` buckets longer; the exact test's chance grows with the baseline count and the
+    null rate and shrinks with the recent count, so a chance at or above ``alpha`` there is
+    above it at every look within the budget. Too few active buckets or episodes bound the
+    same way; the regime's peak only grows while its first bucket stays (asked only while
+    it has not ``moving``). At most ``most``."""
+    act = r.act
+    w0 = r.b1 - width
+    baseline = w0 - r.start - 1
+    if (w0 - r.start) * BUCKET < c.min_baseline or baseline <= 0:
+        return -1, False  # a young regime: it may pass its gates at the next look
+    x, y, episodes, lo = act.window_at(r.s1, r.hi, w0)
+    a = max(c.min_active - 1 - x, c.min_episodes - 1 - episodes)
+    if a >= most:
+        return most, False
+    if not moving and act.peaks_kept(width):  # the peak first: a kept one costs little
+        peak = act.peak_before(r.s1, lo, width)
+        if peak >= c.min_active:
+            ratio = c.peak_ratio
+            b = most if ratio <= 0.0 else min(most, int(peak / ratio) - x)
+            while b >= 0 and peak < ratio * (x + b):
+                b -= 1  # float rounding: the gate's own product decides
+            if b >= most:
+                return most, True
+            if b > a:
+                rate = _rate_budget(c, x, y, width, baseline, alpha, most)
+                return (b, True) if b > rate else (rate, False)
+    return max(a, _rate_budget(c, x, y, width, baseline, alpha, most)), False
+
+
+def _rate_budget(
+    c: MemoryTrend, x: int, y: int, width: int, baseline: int, alpha: float, most: int
+) -> int:
+    """The most buckets ``a`` for which the window's exact test surely finds no rise with
+    ``x + a`` of ``x + y`` active buckets in it and a baseline ``a`` buckets longer; -1
+    where even this look's counts are not surely rejected by it."""
+    fw = c.factor * width
+    n = x + y
+    p = fw / (fw + float(baseline))
+    z = _Z.get(alpha)
+    if z is None:
+        z = _Z[alpha] = NormalDist().inv_cdf(1.0 - alpha)
+    # about where the chance falls to alpha (a normal approximation, checked below): the
+    # room above x, shared between the recent count (one a bucket) and the null mean
+    # (n p falls by about n p^2 / fw a bucket of baseline)
+    room = n * p + (z - 0.25) * math.sqrt(n * p * (1.0 - p)) - x
+    guess = min(most, math.floor(room / (1.0 + n * p * p / fw)))
+    level = alpha * (1.0 + _MARGIN)
+    for a in (guess, guess // 2, 0) if guess > 0 else (0,):
+        if _rate_rejects(x, y, a, fw, baseline, level):
+            return a
+    return -1
+
+
+def _rate_rejects(x: int, y: int, a: int, fw: float, baseline: int, level: float) -> bool:
+    """Whether the chance of ``x + a`` recent of ``x + y`` active buckets, under the null
+    rate of a baseline ``a`` buckets longer, is surely at least ``level``: then so is the
+    chance at every look within budget ``a`` (``_budget``). Cheap lower bounds on the
+    binomial tail only (no sum): the median, Slud's, and the normal tail less the
+    Berry-Esseen distance (constant 0.4748, Shevtsova 2011); False where none suffices."""
+    big = x + a
+    n = big + max(y - a, 0)
+    p = fw / (fw + float(baseline + a))
+    if level < 0.5 and big <= n * p * (1.0 - 1e-12):
+        return True  # at most the mean: the chance is at least 1/2 (the binomial median)
+    if binomial_tail_floor(big, n, p) >= level:
+        return True  # Slud's bound (p <= 1/4)
+    q = 1.0 - p
+    var = n * p * q
+    if var <= 0.0 or p >= 1.0:
+        return False
+    sd = math.sqrt(var)
+    # P(X >= big) = 1 - P(X <= big - 1) >= 1 - Phi((big - 1 - np) / sd) - distance
+    tail = 0.5 * math.erfc((big - 1 - n * p) / (sd * math.sqrt(2.0)))
+    return tail - 0.4748 * (p * p + q * q) / sd >= level
 
 
 class _Evaluator(Evaluator):
