@@ -263,7 +263,15 @@ def _scanned(c: MemoryTrend, r: _Regime) -> Hit | None:
         width += step
 
 
-def _accelerated(c: MemoryTrend, r: _Regime, width: int, alpha: float) -> Hit | None:
+def _accelerated(
+    c: MemoryTrend,
+    r: _Regime,
+    width: int,
+    alpha: float,
+    counts: tuple[int, int, int, int] | None = None,
+) -> Hit | None:
+    """The rate test of the window of ``width`` at ``r.b1`` (``counts``: its
+    ``Activity.window_at``, where the caller has them already)."""
     act = r.act
     w0 = r.b1 - width
     if (w0 - r.start) * BUCKET < c.min_baseline:
@@ -274,7 +282,7 @@ def _accelerated(c: MemoryTrend, r: _Regime, width: int, alpha: float) -> Hit | 
     baseline = w0 - r.start - 1
     if baseline <= 0:
         return None
-    x, y, episodes, lo = act.window_at(r.s1, r.hi, w0)  # w0 > start
+    x, y, episodes, lo = act.window_at(r.s1, r.hi, w0) if counts is None else counts
     # The peak is the costliest count (bench/memory_look_cost.py): asked after the cheap
     # gates, which rule out most windows a look tests (the scan's), once its sliding maximum
     # is kept (built, or prepared by the scan); the first time a width that is not is tested
@@ -370,10 +378,9 @@ class _Group:
         if self.widths:
             self.lim = (max(self.b1_from), max(self.start_from), min(self.stay))
 
-    def test(self, c: MemoryTrend, r: _Regime, alpha: float, moving: bool) -> Hit | None:
+    def test(self, c: MemoryTrend, r: _Regime, alpha: float) -> Hit | None:
         """``_accelerated`` for each window in order, but those still surely rejected: the
-        first hit, or None. ``moving``: the regime's first bucket moved lately
-        (retention), so no bound that needs it to stay is worth finding."""
+        first hit, or None."""
         if not self.widths:
             return None
         b1 = r.b1
@@ -395,21 +402,27 @@ class _Group:
         else:  # a look back in time or a first bucket that moved: test every window
             order = list(range(len(self.widths)))
         # bounds found now hold from the bucket after the last active one
-        m0 = r.act.buckets[r.hi - 1] + 1 + start
+        act = r.act
+        spread = len(order) == len(self.widths)
+        m0 = act.buckets[r.hi - 1] + 1 + start
         widths = self.widths
         stay = self.stay
         for k, i in enumerate(order):
             width = widths[i]
-            hit = _accelerated(c, r, width, alpha)
+            w0 = b1 - width
+            counts = act.window_at(r.s1, r.hi, w0) if w0 > start else None
+            hit = _accelerated(c, r, width, alpha, counts)
             if hit is not None:
                 for j in order[k:]:  # tested again at the next look
                     due[j] = -1
                 self._limits()
                 return hit
-            # the first bounds of a group all begin at one look: their ends are spread
-            # over the day, so that no later look has to test them all again at once
-            most = SKIP_MOST if self.b1_from[i] else SKIP_MOST * (i + 1) // len(widths)
-            a, same_start = _budget(c, r, width, alpha, most, moving)
+            # bounds that begin at one look (the first, or after the regime's first bucket
+            # moved) end spread over the day, so no later look tests them all again at once
+            most = SKIP_MOST
+            if spread or not self.b1_from[i]:
+                most = SKIP_MOST * (i + 1) // len(widths)
+            a, same_start = _budget(c, r, width, alpha, most, counts)
             due[i] = m0 + a
             stay[i] = start if same_start else _FAR
             self.b1_from[i] = b1
@@ -456,11 +469,10 @@ class _Skips:
                 if hit is not None:
                     return hit
             return _scanned(c, r) if c.scan > 0 else None
-        moving = False
         fixed = self.fixed
         if fixed is None:
             fixed = self.fixed = _Group([int(w // BUCKET) for w in c.windows])
-        hit = fixed.test(c, r, alpha, moving)
+        hit = fixed.test(c, r, alpha)
         if hit is not None or c.scan <= 0:
             return hit
         if act.buckets[r.hi - 1] != r.b1 - 1:
@@ -486,11 +498,16 @@ class _Skips:
             for ahead in ((top + 1) * step, (top + 2) * step):
                 if ahead not in fixed_widths:
                     act.prepare_peaks(r.s1, ahead)
-        return self.scan.test(c, r, c.scan_alpha, moving)
+        return self.scan.test(c, r, c.scan_alpha)
 
 
 def _budget(
-    c: MemoryTrend, r: _Regime, width: int, alpha: float, most: int, moving: bool
+    c: MemoryTrend,
+    r: _Regime,
+    width: int,
+    alpha: float,
+    most: int,
+    counts: tuple[int, int, int, int] | None,
 ) -> tuple[int, bool]:
     """How far looks may move on from this one while the window of ``width`` stays surely
     rejected (``_Group``): the budget ``a`` (-1: test it at the next look), and whether it
@@ -502,18 +519,18 @@ def _budget(
     ``a`` buckets longer; the exact test's chance grows with the baseline count and the
     null rate and shrinks with the recent count, so a chance at or above ``alpha`` there is
     above it at every look within the budget. Too few active buckets or episodes bound the
-    same way; the regime's peak only grows while its first bucket stays (asked only while
-    it has not ``moving``). At most ``most``."""
+    same way; the regime's peak only grows while its first bucket stays. At most ``most``;
+    ``counts``: the window's ``Activity.window_at``."""
     act = r.act
     w0 = r.b1 - width
     baseline = w0 - r.start - 1
-    if (w0 - r.start) * BUCKET < c.min_baseline or baseline <= 0:
+    if (w0 - r.start) * BUCKET < c.min_baseline or baseline <= 0 or counts is None:
         return -1, False  # a young regime: it may pass its gates at the next look
-    x, y, episodes, lo = act.window_at(r.s1, r.hi, w0)
+    x, y, episodes, lo = counts
     a = max(c.min_active - 1 - x, c.min_episodes - 1 - episodes)
     if a >= most:
         return most, False
-    if not moving and act.peaks_kept(width):  # the peak first: a kept one costs little
+    if act.peaks_kept(width):  # the peak first: a kept one costs little
         peak = act.peak_before(r.s1, lo, width)
         if peak >= c.min_active:
             ratio = c.peak_ratio
