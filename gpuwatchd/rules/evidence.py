@@ -239,11 +239,13 @@ class Activity:
         asked, not a build over the whole regime."""
         return width in self._peaks  # a late bucket clears them all (_rebuild)
 
-    def keep_peaks(self, b1: int) -> None:
+    def keep_peaks(self, b1: int, half: bool = False) -> None:
         """Every kept width takes in the buckets that a look at ``b1`` (the bucket after
         its newest) or later no longer holds in its window: those before ``b1 - width``.
         Buckets leave a window one by one as time passes, so a look once per bucket takes
-        in at most one per width, and a look that asks a peak catches up none."""
+        in at most one per width, and a look that asks a peak catches up none. With
+        ``half``, every other width (the others at the next call): for looks that ask a
+        peak rarely, half the upkeep a look, and an ask catches up a bucket or two."""
         buckets = self.buckets
         d = self._dropped
         n = len(buckets)
@@ -251,7 +253,7 @@ class Activity:
         turn = self._turn = self._turn ^ 1
         for width, pk in self._peaks.items():
             turn ^= 1
-            if turn and not pk.lag:
+            if half and turn and not pk.lag:
                 continue  # every other width: the rest at the next look
             i = pk.hi - d
             limit = b1 - width

@@ -197,14 +197,14 @@ def _judge(c: MemoryTrend, act: Activity, b1: int, skips: _Skips | None = None) 
     hi = bisect.bisect_left(buckets, b1)
     if hi == 0:
         return None  # no activity before b1
-    act.keep_peaks(b1)  # the buckets that left each width's window since the last look
     start = act.regime_start(b1, quiet)
     assert start is not None
     # the regime's bookkeeping, found once per look and shared by every window tested
     r = _Regime(act, b1, hi, start, bisect.bisect_right(buckets, start, 0, hi))
     alpha = c.alpha / len(c.windows)
     if skips is not None:
-        return skips.judge(c, r, alpha)
+        return skips.judge(c, r, alpha)  # it keeps the peaks itself
+    act.keep_peaks(b1)  # the buckets that left each width's window since the last look
     for window in c.windows:
         hit = _accelerated(c, r, int(window // BUCKET), alpha)
         if hit is not None:
@@ -330,6 +330,7 @@ def _accelerated(
 SKIP_MOST = 144  # buckets (a day): the furthest a look may move and still skip a window
 _MARGIN = 1e-7  # a bound's chance must clear alpha by this much (relative): float rounding
 _FAR = 1 << 62
+_SOON = 8  # b1 + start: a look tests a window whose bound runs out this soon, if no other
 _Z: dict[float, float] = {}  # alpha -> the normal deviate with that upper tail
 
 
@@ -348,7 +349,7 @@ class _Group:
     first bucket stays (``stay``). The dues are kept in a heap, so a look finds the
     windows whose bound ran out without visiting the others."""
 
-    __slots__ = ("b1_from", "due", "heap", "lim", "start_from", "stay", "widths")
+    __slots__ = ("b1_from", "due", "heap", "lim", "start_from", "stay", "tested", "widths")
 
     def __init__(self, widths: list[int], old: _Group | None = None) -> None:
         n = len(widths)
@@ -367,7 +368,17 @@ class _Group:
                 self.start_from[i] = old.start_from[i]
         self.heap: list[tuple[int, int]] = []
         self.lim = (0, 0, -1)
+        self.tested = 0  # the windows the last look tested
         self._limits()
+
+    def grow(self, width: int) -> None:
+        """One more window, last (the scan's regime grew into it): tested at the next look."""
+        self.widths.append(width)
+        self.due.append(-1)
+        self.stay.append(_FAR)
+        self.b1_from.append(0)
+        self.start_from.append(0)
+        heapq.heappush(self.heap, (-1, len(self.widths) - 1))
 
     def _limits(self) -> None:
         """The heap of dues afresh, and what every bound needs of a look: a ``b1`` and a
@@ -381,6 +392,7 @@ class _Group:
     def test(self, c: MemoryTrend, r: _Regime, alpha: float) -> Hit | None:
         """``_accelerated`` for each window in order, but those still surely rejected: the
         first hit, or None."""
+        self.tested = 0
         if not self.widths:
             return None
         b1 = r.b1
@@ -390,8 +402,16 @@ class _Group:
         due = self.due
         lim = self.lim
         if b1 >= lim[0] and lim[1] <= start <= lim[2]:
-            if heap[0][0] >= m:
-                return None  # every window is surely rejected: nothing to test
+            if heap[0][0] >= m:  # every window is surely rejected: nothing to test
+                if heap[0][0] >= m + _SOON:
+                    return None
+                # but one whose bound runs out soon is tested now, so that two that run
+                # out at once do not both fall to one look
+                d, i = heapq.heappop(heap)
+                if d != due[i]:
+                    return None  # a stale entry (its bound was found again since)
+                due[i] = -1
+                heapq.heappush(heap, (-1, i))
             order = []
             while heap and heap[0][0] < m:  # the bounds that ran out (or stale entries)
                 d, i = heapq.heappop(heap)
@@ -403,6 +423,7 @@ class _Group:
             order = list(range(len(self.widths)))
         # bounds found now hold from the bucket after the last active one
         act = r.act
+        self.tested = len(order)
         spread = len(order) == len(self.widths)
         m0 = act.buckets[r.hi - 1] + 1 + start
         widths = self.widths
@@ -442,7 +463,7 @@ class _Skips:
     Most looks then test no window at all; the verdicts are those of ``_judge`` without it
     (a bound only ever skips a window whose test would return None)."""
 
-    __slots__ = ("act", "epoch", "fixed", "moved", "scan", "start", "top")
+    __slots__ = ("act", "epoch", "fixed", "kept", "moved", "rooms", "scan", "start", "top")
 
     def __init__(self, act: Activity) -> None:
         self.act = act
@@ -450,11 +471,17 @@ class _Skips:
         self.fixed: _Group | None = None
         self.scan = _Group([])
         self.top = -1  # the scan's widths: step, 2 step, ... top * step (-1: none yet)
+        self.rooms = (0, 0)  # b1 - start: the widths stay while it is in this range
         self.start = -1  # the regime's first bucket at the last look
         self.moved = -SKIP_MOST  # the b1 of the last look that found it moved
+        self.kept = False  # whether the last look kept the peaks (Activity.keep_peaks)
 
     def judge(self, c: MemoryTrend, r: _Regime, alpha: float) -> Hit | None:
-        """The fixed windows, then the scan (``_scanned``), skipping what is bounded."""
+        """The fixed windows, then the scan (``_scanned``), skipping what is bounded; and
+        the peaks' upkeep (``Activity.keep_peaks``), but at a look that tested a window
+        right after one that kept them: the upkeep only spreads the work of keeping the
+        peaks over the looks (a peak asked catches up itself), so it waits a look rather
+        than add to one that tests."""
         act = r.act
         if r.start != self.start:
             if self.start >= 0:
@@ -464,11 +491,24 @@ class _Skips:
             # retention moves the regime's first bucket on (a trickle longer than the
             # history kept): a bound lasts a few buckets there, so each look tests every
             # window, as without bounds (those kept stay valid for later looks)
+            act.keep_peaks(r.b1)
             for window in c.windows:
                 hit = _accelerated(c, r, int(window // BUCKET), alpha)
                 if hit is not None:
                     return hit
             return _scanned(c, r) if c.scan > 0 else None
+        hit = self._test(c, r, alpha)
+        assert self.fixed is not None
+        if self.kept and self.fixed.tested + self.scan.tested:
+            self.kept = False
+        else:
+            act.keep_peaks(r.b1, half=True)
+            self.kept = True
+        return hit
+
+    def _test(self, c: MemoryTrend, r: _Regime, alpha: float) -> Hit | None:
+        act = r.act
+        self.scan.tested = 0
         fixed = self.fixed
         if fixed is None:
             fixed = self.fixed = _Group([int(w // BUCKET) for w in c.windows])
@@ -477,23 +517,39 @@ class _Skips:
             return hit
         if act.buckets[r.hi - 1] != r.b1 - 1:
             return None  # no activity in the newest bucket (as _scanned)
+        room = r.b1 - r.start
+        rooms = self.rooms
+        if rooms[0] <= room < rooms[1]:
+            return self.scan.test(c, r, c.scan_alpha)  # the same widths as the last look
         step = max(int(c.scan // BUCKET), 1)
         least = c.scan_baseline / BUCKET
         ratio = c.scan_ratio
         top = max(self.top, 0)
-        room = r.b1 - r.start  # the scan's loop condition, for k * step (monotone in k)
+        # _scanned's loop condition for the width k * step (monotone in k)
         while top > 0 and (room - top * step < least or room - top * step < ratio * top * step):
             top -= 1
         while not (
             room - (top + 1) * step < least or room - (top + 1) * step < ratio * (top + 1) * step
         ):
             top += 1
+        # the same condition as a least room (an int compared with a float is compared
+        # exactly, so room - k step >= f is room >= k step + ceil(f)): the widths stay
+        # those up to top while room is in [rooms[0], rooms[1])
+        least_room = math.ceil(least)
+        self.rooms = (
+            top * step + max(least_room, math.ceil(ratio * top * step)) if top else -_FAR,
+            (top + 1) * step + max(least_room, math.ceil(ratio * (top + 1) * step)),
+        )
         if top != self.top:
             # the regime grew into a width (or out of one): the next two are prepared
             # ahead of their first test, as _scanned does
             fixed_widths = fixed.widths
-            widths = [k * step for k in range(1, top + 1) if k * step not in fixed_widths]
-            self.scan = _Group(widths, self.scan)
+            if top == self.top + 1 and self.top >= 0:  # grew by one (once in days)
+                if top * step not in fixed_widths:
+                    self.scan.grow(top * step)
+            else:
+                widths = [k * step for k in range(1, top + 1) if k * step not in fixed_widths]
+                self.scan = _Group(widths, self.scan)
             self.top = top
             for ahead in ((top + 1) * step, (top + 2) * step):
                 if ahead not in fixed_widths:
