@@ -310,6 +310,27 @@ class Activity:
         (a sliding maximum kept per width), so the rate test asks it last."""
         return self.peak_at(s1 - 1, lo, width)
 
+    def peak_floor(self, first: int, lo: int, width: int) -> int:
+        """A lower bound on ``peak_before`` for every later look whose regime begins at
+        bucket ``first`` or before and whose window begins at index ``lo`` or later: the
+        most active buckets of the windows kept for ``width`` (``_Peaks``, as far as they
+        have come) that end in ``[first + width, buckets[lo])``. Those windows lie after
+        ``first`` (retention drops none of their buckets) and before any such window, and
+        their maximum is the deque's first index past ``first + width``: no catching up,
+        a few steps (the deque holds the suffix maxima). 0 for a width not kept."""
+        pk = self._peaks.get(width)
+        if pk is None:
+            return 0
+        d = self._dropped
+        k = bisect.bisect_left(self.buckets, first + width) + d
+        end = min(pk.hi, lo + d)
+        for i in pk.queue:
+            if i >= end:
+                break
+            if i >= k:
+                return pk.counts[i - pk.base]
+        return 0
+
     def episodes_at(self, lo: int, hi: int) -> int:
         """``episodes`` (gap ``EPISODE_GAP``) over the buckets ``[lo, hi)`` (indexes)."""
         if hi <= lo:

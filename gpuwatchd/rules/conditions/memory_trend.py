@@ -345,17 +345,15 @@ class _Group:
     most ``a`` buckets past the bucket after the last active one at the test (so at most
     ``a`` new active buckets and ``a`` buckets of time) and its regime's first bucket at
     most ``a`` buckets later (so at most ``a`` buckets fewer in the baseline): one number,
-    ``b1 + start``, at most ``due``. A bound from the regime's peak holds only while the
-    first bucket stays (``stay``). The dues are kept in a heap, so a look finds the
+    ``b1 + start``, at most ``due``. The dues are kept in a heap, so a look finds the
     windows whose bound ran out without visiting the others."""
 
-    __slots__ = ("b1_from", "due", "heap", "lim", "start_from", "stay", "tested", "widths")
+    __slots__ = ("b1_from", "due", "heap", "lim", "start_from", "tested", "widths")
 
     def __init__(self, widths: list[int], old: _Group | None = None) -> None:
         n = len(widths)
         self.widths = widths
         self.due = [-1] * n  # b1 + start at most this: surely rejected (-1: test it)
-        self.stay = [_FAR] * n  # the regime's first bucket at most this (the peak's bound)
         self.b1_from = [0] * n  # the look that found the bound (0: none yet)
         self.start_from = [0] * n
         if old is not None:  # the widths both hold keep what their last test found
@@ -363,11 +361,10 @@ class _Group:
                 if widths[i] != width:
                     break
                 self.due[i] = old.due[i]
-                self.stay[i] = old.stay[i]
                 self.b1_from[i] = old.b1_from[i]
                 self.start_from[i] = old.start_from[i]
         self.heap: list[tuple[int, int]] = []
-        self.lim = (0, 0, -1)
+        self.lim = (0, 0)
         self.tested = 0  # the windows the last look tested
         self._limits()
 
@@ -375,19 +372,17 @@ class _Group:
         """One more window, last (the scan's regime grew into it): tested at the next look."""
         self.widths.append(width)
         self.due.append(-1)
-        self.stay.append(_FAR)
         self.b1_from.append(0)
         self.start_from.append(0)
         heapq.heappush(self.heap, (-1, len(self.widths) - 1))
 
     def _limits(self) -> None:
         """The heap of dues afresh, and what every bound needs of a look: a ``b1`` and a
-        first bucket no earlier than where a bound was found, the first bucket no later
-        than the tightest ``stay``."""
+        first bucket no earlier than where a bound was found (looks move forward)."""
         self.heap = [(due, i) for i, due in enumerate(self.due)]
         heapq.heapify(self.heap)
         if self.widths:
-            self.lim = (max(self.b1_from), max(self.start_from), min(self.stay))
+            self.lim = (max(self.b1_from), max(self.start_from))
 
     def test(self, c: MemoryTrend, r: _Regime, alpha: float) -> Hit | None:
         """``_accelerated`` for each window in order, but those still surely rejected: the
@@ -401,7 +396,7 @@ class _Group:
         heap = self.heap
         due = self.due
         lim = self.lim
-        if b1 >= lim[0] and lim[1] <= start <= lim[2]:
+        if b1 >= lim[0] and start >= lim[1]:
             if heap[0][0] >= m:  # every window is surely rejected: nothing to test
                 if heap[0][0] >= m + _SOON:
                     return None
@@ -419,7 +414,7 @@ class _Group:
                     order.append(i)
             if len(order) > 1:
                 order = sorted(set(order))
-        else:  # a look back in time or a first bucket that moved: test every window
+        else:  # a look back in time: test every window
             order = list(range(len(self.widths)))
         # bounds found now hold from the bucket after the last active one
         act = r.act
@@ -427,7 +422,6 @@ class _Group:
         spread = len(order) == len(self.widths)
         m0 = act.buckets[r.hi - 1] + 1 + start
         widths = self.widths
-        stay = self.stay
         for k, i in enumerate(order):
             width = widths[i]
             w0 = b1 - width
@@ -443,9 +437,7 @@ class _Group:
             most = SKIP_MOST
             if spread or not self.b1_from[i]:
                 most = SKIP_MOST * (i + 1) // len(widths)
-            a, same_start = _budget(c, r, width, alpha, most, counts)
-            due[i] = m0 + a
-            stay[i] = start if same_start else _FAR
+            due[i] = m0 + _budget(c, r, width, alpha, most, counts)
             self.b1_from[i] = b1
             self.start_from[i] = start
             if len(order) < len(widths):
@@ -453,7 +445,7 @@ class _Group:
         if len(order) == len(widths) or len(heap) > 4 * len(widths):
             self._limits()
         else:
-            self.lim = (max(lim[0], b1), max(lim[1], start), min(stay))
+            self.lim = (max(lim[0], b1), max(lim[1], start))
         return None
 
 
@@ -463,7 +455,7 @@ class _Skips:
     Most looks then test no window at all; the verdicts are those of ``_judge`` without it
     (a bound only ever skips a window whose test would return None)."""
 
-    __slots__ = ("act", "epoch", "fixed", "kept", "moved", "rooms", "scan", "start", "top")
+    __slots__ = ("act", "epoch", "fixed", "kept", "rooms", "scan", "top")
 
     def __init__(self, act: Activity) -> None:
         self.act = act
@@ -472,8 +464,6 @@ class _Skips:
         self.scan = _Group([])
         self.top = -1  # the scan's widths: step, 2 step, ... top * step (-1: none yet)
         self.rooms = (0, 0)  # b1 - start: the widths stay while it is in this range
-        self.start = -1  # the regime's first bucket at the last look
-        self.moved = -SKIP_MOST  # the b1 of the last look that found it moved
         self.kept = False  # whether the last look kept the peaks (Activity.keep_peaks)
 
     def judge(self, c: MemoryTrend, r: _Regime, alpha: float) -> Hit | None:
@@ -483,20 +473,6 @@ class _Skips:
         peaks over the looks (a peak asked catches up itself), so it waits a look rather
         than add to one that tests."""
         act = r.act
-        if r.start != self.start:
-            if self.start >= 0:
-                self.moved = r.b1
-            self.start = r.start
-        if r.b1 - self.moved < SKIP_MOST:
-            # retention moves the regime's first bucket on (a trickle longer than the
-            # history kept): a bound lasts a few buckets there, so each look tests every
-            # window, as without bounds (those kept stay valid for later looks)
-            act.keep_peaks(r.b1)
-            for window in c.windows:
-                hit = _accelerated(c, r, int(window // BUCKET), alpha)
-                if hit is not None:
-                    return hit
-            return _scanned(c, r) if c.scan > 0 else None
         hit = self._test(c, r, alpha)
         assert self.fixed is not None
         if self.kept and self.fixed.tested + self.scan.tested:
@@ -564,10 +540,10 @@ def _budget(
     alpha: float,
     most: int,
     counts: tuple[int, int, int, int] | None,
-) -> tuple[int, bool]:
+) -> int:
     """How far looks may move on from this one while the window of ``width`` stays surely
-    rejected (``_Group``): the budget ``a`` (-1: test it at the next look), and whether it
-    holds only while the regime's first bucket stays where it is (the peak veto's).
+    rejected (``_Group``): at most ``most``; -1: test it at the next look. ``counts``: the
+    window's ``Activity.window_at``.
 
     Each bound is one of ``_accelerated``'s gates at the window's worst case after the
     move: at most ``a`` more active buckets in it (the window's start only moves forward),
@@ -575,30 +551,26 @@ def _budget(
     ``a`` buckets longer; the exact test's chance grows with the baseline count and the
     null rate and shrinks with the recent count, so a chance at or above ``alpha`` there is
     above it at every look within the budget. Too few active buckets or episodes bound the
-    same way; the regime's peak only grows while its first bucket stays. At most ``most``;
-    ``counts``: the window's ``Activity.window_at``."""
-    act = r.act
+    same way, and so does the regime's peak: the windows that end ``most`` buckets or more
+    after its first bucket stay in it (``Activity.peak_floor``)."""
     w0 = r.b1 - width
     baseline = w0 - r.start - 1
     if (w0 - r.start) * BUCKET < c.min_baseline or baseline <= 0 or counts is None:
-        return -1, False  # a young regime: it may pass its gates at the next look
+        return -1  # a young regime: it may pass its gates at the next look
     x, y, episodes, lo = counts
     a = max(c.min_active - 1 - x, c.min_episodes - 1 - episodes)
     if a >= most:
-        return most, False
-    if act.peaks_kept(width):  # the peak first: a kept one costs little
-        peak = act.peak_before(r.s1, lo, width)
-        if peak >= c.min_active:
-            ratio = c.peak_ratio
-            b = most if ratio <= 0.0 else min(most, int(peak / ratio) - x)
-            while b >= 0 and peak < ratio * (x + b):
-                b -= 1  # float rounding: the gate's own product decides
-            if b >= most:
-                return most, True
-            if b > a:
-                rate = _rate_budget(c, x, y, width, baseline, alpha, most)
-                return (b, True) if b > rate else (rate, False)
-    return max(a, _rate_budget(c, x, y, width, baseline, alpha, most)), False
+        return most
+    peak = r.act.peak_floor(r.start + most, lo, width)  # the peak first: it costs little
+    if peak >= c.min_active:
+        ratio = c.peak_ratio
+        b = most if ratio <= 0.0 else min(most, int(peak / ratio) - x)
+        while b >= 0 and peak < ratio * (x + b):
+            b -= 1  # float rounding: the gate's own product decides
+        if b >= most:
+            return most
+        a = max(a, b)
+    return max(a, _rate_budget(c, x, y, width, baseline, alpha, most))
 
 
 def _rate_budget(
