@@ -455,7 +455,7 @@ class _Skips:
     Most looks then test no window at all; the verdicts are those of ``_judge`` without it
     (a bound only ever skips a window whose test would return None)."""
 
-    __slots__ = ("act", "epoch", "fixed", "kept", "rooms", "scan", "top")
+    __slots__ = ("act", "ahead", "epoch", "fixed", "kept", "rooms", "scan", "top")
 
     def __init__(self, act: Activity) -> None:
         self.act = act
@@ -464,6 +464,7 @@ class _Skips:
         self.scan = _Group([])
         self.top = -1  # the scan's widths: step, 2 step, ... top * step (-1: none yet)
         self.rooms = (0, 0)  # b1 - start: the widths stay while it is in this range
+        self.ahead: list[int] = []  # the next widths of the scan, to prepare (prepare_peaks)
         self.kept = False  # whether the last look kept the peaks (Activity.keep_peaks)
 
     def judge(self, c: MemoryTrend, r: _Regime, alpha: float) -> Hit | None:
@@ -471,15 +472,22 @@ class _Skips:
         the peaks' upkeep (``Activity.keep_peaks``), but at a look that tested a window
         right after one that kept them: the upkeep only spreads the work of keeping the
         peaks over the looks (a peak asked catches up itself), so it waits a look rather
-        than add to one that tests."""
+        than add to one that tests. The scan's next widths are prepared (``prepare_peaks``)
+        at a look that tests nothing, for the same reason."""
         act = r.act
         hit = self._test(c, r, alpha)
         assert self.fixed is not None
-        if self.kept and self.fixed.tested + self.scan.tested:
-            self.kept = False
-        else:
-            act.keep_peaks(r.b1, half=True)
-            self.kept = True
+        if self.fixed.tested + self.scan.tested:
+            if not self.kept:
+                act.keep_peaks(r.b1, half=True)
+            self.kept = not self.kept
+            return hit
+        act.keep_peaks(r.b1, half=True)
+        self.kept = True
+        if self.ahead:
+            for width in self.ahead:
+                act.prepare_peaks(r.s1, width)
+            self.ahead = []
         return hit
 
     def _test(self, c: MemoryTrend, r: _Regime, alpha: float) -> Hit | None:
@@ -527,9 +535,8 @@ class _Skips:
                 widths = [k * step for k in range(1, top + 1) if k * step not in fixed_widths]
                 self.scan = _Group(widths, self.scan)
             self.top = top
-            for ahead in ((top + 1) * step, (top + 2) * step):
-                if ahead not in fixed_widths:
-                    act.prepare_peaks(r.s1, ahead)
+            # prepared at the next look that tests nothing (this one tests the new width)
+            self.ahead = [w for w in ((top + 1) * step, (top + 2) * step) if w not in fixed_widths]
         return self.scan.test(c, r, c.scan_alpha)
 
 
