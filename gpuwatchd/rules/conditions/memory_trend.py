@@ -165,7 +165,7 @@ def judge(c: MemoryTrend, act: Activity, now: float, memo: JudgeMemo | None = No
     if memo.act is not act or memo.b1 != b1 or memo.version != act.version:
         memo.act, memo.b1, memo.version = act, b1, act.version
         skips = memo.skips
-        if skips is None or skips.act is not act or skips.epoch != act.epoch:
+        if act.buckets and (skips is None or skips.act is not act or skips.epoch != act.epoch):
             skips = memo.skips = _Skips(act)  # a late bucket: the indexes kept moved
         memo.hit = _judge(c, act, b1, skips)
     hit = memo.hit
