@@ -330,7 +330,7 @@ def _accelerated(
 SKIP_MOST = 144  # buckets (a day): the furthest a look may move and still skip a window
 _MARGIN = 1e-7  # a bound's chance must clear alpha by this much (relative): float rounding
 _FAR = 1 << 62
-_SOON = 8  # b1 + start: a look tests a window whose bound runs out this soon, if no other
+_SOON = 8  # buckets: a look tests a window whose bound runs out this soon, if no other
 _Z: dict[float, float] = {}  # alpha -> the normal deviate with that upper tail
 
 
@@ -343,17 +343,28 @@ class _Group:
     new active buckets after the last one, buckets of time, the regime's first bucket
     later (retention, a new regime). A window's bound holds while the look's ``b1`` is at
     most ``a`` buckets past the bucket after the last active one at the test (so at most
-    ``a`` new active buckets and ``a`` buckets of time) and its regime's first bucket at
-    most ``a`` buckets later (so at most ``a`` buckets fewer in the baseline): one number,
-    ``b1 + start``, at most ``due``. The dues are kept in a heap, so a look finds the
-    windows whose bound ran out without visiting the others."""
+    ``a`` new active buckets and ``a`` buckets of time: ``b1`` at most ``due``) and its
+    regime's first bucket at most ``a`` buckets later (so at most ``a`` buckets fewer in
+    the baseline: ``start`` at most ``due_start``). Both dues are kept in heaps, so a look
+    finds the windows whose bound ran out without visiting the others."""
 
-    __slots__ = ("b1_from", "due", "heap", "lim", "start_from", "tested", "widths")
+    __slots__ = (
+        "b1_from",
+        "due",
+        "due_start",
+        "heap",
+        "heap_start",
+        "lim",
+        "start_from",
+        "tested",
+        "widths",
+    )
 
     def __init__(self, widths: list[int], old: _Group | None = None) -> None:
         n = len(widths)
         self.widths = widths
-        self.due = [-1] * n  # b1 + start at most this: surely rejected (-1: test it)
+        self.due = [-1] * n  # b1 at most this: surely rejected (-1: test it)
+        self.due_start = [-1] * n  # and the regime's first bucket at most this
         self.b1_from = [0] * n  # the look that found the bound (0: none yet)
         self.start_from = [0] * n
         if old is not None:  # the widths both hold keep what their last test found
@@ -361,9 +372,11 @@ class _Group:
                 if widths[i] != width:
                     break
                 self.due[i] = old.due[i]
+                self.due_start[i] = old.due_start[i]
                 self.b1_from[i] = old.b1_from[i]
                 self.start_from[i] = old.start_from[i]
         self.heap: list[tuple[int, int]] = []
+        self.heap_start: list[tuple[int, int]] = []
         self.lim = (0, 0)
         self.tested = 0  # the windows the last look tested
         self._limits()
@@ -372,15 +385,19 @@ class _Group:
         """One more window, last (the scan's regime grew into it): tested at the next look."""
         self.widths.append(width)
         self.due.append(-1)
+        self.due_start.append(-1)
         self.b1_from.append(0)
         self.start_from.append(0)
         heapq.heappush(self.heap, (-1, len(self.widths) - 1))
+        heapq.heappush(self.heap_start, (-1, len(self.widths) - 1))
 
     def _limits(self) -> None:
-        """The heap of dues afresh, and what every bound needs of a look: a ``b1`` and a
+        """The heaps of dues afresh, and what every bound needs of a look: a ``b1`` and a
         first bucket no earlier than where a bound was found (looks move forward)."""
         self.heap = [(due, i) for i, due in enumerate(self.due)]
         heapq.heapify(self.heap)
+        self.heap_start = [(due, i) for i, due in enumerate(self.due_start)]
+        heapq.heapify(self.heap_start)
         if self.widths:
             self.lim = (max(self.b1_from), max(self.start_from))
 
@@ -392,13 +409,15 @@ class _Group:
             return None
         b1 = r.b1
         start = r.start
-        m = b1 + start
         heap = self.heap
+        heap_start = self.heap_start
         due = self.due
+        due_start = self.due_start
         lim = self.lim
         if b1 >= lim[0] and start >= lim[1]:
-            if heap[0][0] >= m:  # every window is surely rejected: nothing to test
-                if heap[0][0] >= m + _SOON:
+            if heap[0][0] >= b1 and heap_start[0][0] >= start:
+                # every window is surely rejected: nothing to test
+                if heap[0][0] >= b1 + _SOON:
                     return None
                 # but one whose bound runs out soon is tested now, so that two that run
                 # out at once do not both fall to one look
@@ -408,9 +427,13 @@ class _Group:
                 due[i] = -1
                 heapq.heappush(heap, (-1, i))
             order = []
-            while heap and heap[0][0] < m:  # the bounds that ran out (or stale entries)
+            while heap and heap[0][0] < b1:  # the bounds that ran out (or stale entries)
                 d, i = heapq.heappop(heap)
                 if d == due[i]:
+                    order.append(i)
+            while heap_start and heap_start[0][0] < start:
+                d, i = heapq.heappop(heap_start)
+                if d == due_start[i]:
                     order.append(i)
             if len(order) > 1:
                 order = sorted(set(order))
@@ -420,7 +443,7 @@ class _Group:
         act = r.act
         self.tested = len(order)
         spread = len(order) == len(self.widths)
-        m0 = act.buckets[r.hi - 1] + 1 + start
+        b0 = act.buckets[r.hi - 1] + 1
         widths = self.widths
         for k, i in enumerate(order):
             width = widths[i]
@@ -437,12 +460,15 @@ class _Group:
             most = SKIP_MOST
             if spread or not self.b1_from[i]:
                 most = SKIP_MOST * (i + 1) // len(widths)
-            due[i] = m0 + _budget(c, r, width, alpha, most, counts)
+            a = _budget(c, r, width, alpha, most, counts)
+            due[i] = b0 + a
+            due_start[i] = start + a
             self.b1_from[i] = b1
             self.start_from[i] = start
             if len(order) < len(widths):
                 heapq.heappush(heap, (due[i], i))
-        if len(order) == len(widths) or len(heap) > 4 * len(widths):
+                heapq.heappush(heap_start, (due_start[i], i))
+        if len(order) == len(widths) or len(heap) + len(heap_start) > 8 * len(widths):
             self._limits()
         else:
             self.lim = (max(lim[0], b1), max(lim[1], start))
