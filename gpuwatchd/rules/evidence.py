@@ -67,12 +67,6 @@ class Activity:
         buckets (indexes, counts) no longer holds."""
         return self._epoch
 
-    @property
-    def dropped(self) -> int:
-        """Buckets dropped from the front so far: ``i + dropped`` numbers bucket ``i`` for
-        good (it stays the same while retention drops older ones)."""
-        return self._dropped
-
     def mark(self, t: float) -> None:
         """The counter grew at time ``t``."""
         b = bucket_of(t)

@@ -1168,9 +1168,12 @@ def test_the_bounds_chance_is_a_lower_bound_on_the_exact_tail() -> None:
         for width, baseline in ((144, 1008), (432, 3600), (1440, 2400), (2016, 3000)):
             p = width / (width + baseline)
             sd = math.sqrt(n * p * (1 - p))
-            for dx in range(-2, int(4 * sd) + 3, max(1, int(sd / 6))):
+            for dx, a in itertools.product(range(-2, int(4 * sd) + 3, max(1, int(sd / 6))), (0, 7)):
                 x = min(max(int(n * p) + dx, 0), n)
-                if _rate_rejects(x, n - x, 0, float(width), baseline, alpha):
-                    assert binomial_tail(x, n, p) >= alpha, (x, n, p, alpha)
+                if _rate_rejects(x, n - x, a, float(width), baseline, alpha):
+                    # x + a recent of the same n, under a baseline a buckets longer
+                    pa = width / (width + baseline + a)
+                    n_a = x + a + max(n - x - a, 0)
+                    assert binomial_tail(x + a, n_a, pa) >= alpha, (x, a, n, p, alpha)
                     checked += 1
     assert checked > 200

@@ -637,6 +637,8 @@ def _rate_rejects(x: int, y: int, a: int, fw: float, baseline: int, level: float
     binomial tail only (no sum): the median, Slud's, and the normal tail less the
     Berry-Esseen distance (constant 0.4748, Shevtsova 2011); False where none suffices."""
     big = x + a
+    if big <= 0:
+        return True  # P(X >= 0) = 1
     n = big + max(y - a, 0)
     p = fw / (fw + float(baseline + a))
     if level < 0.5 and big <= n * p * (1.0 - 1e-12):
