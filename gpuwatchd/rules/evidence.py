@@ -140,6 +140,13 @@ class Activity:
             prev = b
         return n
 
+    def episode_start(self, i: int) -> int:
+        """The first bucket of the episode that ``buckets[i]`` belongs to (or the first
+        bucket kept, where the episode began before it): one bisect on the running count of
+        episode starts."""
+        starts = self._starts
+        return self.buckets[bisect.bisect_left(starts, starts[i], 0, i + 1)]
+
     def regime_start(self, b1: int, quiet: int) -> int | None:
         """The first active bucket of the regime that holds at ``b1``: the first one after
         at least ``quiet`` silent buckets (or the first one kept). None without activity."""

@@ -39,7 +39,7 @@ def test_promtool_check_rules() -> None:
         [promtool, "check", "rules", str(RULES)], capture_output=True, text=True, check=False
     )
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "SUCCESS: 55 rules found" in result.stdout
+    assert "SUCCESS: 56 rules found" in result.stdout
 
 
 def test_every_node_rule_has_its_prometheus_twin_with_the_mapped_severity() -> None:

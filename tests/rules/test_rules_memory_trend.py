@@ -1177,3 +1177,94 @@ def test_the_bounds_chance_is_a_lower_bound_on_the_exact_tail() -> None:
                     assert binomial_tail(x + a, n_a, pa) >= alpha, (x, a, n, p, alpha)
                     checked += 1
     assert checked > 200
+
+
+# -- signal stream: a leak that turns into a continuous stream (issue 25, round 7) ----------
+STREAM = MemoryTrend(signal="stream", min_baseline=DAY, min_episodes=3)
+
+
+def _streaming(before: list[float], start: float, hours: int, every: float = HOUR) -> Activity:
+    """``before`` (separate errors), then one error every ``every`` from ``start`` for
+    ``hours``."""
+    act = Activity()
+    for t in sorted([*before, *(start + k * every for k in range(int(hours * HOUR / every)))]):
+        act.mark(t)
+    return act
+
+
+DAILY = [d * DAY + (d % 5) * HOUR for d in range(6)]  # six daily errors: six episodes
+
+
+def test_a_stream_after_earlier_episodes_counts_once_it_has_run_two_days() -> None:
+    start = 6 * DAY + 2 * HOUR
+    act = _streaming(DAILY, start, 72)
+    assert judge(STREAM, act, start + 47 * HOUR) is None  # a job's length, so far
+    hit = judge(STREAM, act, start + 50 * HOUR)
+    assert hit is not None
+    value, values = hit
+    assert 48 < value <= 51  # hours
+    assert values is not None and values["episodes"] == 6
+    assert values["regime_age"] == "6d2h"  # from the first daily error to the stream
+    assert judge(STREAM, act, start + 72 * HOUR + 90 * 60) is None  # an hour of quiet: it ended
+
+
+def test_a_stream_is_no_evidence_where_it_began_the_regime_or_stopped_within_two_days() -> None:
+    # a steady trickle from the first error (a step from silence, the benign `step` family)
+    assert judge(STREAM, _streaming([], 0.0, 96), 90 * HOUR) is None
+    # a 47-hour job session at six errors an hour on a daily trickle: over before 2 days
+    act = _streaming(DAILY, 6 * DAY + HOUR, 47, every=600.0)
+    for h in range(40, 60):
+        assert judge(STREAM, act, 6 * DAY + h * HOUR) is None
+    # two earlier episodes only
+    assert judge(STREAM, _streaming(DAILY[4:], 6 * DAY, 60), 6 * DAY + 55 * HOUR) is None
+
+
+def test_the_shipped_rules_drain_a_stream_after_earlier_episodes_and_never_page() -> None:
+    # Failed before (no such rule): daily errors, then one an hour. The backtest's
+    # leak-continuous-stream traces whose regime begins with the daily errors were never
+    # drained (the acceleration test counts the stream as one episode); here the regular
+    # daily errors also let the acceleration fire, and the stream's own rule drains once.
+    n = _shipped()
+    n.run(HOUR, step=600)
+    for _ in range(6):
+        n.add(0, ecc_corrected_volatile=1, ecc_corrected_volatile_dev=1)
+        n.run(DAY, step=600)
+    for _ in range(60):
+        n.add(0, ecc_corrected_volatile=1, ecc_corrected_volatile_dev=1)
+        n.run(HOUR, step=600)
+    fired = [(t, tr) for t, tr in n.transitions if tr.state.value == "firing"]
+    stream = [(t, tr) for t, tr in fired if tr.rule == "GpuMemoryErrorsContinuous"]
+    assert len(stream) == 1
+    t, tr = stream[0]
+    assert tr.drain and tr.severity.value == "ticket" and tr.labels["gpu"] == "0"
+    assert "without an hour's break for 2d" in tr.annotations["summary"]
+    assert t >= HOUR + 6 * DAY + 2 * DAY  # (seconds since the start) after two days of it
+    assert not any(x.severity.value == "page" for _, x in fired)
+
+
+def test_a_steady_trickle_that_runs_unbroken_for_days_is_no_stream() -> None:
+    # Failed without the rise test: errors every 15 minutes with an hour's break twice a day
+    # for four days (eight episodes), then the same rate unbroken for three days. The stream
+    # is as long as a leak's, but no faster than what came before it.
+    act = Activity()
+    t = 0.0
+    for day in range(4):
+        for half in range(2):
+            begin = day * DAY + half * DAY / 2
+            t = begin
+            while t < begin + DAY / 2 - 70 * 60:  # 70 quiet minutes before the next half-day
+                act.mark(t)
+                t += 900.0
+    start = 4 * DAY
+    for k in range(3 * 96):
+        act.mark(start + k * 900.0)
+    assert act.episodes(0, bucket_of(start)) == 8
+    for h in (49, 60, 71):
+        assert judge(STREAM, act, start + h * HOUR) is None
+    # the same stream after eight single errors (one every half-day) is a rise: it counts
+    leak = Activity()
+    for k in range(8):
+        leak.mark(k * DAY / 2)
+    for k in range(3 * 96):
+        leak.mark(start + k * 900.0)
+    assert judge(STREAM, leak, start + 49 * HOUR) is not None

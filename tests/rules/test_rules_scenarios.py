@@ -124,7 +124,7 @@ def test_check_config_validates_rule_files(tmp_path: Path) -> None:
     cfg.write_text(f"rules:\n  files: [{good}]\n")
     ok = cli("check-config", "-c", str(cfg))
     assert ok.returncode == 0, ok.stderr
-    assert "rules: 46 rule(s) from 5 file(s): OK" in ok.stdout
+    assert "rules: 47 rule(s) from 5 file(s): OK" in ok.stdout
     result = cli("check-config", "-c", str(cfg), str(bad))
     assert result.returncode == 1
     assert result.stderr.splitlines() == [

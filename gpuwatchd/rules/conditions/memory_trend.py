@@ -2,7 +2,7 @@
 
 It reads activity, not counts (``rules/evidence.py``): 10-minute buckets in which the
 counter grew, episodes (runs of them less than an hour apart) and regimes (activity after
-at least ``quiet`` of silence). One condition, three signals (``signal``):
+at least ``quiet`` of silence). One condition, six signals (``signal``):
 
 - ``acceleration``: within one regime, the active buckets of a recent window ``W`` are
   tested against those of the regime before it (``B``) with the exact conditional
@@ -27,6 +27,15 @@ at least ``quiet`` of silence). One condition, three signals (``signal``):
   Once it holds on a GPU, it stays true while the shortest window still holds
   ``min_active`` active buckets: the evidence keeps arriving (a leak that went on at its
   new rate), so the alert does not resolve under it.
+- ``stream``: the GPU's errors have come without an hour's break for longer than
+  ``stream`` (one episode), and still come, in a regime that had at least ``min_episodes``
+  episodes over at least ``min_baseline`` before it. The acceleration test counts an
+  episode once however long it runs (a window needs ``min_episodes`` of them), so a leak
+  that turns into a continuous stream soon after its regime began is one it never sees;
+  job sessions are such streams too, but end within a job's length (``stream``). The
+  stream's active buckets must also be a significant rise over the regime's before it
+  (the acceleration's test, ``factor`` and ``alpha``): a steady trickle of a few errors an
+  hour breaks now and then, and runs unbroken for days too.
 - ``activity``: a new regime (or one younger than ``min_baseline``) with at least
   ``min_active`` buckets and ``min_episodes`` episodes in the longest window.
 - ``corroborated``: activity in the longest window together with the GPU certifying the
@@ -70,6 +79,7 @@ from gpuwatchd.rules.conditions.reading import MAX_WINDOW, BodyReader
 from gpuwatchd.rules.conditions.recheck import Recheck
 from gpuwatchd.rules.evidence import (
     BUCKET,
+    EPISODE_GAP,
     Activity,
     binomial_tail_floor,
     bucket_of,
@@ -86,8 +96,15 @@ from gpuwatchd.rules.rate_limited import lookback, note
 from gpuwatchd.rules.snapshot import GpuView, Snapshot
 from gpuwatchd.rules.store import StateStore
 
-Signal = Literal["acceleration", "activity", "corroborated", "certified", "node"]
-SIGNALS: tuple[Signal, ...] = ("acceleration", "activity", "corroborated", "certified", "node")
+Signal = Literal["acceleration", "activity", "corroborated", "certified", "node", "stream"]
+SIGNALS: tuple[Signal, ...] = (
+    "acceleration",
+    "activity",
+    "corroborated",
+    "certified",
+    "node",
+    "stream",
+)
 RECHECK = 300.0  # seconds between looks at a GPU whose counter did not move
 CERTIFIED_SIGNATURE = "memory-certified-xids-1"  # the saved XIDs' format (rules store)
 log = logging.getLogger(__name__)
@@ -116,6 +133,7 @@ class MemoryTrend(Condition):
     scan_alpha: float = 0.1
     scan_baseline: float = 7 * 86400.0
     scan_ratio: float = 1.5
+    stream: float = 2 * 86400.0  # signal stream: how long an episode runs before it counts
 
     @property
     def window(self) -> float:
@@ -165,7 +183,11 @@ def judge(c: MemoryTrend, act: Activity, now: float, memo: JudgeMemo | None = No
     if memo.act is not act or memo.b1 != b1 or memo.version != act.version:
         memo.act, memo.b1, memo.version = act, b1, act.version
         skips = memo.skips
-        if act.buckets and (skips is None or skips.act is not act or skips.epoch != act.epoch):
+        if (
+            c.signal == "acceleration"
+            and act.buckets
+            and (skips is None or skips.act is not act or skips.epoch != act.epoch)
+        ):
             skips = memo.skips = _Skips(act)  # a late bucket: the indexes kept moved
         memo.hit = _judge(c, act, b1, skips)
     hit = memo.hit
@@ -176,6 +198,8 @@ def judge(c: MemoryTrend, act: Activity, now: float, memo: JudgeMemo | None = No
 
 def _judge(c: MemoryTrend, act: Activity, b1: int, skips: _Skips | None = None) -> Hit | None:
     quiet = int(c.quiet // BUCKET)
+    if c.signal == "stream":
+        return _streaming(c, act, b1, quiet)
     if c.signal != "acceleration":
         width = int(c.window // BUCKET)
         w0 = b1 - width
@@ -212,6 +236,43 @@ def _judge(c: MemoryTrend, act: Activity, b1: int, skips: _Skips | None = None) 
     if c.scan > 0:
         return _scanned(c, r)
     return None
+
+
+def _streaming(c: MemoryTrend, act: Activity, b1: int, quiet: int) -> Hit | None:
+    """The episode that holds at ``b1`` has run longer than ``c.stream`` and is still going
+    (a new error now would join it), after ``c.min_episodes`` episodes of its regime over at
+    least ``c.min_baseline``, at a rate significantly above the regime's before it."""
+    buckets = act.buckets
+    hi = bisect.bisect_left(buckets, b1)
+    if hi == 0:
+        return None
+    last = buckets[hi - 1]
+    if b1 - 1 - last > EPISODE_GAP:
+        return None  # an hour of silence: the episode ended
+    first = act.episode_start(hi - 1)
+    if (last - first) * BUCKET <= c.stream:
+        return None
+    start = act.regime_start(b1, quiet)
+    assert start is not None  # hi > 0
+    if (first - start) * BUCKET < c.min_baseline:
+        return None  # the regime began with it: a step to a steady rate
+    before = act.episodes(start, first)
+    if before < c.min_episodes:
+        return None
+    # and a rise: a steady trickle of a few errors an hour breaks now and then and also runs
+    # unbroken for days, at the rate it had all along (the test and baseline of acceleration)
+    x = act.count(first, b1)
+    baseline = first - start - 1
+    y = act.count(start + 1, first)
+    if rate_ratio_p_value(x, float(b1 - first), y, float(baseline), c.factor, c.alpha) >= c.alpha:
+        return None
+    values: dict[str, Any] = {
+        "active": x,
+        "episodes": before,
+        "stream_age": format_duration((last + 1 - first) * BUCKET),
+        "regime_age": format_duration((first - start) * BUCKET),
+    }
+    return (last + 1 - first) * BUCKET / 3600.0, values
 
 
 class _Regime:
@@ -825,6 +886,7 @@ class MemoryTrendKind(ConditionKind):
         "scan_alpha",
         "scan_baseline",
         "scan_ratio",
+        "stream",
     )
     placeholders = frozenset(
         {
@@ -839,6 +901,7 @@ class MemoryTrendKind(ConditionKind):
             "recent_rate",
             "gpus",
             "rate_limited",
+            "stream_age",
         }
     )
 
@@ -854,7 +917,7 @@ class MemoryTrendKind(ConditionKind):
             values["field"] = found[0] if found is not None else None
         if "window" in keys:
             values["windows"] = self._windows(p, keys["window"], f"{what}.window")
-        for name in ("min_baseline", "quiet", "scan", "scan_baseline"):
+        for name in ("min_baseline", "quiet", "scan", "scan_baseline", "stream"):
             if name in keys:
                 values[name] = p.window(keys[name], f"{what}.{name}")
         if "factor" in keys:
@@ -939,12 +1002,14 @@ class MemoryTrendKind(ConditionKind):
                 },
                 "scan_baseline": sp.duration("7d"),
                 "scan_ratio": {"type": "number", "minimum": 0, "default": 1.5},
+                "stream": sp.duration("2d"),
             },
             "Device-memory errors as activity (10-minute buckets, episodes, regimes): a "
             "significant acceleration within a regime (exact conditional binomial test), new "
             "activity, or activity the GPU corroborates (a correctable remap, a bank low on "
-            "spare rows, XID 92 or 63); or, as one node alert, activity on 3 or more GPUs "
-            "within minutes (signal node).",
+            "spare rows, XID 92 or 63); errors without an hour's break for longer than "
+            "stream, after earlier episodes of their regime (signal stream); or, as one node "
+            "alert, activity on 3 or more GPUs within minutes (signal node).",
             optional_body=True,
         )
 
