@@ -14,8 +14,9 @@ below: the regime start found by walking back through the whole history, the epi
 and the peak counted bucket by bucket, every look); "after" is ``rules/evidence.py`` now
 (running counts, per-``quiet`` regime breaks, a regime's counts read by index once per
 look, its peak as a sliding maximum per window width that every look extends by the
-buckets that left the window). Both read the same buckets and must agree on every
-verdict (checked here on every look). Each look is timed on its own: the average and the
+buckets that left the window; with the memo, the windows whose test surely rejects them
+are skipped until their bound runs out). Both read the same buckets and must agree on
+every verdict (checked here on every look). Each look is timed on its own: the average and the
 worst over a day of looks, and the first look on a fresh history (cold caches, as after
 a daemon start); the errors of the two days of looks are marked as the looks reach them,
 and those marks are timed too.

@@ -39,7 +39,16 @@ class Activity:
     each look extends as buckets leave its window (``keep_peaks``). A late point (a clock
     step) rebuilds them once."""
 
-    __slots__ = ("_breaks", "_dropped", "_epoch", "_peaks", "_starts", "buckets", "version")
+    __slots__ = (
+        "_breaks",
+        "_dropped",
+        "_epoch",
+        "_peaks",
+        "_starts",
+        "_turn",
+        "buckets",
+        "version",
+    )
 
     def __init__(self) -> None:
         self.buckets: list[int] = []
@@ -50,6 +59,13 @@ class Activity:
         self._starts: list[int] = []
         self._breaks: dict[int, list[int]] = {}  # quiet -> absolute i: a gap > quiet before i
         self._peaks: dict[int, _Peaks] = {}  # window width -> its window counts
+        self._turn = 0  # which half of the widths the next look keeps (keep_peaks)
+
+    @property
+    def epoch(self) -> int:
+        """Bumped when a late bucket lands in the middle: what a caller kept about the
+        buckets (indexes, counts) no longer holds."""
+        return self._epoch
 
     def mark(self, t: float) -> None:
         """The counter grew at time ``t``."""
@@ -224,19 +240,43 @@ class Activity:
         asked, not a build over the whole regime."""
         return width in self._peaks  # a late bucket clears them all (_rebuild)
 
-    def keep_peaks(self, b1: int) -> None:
+    def keep_peaks(self, b1: int, half: bool = False) -> None:
         """Every kept width takes in the buckets that a look at ``b1`` (the bucket after
         its newest) or later no longer holds in its window: those before ``b1 - width``.
         Buckets leave a window one by one as time passes, so a look once per bucket takes
-        in at most one per width, and a look that asks a peak catches up none."""
+        in at most one per width, and a look that asks a peak catches up none. With
+        ``half``, every other width (the others at the next call): for looks that ask a
+        peak rarely, half the upkeep a look, and an ask catches up a bucket or two."""
         buckets = self.buckets
         d = self._dropped
         n = len(buckets)
+        right = bisect.bisect_right
+        turn = self._turn = self._turn ^ 1
         for width, pk in self._peaks.items():
+            turn ^= 1
+            if half and turn and not pk.lag:
+                continue  # every other width: the rest at the next look
             i = pk.hi - d
-            if i >= 0 and (i >= n or buckets[i] >= b1 - width):
+            limit = b1 - width
+            if i >= 0 and (i >= n or buckets[i] >= limit):
                 continue  # nothing left its window since
-            pk.advance(buckets, d, b1 - width, width)
+            base = pk.base
+            if i < 0 or pk.lag or d - base > 4096:
+                pk.advance(buckets, d, limit, width)
+                continue
+            # _Peaks.advance inline (a call costs about as much as the bucket it takes in)
+            counts = pk.counts
+            queue = pk.queue
+            while i < n and buckets[i] < limit:
+                a = i + d - base
+                if a == len(counts):
+                    counts.append(i - right(buckets, buckets[i] - width, 0, i) + 1)
+                k = counts[a]
+                while queue and counts[queue[-1] - base] <= k:
+                    queue.pop()
+                queue.append(i + d)
+                i += 1
+            pk.hi = i + d
 
     def peaks_behind(self, b1: int) -> dict[int, int]:
         """The most buckets a kept sliding maximum would still take in for a look whose
@@ -270,6 +310,27 @@ class Activity:
         (``buckets[s1 - 1]``) to the window (``peak_at``). The costliest count of a look
         (a sliding maximum kept per width), so the rate test asks it last."""
         return self.peak_at(s1 - 1, lo, width)
+
+    def peak_floor(self, first: int, lo: int, width: int) -> int:
+        """A lower bound on ``peak_before`` for every later look whose regime begins at
+        bucket ``first`` or before and whose window begins at index ``lo`` or later: the
+        most active buckets of the windows kept for ``width`` (``_Peaks``, as far as they
+        have come) that end in ``[first + width, buckets[lo])``. Those windows lie after
+        ``first`` (retention drops none of their buckets) and before any such window, and
+        their maximum is the deque's first index past ``first + width``: no catching up,
+        a few steps (the deque holds the suffix maxima). 0 for a width not kept."""
+        pk = self._peaks.get(width)
+        if pk is None:
+            return 0
+        d = self._dropped
+        k = bisect.bisect_left(self.buckets, first + width) + d
+        end = min(pk.hi, lo + d)
+        for i in pk.queue:
+            if i >= end:
+                break
+            if i >= k:
+                return pk.counts[i - pk.base]
+        return 0
 
     def episodes_at(self, lo: int, hi: int) -> int:
         """``episodes`` (gap ``EPISODE_GAP``) over the buckets ``[lo, hi)`` (indexes)."""
@@ -340,6 +401,8 @@ class _Peaks:
             queue.append(i + d)
             i += 1
         self.hi = i + d
+        if self.lag and (i >= len(buckets) or buckets[i] >= limit):
+            self.lag = False  # caught up: from now on like any kept width
         if d - base > 4096:  # counts of dropped buckets: no window starts there
             while queue and queue[0] < d:
                 queue.popleft()
