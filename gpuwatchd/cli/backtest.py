@@ -137,6 +137,10 @@ def cmd_backtest(args: argparse.Namespace) -> int:
                     "fleet_false_drains_per_1000_gpu_days": round(fleet[bt.ERROR_ACTIVE][1], 4),
                     "fleet_1pct_false_pages_per_1000_gpu_days": round(fleet[0.01][0], 4),
                     "fleet_1pct_false_drains_per_1000_gpu_days": round(fleet[0.01][1], 4),
+                    "fleet_false_drains_per_1000_gpu_days_by_rule": {
+                        rule: round(v, 4)
+                        for rule, v in bt.fleet_false_drains_by_rule(scores).items()
+                    },
                 }
             )
         )
@@ -145,6 +149,12 @@ def cmd_backtest(args: argparse.Namespace) -> int:
             print(
                 f"fleet-weighted, {share:.0%} of GPU-days error-active: false pages {pages:.3f}, "
                 f"false drains {drains:.3f} per 1000 GPU-days"
+            )
+        by_rule = bt.fleet_false_drains_by_rule(scores)
+        if by_rule:
+            print(
+                f"false drains by rule ({bt.ERROR_ACTIVE:.0%}): "
+                + ", ".join(f"{rule} {v:.3f}" for rule, v in by_rule.items())
             )
         print(
             f"(benign families at their fleet shares; the rest of the GPU-days without corrected "

@@ -729,6 +729,7 @@ class Score:
     within_hour: int = 0  # corroborated: paged within 1 h of the corroborating event
     false_pages: int = 0
     false_drains: int = 0
+    false_drains_by_rule: dict[str, int] = field(default_factory=dict)  # which rule drained
     tickets: int = 0  # ticket firings on every trace (issue 25: tickets people can act on)
     ticket_gpus: int = 0  # traces with at least one ticket
     node_tickets: int = 0  # node-level ticket firings (no GPU: a node-wide event's one)
@@ -741,6 +742,12 @@ class Score:
     def false_drains_per_1000(self) -> float:
         return 1000.0 * self.false_drains / self.gpu_days if self.gpu_days else 0.0
 
+    def false_drains_per_1000_by_rule(self) -> dict[str, float]:
+        if not self.gpu_days:
+            return {}
+        days = self.gpu_days
+        return {rule: 1000.0 * n / days for rule, n in sorted(self.false_drains_by_rule.items())}
+
     def row(self) -> dict[str, Any]:
         out: dict[str, Any] = {
             "family": self.family.name,
@@ -748,6 +755,9 @@ class Score:
             "gpu_days": round(self.gpu_days),
             "false_pages_per_1000_gpu_days": round(self.false_per_1000, 3),
             "false_drains_per_1000_gpu_days": round(self.false_drains_per_1000, 3),
+            "false_drains_per_1000_gpu_days_by_rule": {
+                rule: round(v, 3) for rule, v in self.false_drains_per_1000_by_rule().items()
+            },
             # ticket firings per month on a GPU that had any (30 days a month)
             "tickets_per_ticketed_gpu_month": round(
                 self.tickets / (self.ticket_gpus * self.family.days / 30.0), 2
@@ -793,13 +803,14 @@ def _pct(values: list[float], q: float) -> float | None:
 
 
 class _Actions:
-    """Collects ``(time since the start, gpu)`` of each page and each drain firing."""
+    """Collects ``(time since the start, gpu)`` of each page and each drain firing (and the
+    drain's rule)."""
 
     def __init__(self, pages: set[str], drains: set[str]) -> None:
         self.pages = pages
         self.drains = drains
         self.paged: list[tuple[float, int]] = []
-        self.drained: list[tuple[float, int]] = []
+        self.drained: list[tuple[float, int, str]] = []
         self.tickets: list[tuple[float, int]] = []
         self.node_tickets = 0
 
@@ -813,7 +824,7 @@ class _Actions:
         if record["rule"] in self.pages:
             self.paged.append(at)
         if record["rule"] in self.drains:
-            self.drained.append(at)
+            self.drained.append((*at, record["rule"]))
         if record.get("severity") == "ticket":
             self.tickets.append(at)
 
@@ -863,13 +874,17 @@ def run_family(
         score.node_tickets += seen.node_tickets
         for gpu, tr in enumerate(traces):
             paged = sorted(t for t, g in seen.paged if g == gpu)
-            drained = sorted(t for t, g in seen.drained if g == gpu)
+            drained = sorted(t for t, g, _ in seen.drained if g == gpu)
             tickets = sum(1 for _, g in seen.tickets if g == gpu)
             score.tickets += tickets
             score.ticket_gpus += tickets > 0
             if tr.dbe_at is None:
                 score.false_pages += len(paged)
                 score.false_drains += len(drained)
+                for _, g, rule in seen.drained:
+                    if g == gpu:
+                        by_rule = score.false_drains_by_rule
+                        by_rule[rule] = by_rule.get(rule, 0) + 1
                 continue
             dbe = tr.dbe_at
             score.precursors += 1
@@ -905,6 +920,22 @@ def fleet_false_drains_per_1000(scores: Iterable[Score], active: float = ERROR_A
     return sum(
         s.family.weight * scale * s.false_drains_per_1000 for s in scores if not s.family.precursor
     )
+
+
+def fleet_false_drains_by_rule(
+    scores: Iterable[Score], active: float = ERROR_ACTIVE
+) -> dict[str, float]:
+    """The fleet's false drains split by the rule that drained: the statistical evidence
+    (the rate test, the stream) apart from a drain that applies a repair (a pending row
+    remap needs a reset, so ``GpuRowRemapPending`` drains to apply it, once per remap)."""
+    scale = active / ERROR_ACTIVE
+    out: dict[str, float] = {}
+    for s in scores:
+        if s.family.precursor:
+            continue
+        for rule, v in s.false_drains_per_1000_by_rule().items():
+            out[rule] = out.get(rule, 0.0) + s.family.weight * scale * v
+    return dict(sorted(out.items(), key=lambda kv: -kv[1]))
 
 
 def family_named(name: str) -> Family:

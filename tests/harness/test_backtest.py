@@ -51,9 +51,19 @@ def test_scores_come_from_pages_and_drains_of_the_pipeline() -> None:
     regular = bt.run_family(bt.family_named("leak-regular-cadence"), 1, 1).row()
     assert regular["detected"] == 0 and regular["share_action_6h"] >= 0.75
     # a benign remap drains once, to apply it, and pages never
-    remap = bt.run_family(bt.family_named("benign-remap"), 1, 1).row()
+    remap_score = bt.run_family(bt.family_named("benign-remap"), 1, 1)
+    remap = remap_score.row()
     assert remap["false_pages_per_1000_gpu_days"] == 0
     assert remap["false_drains_per_1000_gpu_days"] == round(1000 * 8 / 240, 3)
+    # and the report says which rule drained, so the repair's drain is told apart from the
+    # statistical evidence's (the fleet's split too)
+    assert remap["false_drains_per_1000_gpu_days_by_rule"] == {
+        "GpuRowRemapPending": round(1000 * 8 / 240, 3)
+    }
+    fleet = bt.fleet_false_drains_by_rule([remap_score])
+    assert fleet == {
+        "GpuRowRemapPending": pytest.approx(bt.family_named("benign-remap").weight * 1000 * 8 / 240)
+    }
 
 
 def test_a_leak_that_becomes_a_continuous_stream_is_drained_a_day_ahead() -> None:
