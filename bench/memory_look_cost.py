@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The cost of one look of the memory rules at one GPU, by how much history it has.
 
-A look is ``memory_trend.judge`` for the shipped ``GpuMemoryErrorsAccelerating`` (the
+A look is ``memory_judge.judge`` for the shipped ``GpuMemoryErrorsAccelerating`` (the
 rate test on its 1-day and 3-day windows and its change-point scan in whole days) and for
 the activity part of the corroborated rule (which the engine runs on every poll): what the
 engine spends per GPU per look once the counter history is in memory. Each GPU history has
@@ -36,7 +36,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from gpuwatchd.rules.conditions.memory_trend import JudgeMemo, MemoryTrend, judge
+from gpuwatchd.rules.conditions.memory_judge import JudgeMemo, judge
+from gpuwatchd.rules.conditions.memory_trend import MemoryTrend
 from gpuwatchd.rules.evidence import BUCKET, EPISODE_GAP, Activity
 
 DAY = 86400.0

@@ -15,7 +15,8 @@ from rulekit import Node, rules, uuid_of
 from gpuwatchd.core.errors import ConfigError
 from gpuwatchd.core.units import format_duration
 from gpuwatchd.harness.backtest import family_named
-from gpuwatchd.rules.conditions.memory_trend import JudgeMemo, MemoryTrend, judge
+from gpuwatchd.rules.conditions.memory_judge import JudgeMemo, judge
+from gpuwatchd.rules.conditions.memory_trend import MemoryTrend
 from gpuwatchd.rules.evidence import (
     BUCKET,
     Activity,
@@ -1161,7 +1162,7 @@ def test_the_bounds_chance_is_a_lower_bound_on_the_exact_tail() -> None:
     # A bound skips a window when the exact test's chance is surely at least alpha: the
     # cheap lower bounds it uses (the median, Slud's, the normal tail less the
     # Berry-Esseen distance) never say so where the exact tail is below alpha.
-    from gpuwatchd.rules.conditions.memory_trend import _rate_rejects
+    from gpuwatchd.rules.conditions.memory_bounds import _rate_rejects
 
     checked = 0
     for n, alpha in itertools.product((20, 60, 200, 700, 2500), (0.001, 0.01, 0.1, 0.3)):

@@ -1,0 +1,365 @@
+"""Windows a look need not test: bounds that skip windows surely rejected.
+
+Nearly every window the acceleration test looks at (the fixed windows and the scan's
+widths, ``memory_acceleration.py``) is rejected, and by a margin that changes slowly: looks
+move forward in time, and between two looks the activity moves only by new active buckets
+after the last one, buckets of time, and the regime's first bucket moving later (retention,
+a new regime). So a look that rejects a window also finds a budget ``a`` (``_budget``): the
+window's test surely rejects it again at any later look whose ``b1`` is at most ``a``
+buckets past the bucket after the last active one and whose regime starts at most ``a``
+buckets later, that is with at most ``a`` more active buckets in the window, ``a`` fewer in
+the baseline and a baseline at most ``a`` longer. Each bound is one of ``accelerated``'s
+gates at that worst case: too few active buckets or episodes; the peak veto (the kept
+windows that end far enough past the regime's first bucket stay in its peak); or the exact
+test's chance, shown to stay at least ``alpha`` with cheap lower bounds on the binomial
+tail only (``_rate_rejects``: the median, Slud's bound, the normal tail less the
+Berry-Esseen distance), never a sum. A budget is at most a day (``SKIP_MOST``).
+
+``_Group`` keeps the windows one look tests in order with their two dues (``b1`` and the
+regime's first bucket) in heaps, so a look finds the windows whose bound ran out without
+visiting the rest; ``Skips`` holds one rule's groups on one GPU's activity (kept in its
+``JudgeMemo``), the scan's widths as the regime grows, and the peaks' upkeep. The bounds
+are gates only: every look gives the verdict it gives without them (docs/DETECTION.md,
+"Windows that need no test").
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from statistics import NormalDist
+from typing import TYPE_CHECKING
+
+from gpuwatchd.rules.conditions.base import Hit
+from gpuwatchd.rules.conditions.memory_acceleration import Regime, accelerated
+from gpuwatchd.rules.evidence import BUCKET, Activity, binomial_tail_floor
+
+if TYPE_CHECKING:
+    from gpuwatchd.rules.conditions.memory_trend import MemoryTrend
+
+SKIP_MOST = 144  # buckets (a day): the furthest a look may move and still skip a window
+_MARGIN = 1e-7  # a bound's chance must clear alpha by this much (relative): float rounding
+_FAR = 1 << 62
+_SOON = 8  # buckets: a look tests a window whose bound runs out this soon, if no other
+_Z: dict[float, float] = {}  # alpha -> the normal deviate with that upper tail
+
+
+class _Group:
+    """The windows one look tests in order (the fixed windows, or the scan's widths), each
+    with how far later looks may move on from the one that last tested it while its test
+    surely rejects it again: its budget ``a`` (``_budget``).
+
+    Looks move forward in time, and between two looks the activity moves only this way:
+    new active buckets after the last one, buckets of time, the regime's first bucket
+    later (retention, a new regime). A window's bound holds while the look's ``b1`` is at
+    most ``a`` buckets past the bucket after the last active one at the test (so at most
+    ``a`` new active buckets and ``a`` buckets of time: ``b1`` at most ``due``) and its
+    regime's first bucket at most ``a`` buckets later (so at most ``a`` buckets fewer in
+    the baseline: ``start`` at most ``due_start``). Both dues are kept in heaps, so a look
+    finds the windows whose bound ran out without visiting the others."""
+
+    __slots__ = (
+        "b1_from",
+        "due",
+        "due_start",
+        "heap",
+        "heap_start",
+        "lim",
+        "start_from",
+        "tested",
+        "widths",
+    )
+
+    def __init__(self, widths: list[int], old: _Group | None = None) -> None:
+        n = len(widths)
+        self.widths = widths
+        self.due = [-1] * n  # b1 at most this: surely rejected (-1: test it)
+        self.due_start = [-1] * n  # and the regime's first bucket at most this
+        self.b1_from = [0] * n  # the look that found the bound (0: none yet)
+        self.start_from = [0] * n
+        if old is not None:  # the widths both hold keep what their last test found
+            for i, width in enumerate(old.widths[:n]):
+                if widths[i] != width:
+                    break
+                self.due[i] = old.due[i]
+                self.due_start[i] = old.due_start[i]
+                self.b1_from[i] = old.b1_from[i]
+                self.start_from[i] = old.start_from[i]
+        self.heap: list[tuple[int, int]] = []
+        self.heap_start: list[tuple[int, int]] = []
+        self.lim = (0, 0)
+        self.tested = 0  # the windows the last look tested
+        self._limits()
+
+    def grow(self, width: int) -> None:
+        """One more window, last (the scan's regime grew into it): tested at the next look."""
+        self.widths.append(width)
+        self.due.append(-1)
+        self.due_start.append(-1)
+        self.b1_from.append(0)
+        self.start_from.append(0)
+        heapq.heappush(self.heap, (-1, len(self.widths) - 1))
+        heapq.heappush(self.heap_start, (-1, len(self.widths) - 1))
+
+    def _limits(self) -> None:
+        """The heaps of dues afresh, and what every bound needs of a look: a ``b1`` and a
+        first bucket no earlier than where a bound was found (looks move forward)."""
+        self.heap = [(due, i) for i, due in enumerate(self.due)]
+        heapq.heapify(self.heap)
+        self.heap_start = [(due, i) for i, due in enumerate(self.due_start)]
+        heapq.heapify(self.heap_start)
+        if self.widths:
+            self.lim = (max(self.b1_from), max(self.start_from))
+
+    def test(self, c: MemoryTrend, r: Regime, alpha: float) -> Hit | None:
+        """``accelerated`` for each window in order, but those still surely rejected: the
+        first hit, or None."""
+        self.tested = 0
+        if not self.widths:
+            return None
+        b1 = r.b1
+        start = r.start
+        heap = self.heap
+        heap_start = self.heap_start
+        due = self.due
+        due_start = self.due_start
+        lim = self.lim
+        if b1 >= lim[0] and start >= lim[1]:
+            if heap[0][0] >= b1 and heap_start[0][0] >= start:
+                # every window is surely rejected: nothing to test
+                if heap[0][0] >= b1 + _SOON:
+                    return None
+                # but one whose bound runs out soon is tested now, so that two that run
+                # out at once do not both fall to one look
+                d, i = heapq.heappop(heap)
+                if d != due[i]:
+                    return None  # a stale entry (its bound was found again since)
+                due[i] = -1
+                heapq.heappush(heap, (-1, i))
+            order = []
+            while heap and heap[0][0] < b1:  # the bounds that ran out (or stale entries)
+                d, i = heapq.heappop(heap)
+                if d == due[i]:
+                    order.append(i)
+            while heap_start and heap_start[0][0] < start:
+                d, i = heapq.heappop(heap_start)
+                if d == due_start[i]:
+                    order.append(i)
+            if len(order) > 1:
+                order = sorted(set(order))
+        else:  # a look back in time: test every window
+            order = list(range(len(self.widths)))
+        # bounds found now hold from the bucket after the last active one
+        act = r.act
+        self.tested = len(order)
+        spread = len(order) == len(self.widths)
+        b0 = act.buckets[r.hi - 1] + 1
+        widths = self.widths
+        for k, i in enumerate(order):
+            width = widths[i]
+            w0 = b1 - width
+            counts = act.window_at(r.s1, r.hi, w0) if w0 > start else None
+            hit = accelerated(c, r, width, alpha, counts)
+            if hit is not None:
+                for j in order[k:]:  # tested again at the next look
+                    due[j] = -1
+                self._limits()
+                return hit
+            # bounds that begin at one look (the first, or after the regime's first bucket
+            # moved) end spread over the day, so no later look tests them all again at once
+            most = SKIP_MOST
+            if spread or not self.b1_from[i]:
+                most = SKIP_MOST * (i + 1) // len(widths)
+            a = _budget(c, r, width, alpha, most, counts)
+            due[i] = b0 + a
+            due_start[i] = start + a
+            self.b1_from[i] = b1
+            self.start_from[i] = start
+            if len(order) < len(widths):
+                heapq.heappush(heap, (due[i], i))
+                heapq.heappush(heap_start, (due_start[i], i))
+        if len(order) == len(widths) or len(heap) + len(heap_start) > 8 * len(widths):
+            self._limits()
+        else:
+            self.lim = (max(lim[0], b1), max(lim[1], start))
+        return None
+
+
+class Skips:
+    """One rule's bounds on one GPU's activity (kept in its ``JudgeMemo``): which windows a
+    look need not test because an earlier look proved they stay rejected (``_Group``).
+    Most looks then test no window at all; the verdicts are those of ``judge`` without a memo
+    (a bound only ever skips a window whose test would return None)."""
+
+    __slots__ = ("act", "ahead", "epoch", "fixed", "kept", "rooms", "scan", "top")
+
+    def __init__(self, act: Activity) -> None:
+        self.act = act
+        self.epoch = act.epoch
+        self.fixed: _Group | None = None
+        self.scan = _Group([])
+        self.top = -1  # the scan's widths: step, 2 step, ... top * step (-1: none yet)
+        self.rooms = (0, 0)  # b1 - start: the widths stay while it is in this range
+        self.ahead: list[int] = []  # the next widths of the scan, to prepare (prepare_peaks)
+        self.kept = False  # whether the last look kept the peaks (Activity.keep_peaks)
+
+    def judge(self, c: MemoryTrend, r: Regime, alpha: float) -> Hit | None:
+        """The fixed windows, then the scan (``scanned``), skipping what is bounded; and
+        the peaks' upkeep (``Activity.keep_peaks``), but at a look that tested a window
+        right after one that kept them: the upkeep only spreads the work of keeping the
+        peaks over the looks (a peak asked catches up itself), so it waits a look rather
+        than add to one that tests. The scan's next widths are prepared (``prepare_peaks``)
+        at a look that tests nothing, for the same reason."""
+        act = r.act
+        hit = self._test(c, r, alpha)
+        assert self.fixed is not None
+        if self.fixed.tested + self.scan.tested:
+            if not self.kept:
+                act.keep_peaks(r.b1, half=True)
+            self.kept = not self.kept
+            return hit
+        act.keep_peaks(r.b1, half=True)
+        self.kept = True
+        if self.ahead:
+            for width in self.ahead:
+                act.prepare_peaks(r.s1, width)
+            self.ahead = []
+        return hit
+
+    def _test(self, c: MemoryTrend, r: Regime, alpha: float) -> Hit | None:
+        act = r.act
+        self.scan.tested = 0
+        fixed = self.fixed
+        if fixed is None:
+            fixed = self.fixed = _Group([int(w // BUCKET) for w in c.windows])
+        hit = fixed.test(c, r, alpha)
+        if hit is not None or c.scan <= 0:
+            return hit
+        if act.buckets[r.hi - 1] != r.b1 - 1:
+            return None  # no activity in the newest bucket (as scanned)
+        room = r.b1 - r.start
+        rooms = self.rooms
+        if rooms[0] <= room < rooms[1]:
+            return self.scan.test(c, r, c.scan_alpha)  # the same widths as the last look
+        step = max(int(c.scan // BUCKET), 1)
+        least = c.scan_baseline / BUCKET
+        ratio = c.scan_ratio
+        top = max(self.top, 0)
+        # scanned's loop condition for the width k * step (monotone in k)
+        while top > 0 and (room - top * step < least or room - top * step < ratio * top * step):
+            top -= 1
+        while not (
+            room - (top + 1) * step < least or room - (top + 1) * step < ratio * (top + 1) * step
+        ):
+            top += 1
+        # the same condition as a least room (an int compared with a float is compared
+        # exactly, so room - k step >= f is room >= k step + ceil(f)): the widths stay
+        # those up to top while room is in [rooms[0], rooms[1])
+        least_room = math.ceil(least)
+        self.rooms = (
+            top * step + max(least_room, math.ceil(ratio * top * step)) if top else -_FAR,
+            (top + 1) * step + max(least_room, math.ceil(ratio * (top + 1) * step)),
+        )
+        if top != self.top:
+            # the regime grew into a width (or out of one): the next two are prepared
+            # ahead of their first test, as scanned does
+            fixed_widths = fixed.widths
+            if top == self.top + 1 and self.top >= 0:  # grew by one (once in days)
+                if top * step not in fixed_widths:
+                    self.scan.grow(top * step)
+            else:
+                widths = [k * step for k in range(1, top + 1) if k * step not in fixed_widths]
+                self.scan = _Group(widths, self.scan)
+            self.top = top
+            # prepared at the next look that tests nothing (this one tests the new width)
+            self.ahead = [w for w in ((top + 1) * step, (top + 2) * step) if w not in fixed_widths]
+        return self.scan.test(c, r, c.scan_alpha)
+
+
+def _budget(
+    c: MemoryTrend,
+    r: Regime,
+    width: int,
+    alpha: float,
+    most: int,
+    counts: tuple[int, int, int, int] | None,
+) -> int:
+    """How far looks may move on from this one while the window of ``width`` stays surely
+    rejected (``_Group``): at most ``most``; -1: test it at the next look. ``counts``: the
+    window's ``Activity.window_at``.
+
+    Each bound is one of ``accelerated``'s gates at the window's worst case after the
+    move: at most ``a`` more active buckets in it (the window's start only moves forward),
+    ``a`` fewer in the baseline (retention or a new first bucket takes them), a baseline
+    ``a`` buckets longer; the exact test's chance grows with the baseline count and the
+    null rate and shrinks with the recent count, so a chance at or above ``alpha`` there is
+    above it at every look within the budget. Too few active buckets or episodes bound the
+    same way, and so does the regime's peak: the windows that end ``most`` buckets or more
+    after its first bucket stay in it (``Activity.peak_floor``)."""
+    w0 = r.b1 - width
+    baseline = w0 - r.start - 1
+    if (w0 - r.start) * BUCKET < c.min_baseline or baseline <= 0 or counts is None:
+        return -1  # a young regime: it may pass its gates at the next look
+    x, y, episodes, lo = counts
+    a = max(c.min_active - 1 - x, c.min_episodes - 1 - episodes)
+    if a >= most:
+        return most
+    peak = r.act.peak_floor(r.start + most, lo, width)  # the peak first: it costs little
+    if peak >= c.min_active:
+        ratio = c.peak_ratio
+        b = most if ratio <= 0.0 else min(most, int(peak / ratio) - x)
+        while b >= 0 and peak < ratio * (x + b):
+            b -= 1  # float rounding: the gate's own product decides
+        if b >= most:
+            return most
+        a = max(a, b)
+    return max(a, _rate_budget(c, x, y, width, baseline, alpha, most))
+
+
+def _rate_budget(
+    c: MemoryTrend, x: int, y: int, width: int, baseline: int, alpha: float, most: int
+) -> int:
+    """The most buckets ``a`` for which the window's exact test surely finds no rise with
+    ``x + a`` of ``x + y`` active buckets in it and a baseline ``a`` buckets longer; -1
+    where even this look's counts are not surely rejected by it."""
+    fw = c.factor * width
+    n = x + y
+    p = fw / (fw + float(baseline))
+    z = _Z.get(alpha)
+    if z is None:
+        z = _Z[alpha] = NormalDist().inv_cdf(1.0 - alpha)
+    # about where the chance falls to alpha (a normal approximation, checked below): the
+    # room above x, shared between the recent count (one a bucket) and the null mean
+    # (n p falls by about n p^2 / fw a bucket of baseline)
+    room = n * p + (z - 0.25) * math.sqrt(n * p * (1.0 - p)) - x
+    guess = min(most, math.floor(room / (1.0 + n * p * p / fw)))
+    level = alpha * (1.0 + _MARGIN)
+    for a in (guess, guess // 2, 0) if guess > 0 else (0,):
+        if _rate_rejects(x, y, a, fw, baseline, level):
+            return a
+    return -1
+
+
+def _rate_rejects(x: int, y: int, a: int, fw: float, baseline: int, level: float) -> bool:
+    """Whether the chance of ``x + a`` recent of ``x + y`` active buckets, under the null
+    rate of a baseline ``a`` buckets longer, is surely at least ``level``: then so is the
+    chance at every look within budget ``a`` (``_budget``). Cheap lower bounds on the
+    binomial tail only (no sum): the median, Slud's, and the normal tail less the
+    Berry-Esseen distance (constant 0.4748, Shevtsova 2011); False where none suffices."""
+    big = x + a
+    if big <= 0:
+        return True  # P(X >= 0) = 1
+    n = big + max(y - a, 0)
+    p = fw / (fw + float(baseline + a))
+    if level < 0.5 and big <= n * p * (1.0 - 1e-12):
+        return True  # at most the mean: the chance is at least 1/2 (the binomial median)
+    if binomial_tail_floor(big, n, p) >= level:
+        return True  # Slud's bound (p <= 1/4)
+    q = 1.0 - p
+    var = n * p * q
+    if var <= 0.0 or p >= 1.0:
+        return False
+    sd = math.sqrt(var)
+    # P(X >= big) = 1 - P(X <= big - 1) >= 1 - Phi((big - 1 - np) / sd) - distance
+    tail = 0.5 * math.erfc((big - 1 - n * p) / (sd * math.sqrt(2.0)))
+    return tail - 0.4748 * (p * p + q * q) / sd >= level
