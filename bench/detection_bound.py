@@ -61,7 +61,7 @@ from gpuwatchd.core.alerts import AlertSeverity
 from gpuwatchd.harness import backtest as bt
 from gpuwatchd.harness.simulate import SIM_EPOCH
 from gpuwatchd.rules.conditions.memory_judge import judge
-from gpuwatchd.rules.conditions.memory_trend import MemoryTrend
+from gpuwatchd.rules.conditions.memory_model import MemoryTrend
 from gpuwatchd.rules.evidence import BUCKET, Activity, binomial_tail, bucket_of
 from gpuwatchd.rules.loader import rules_from_settings
 from gpuwatchd.rules.model import Rule

@@ -37,7 +37,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from gpuwatchd.rules.conditions.memory_judge import JudgeMemo, judge
-from gpuwatchd.rules.conditions.memory_trend import MemoryTrend
+from gpuwatchd.rules.conditions.memory_model import MemoryTrend
 from gpuwatchd.rules.evidence import BUCKET, EPISODE_GAP, Activity
 
 DAY = 86400.0

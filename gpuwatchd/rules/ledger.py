@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from gpuwatchd.core.alerts import AlertSeverity
-from gpuwatchd.rules.conditions.memory_trend import MemoryTrend
+from gpuwatchd.rules.conditions.memory_model import MemoryTrend
 from gpuwatchd.rules.model import Rule
 from gpuwatchd.rules.store import LedgerEntry
 

@@ -16,7 +16,7 @@ from gpuwatchd.core.errors import ConfigError
 from gpuwatchd.core.units import format_duration
 from gpuwatchd.harness.backtest import family_named
 from gpuwatchd.rules.conditions.memory_judge import JudgeMemo, judge
-from gpuwatchd.rules.conditions.memory_trend import MemoryTrend
+from gpuwatchd.rules.conditions.memory_model import MemoryTrend
 from gpuwatchd.rules.evidence import (
     BUCKET,
     Activity,

@@ -16,7 +16,7 @@ from gpuwatchd.rules.conditions.base import Hit
 from gpuwatchd.rules.evidence import BUCKET, Activity, binomial_tail_floor, rate_ratio_p_value
 
 if TYPE_CHECKING:
-    from gpuwatchd.rules.conditions.memory_trend import MemoryTrend
+    from gpuwatchd.rules.conditions.memory_model import MemoryTrend
 
 
 class Regime:

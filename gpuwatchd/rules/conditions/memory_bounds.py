@@ -35,7 +35,7 @@ from gpuwatchd.rules.conditions.memory_acceleration import Regime, accelerated
 from gpuwatchd.rules.evidence import BUCKET, Activity, binomial_tail_floor
 
 if TYPE_CHECKING:
-    from gpuwatchd.rules.conditions.memory_trend import MemoryTrend
+    from gpuwatchd.rules.conditions.memory_model import MemoryTrend
 
 SKIP_MOST = 144  # buckets (a day): the furthest a look may move and still skip a window
 _MARGIN = 1e-7  # a bound's chance must clear alpha by this much (relative): float rounding

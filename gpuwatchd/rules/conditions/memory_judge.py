@@ -19,7 +19,7 @@ from gpuwatchd.rules.conditions.memory_bounds import Skips
 from gpuwatchd.rules.evidence import BUCKET, EPISODE_GAP, Activity, bucket_of, rate_ratio_p_value
 
 if TYPE_CHECKING:
-    from gpuwatchd.rules.conditions.memory_trend import MemoryTrend
+    from gpuwatchd.rules.conditions.memory_model import MemoryTrend
 
 
 class JudgeMemo:

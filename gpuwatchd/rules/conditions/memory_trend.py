@@ -57,8 +57,7 @@ GPU's activity are ``memory_judge.py``'s: the acceleration test and its scan in
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 from gpuwatchd.config.yamlsrc import Node
 from gpuwatchd.core.units import format_duration
@@ -77,6 +76,7 @@ from gpuwatchd.rules.conditions.base import (
     model_of,
 )
 from gpuwatchd.rules.conditions.memory_judge import JudgeMemo, judge
+from gpuwatchd.rules.conditions.memory_model import SIGNALS, MemoryTrend
 from gpuwatchd.rules.conditions.reading import MAX_WINDOW, BodyReader
 from gpuwatchd.rules.conditions.recheck import Recheck
 from gpuwatchd.rules.evidence import BUCKET, Activity, bucket_of
@@ -91,15 +91,6 @@ from gpuwatchd.rules.rate_limited import lookback, note
 from gpuwatchd.rules.snapshot import GpuView, Snapshot
 from gpuwatchd.rules.store import StateStore
 
-Signal = Literal["acceleration", "activity", "corroborated", "certified", "node", "stream"]
-SIGNALS: tuple[Signal, ...] = (
-    "acceleration",
-    "activity",
-    "corroborated",
-    "certified",
-    "node",
-    "stream",
-)
 RECHECK = 300.0  # seconds between looks at a GPU whose counter did not move
 CERTIFIED_SIGNATURE = "memory-certified-xids-1"  # the saved XIDs' format (rules store)
 log = logging.getLogger(__name__)
@@ -107,33 +98,6 @@ REMAP_FIELD = "remapped_rows_correctable"
 CORROBORATING_XIDS = frozenset({63, 92})
 # Row-remapper histogram levels that mean a bank has been remapping rows again and again.
 SPARE_ROWS_SHORT = ("row_remap_banks_low", "row_remap_banks_none")
-
-
-@dataclass(frozen=True)
-class MemoryTrend(Condition):
-    """See the module docstring; durations in seconds."""
-
-    signal: Signal = "acceleration"
-    field: str = "ecc_corrected_volatile_dev"
-    windows: tuple[float, ...] = (86400.0, 3 * 86400.0)
-    factor: float = 1.0
-    alpha: float = 3e-3
-    min_active: int = 3
-    min_episodes: int = 3
-    min_baseline: float = 86400.0
-    quiet: float = 28 * 86400.0
-    peak_ratio: float = 0.3
-    dispersion: bool = False
-    scan: float = 0.0  # the scan's step; 0: no scan
-    scan_alpha: float = 0.1
-    scan_baseline: float = 7 * 86400.0
-    scan_ratio: float = 1.5
-    stream: float = 2 * 86400.0  # signal stream: how long an episode runs before it counts
-
-    @property
-    def window(self) -> float:
-        """The longest recent window."""
-        return max(self.windows)
 
 
 def _corroboration(c: MemoryTrend, g: GpuView, snap: Snapshot, now: float) -> str | None:
