@@ -874,17 +874,17 @@ def run_family(
         score.node_tickets += seen.node_tickets
         for gpu, tr in enumerate(traces):
             paged = sorted(t for t, g in seen.paged if g == gpu)
-            drained = sorted(t for t, g, _ in seen.drained if g == gpu)
+            mine = [(t, rule) for t, g, rule in seen.drained if g == gpu]
+            drained = sorted(t for t, _ in mine)
             tickets = sum(1 for _, g in seen.tickets if g == gpu)
             score.tickets += tickets
             score.ticket_gpus += tickets > 0
             if tr.dbe_at is None:
                 score.false_pages += len(paged)
                 score.false_drains += len(drained)
-                for _, g, rule in seen.drained:
-                    if g == gpu:
-                        by_rule = score.false_drains_by_rule
-                        by_rule[rule] = by_rule.get(rule, 0) + 1
+                by_rule = score.false_drains_by_rule
+                for _, rule in mine:
+                    by_rule[rule] = by_rule.get(rule, 0) + 1
                 continue
             dbe = tr.dbe_at
             score.precursors += 1

@@ -123,32 +123,24 @@ def node_wide_gpus(
     ]
 
 
-def field_activities(snap: Snapshot, field: str) -> dict[int, Buckets]:
-    """Every GPU's activity of ``field`` (GPUs without the counter are left out): the node
-    is judged as a whole, whatever GPUs a rule selects."""
-    out: dict[int, Buckets] = {}
-    for g in snap.gpus:
-        h = g.data.hist.get(field)
-        if h is not None and h.activity.buckets:
-            out[g.index] = h.activity.buckets
-    return out
-
-
 class NodeLook:
-    """One rule's view of one field's node-wide activity, with the answers of
-    ``has_own_activity`` and ``node_wide_gpus`` kept while they cannot change: both are pure
-    functions of every GPU's active buckets and the window's buckets, and a node with errors
-    asks them on every poll (a firing ticket is judged again at each one), while the buckets
-    change once per 10-minute turn or new active bucket. ``look`` reads the node and starts
-    over when any GPU's activity (its object or its ``version``) or the window moved."""
+    """One rule's view of one field's node-wide activity: every GPU's active buckets
+    (GPUs without the counter left out: the node is judged as a whole, whatever GPUs a rule
+    selects), with the answers of ``has_own_activity`` and ``node_wide_gpus`` kept while
+    they cannot change: both are pure functions of those buckets and the window's, and a
+    node with errors asks them on every poll (a firing ticket is judged again at each one),
+    while the buckets change once per 10-minute turn or new active bucket. ``look`` reads
+    the node and starts over when any GPU's activity (its object or its ``version``) or the
+    window moved."""
 
-    __slots__ = ("_gpus", "_key", "_own", "acts")
+    __slots__ = ("_gpus", "_key", "_own", "acts", "b0", "b1")
 
     def __init__(self) -> None:
         self._key: tuple[object, ...] = ()
         self._own: dict[int, bool] = {}
         self._gpus: list[int] | None = None
         self.acts: dict[int, Buckets] = {}
+        self.b0 = self.b1 = 0
 
     def look(self, snap: Snapshot, field: str, b0: int, b1: int) -> dict[int, Buckets]:
         acts: dict[int, Buckets] = {}
@@ -164,28 +156,21 @@ class NodeLook:
             self._key = frozen
             self._own = {}
             self._gpus = None
-        self.acts = acts
+        self.acts, self.b0, self.b1 = acts, b0, b1
         return acts
 
     def own(self, gpu: int) -> bool:
         """``has_own_activity`` for ``gpu`` over the window of the last ``look``."""
         got = self._own.get(gpu)
         if got is None:
-            b0, b1 = self._window()
-            got = self._own[gpu] = has_own_activity(self.acts, gpu, b0, b1)
+            got = self._own[gpu] = has_own_activity(self.acts, gpu, self.b0, self.b1)
         return got
 
     def node_wide(self) -> list[int]:
         """``node_wide_gpus`` over the window of the last ``look``."""
         if self._gpus is None:
-            b0, b1 = self._window()
-            self._gpus = node_wide_gpus(self.acts, b0, b1)
+            self._gpus = node_wide_gpus(self.acts, self.b0, self.b1)
         return self._gpus
-
-    def _window(self) -> tuple[int, int]:
-        b0, b1 = self._key[0], self._key[1]
-        assert isinstance(b0, int) and isinstance(b1, int)
-        return b0, b1
 
 
 def xid_event_gpus(snap: Snapshot, b0: int) -> set[int]:
