@@ -35,6 +35,15 @@ class Regime:
         self.s1 = s1
 
 
+def scan_leaves_baseline(c: MemoryTrend, room: int, width: int) -> bool:
+    """Whether a scanned window of ``width`` buckets, in a regime of ``room`` buckets up to
+    the look (``b1 - start``), leaves a baseline of at least ``scan_baseline`` and
+    ``scan_ratio`` times the window: the scan's widths are those that do (monotone: a
+    wider window leaves less)."""
+    baseline = room - width
+    return not (baseline < c.scan_baseline / BUCKET or baseline < c.scan_ratio * width)
+
+
 def scanned(c: MemoryTrend, r: Regime) -> Hit | None:
     """The change-point scan: windows of ``k * c.scan`` back from ``b1``, the shortest
     first, while the regime before them is long enough to be a baseline. It runs in an
@@ -48,12 +57,10 @@ def scanned(c: MemoryTrend, r: Regime) -> Hit | None:
     if r.act.buckets[r.hi - 1] != r.b1 - 1:
         return None  # no activity in the newest bucket
     step = max(int(c.scan // BUCKET), 1)
-    least = c.scan_baseline / BUCKET
     fixed = {int(w // BUCKET) for w in c.windows}
     width = step
     while True:
-        baseline = r.b1 - width - r.start
-        if baseline < least or baseline < c.scan_ratio * width:
+        if not scan_leaves_baseline(c, r.b1 - r.start, width):
             # the next two widths this regime grows into: their peaks are prepared a few
             # buckets a look from now on, so the look that first tests one builds little
             # (two: the one after next has no backlog yet while the baseline is short)

@@ -31,7 +31,11 @@ from statistics import NormalDist
 from typing import TYPE_CHECKING
 
 from gpuwatchd.rules.conditions.base import Hit
-from gpuwatchd.rules.conditions.memory_acceleration import Regime, accelerated
+from gpuwatchd.rules.conditions.memory_acceleration import (
+    Regime,
+    accelerated,
+    scan_leaves_baseline,
+)
 from gpuwatchd.rules.evidence import BUCKET, Activity, binomial_tail_floor
 
 if TYPE_CHECKING:
@@ -246,19 +250,17 @@ class Skips:
         ratio = c.scan_ratio
         top = max(self.top, 0)
         # scanned's loop condition for the width k * step (monotone in k)
-        while top > 0 and (room - top * step < least or room - top * step < ratio * top * step):
+        while top > 0 and not scan_leaves_baseline(c, room, top * step):
             top -= 1
-        while not (
-            room - (top + 1) * step < least or room - (top + 1) * step < ratio * (top + 1) * step
-        ):
+        while scan_leaves_baseline(c, room, (top + 1) * step):
             top += 1
         # the same condition as a least room (an int compared with a float is compared
         # exactly, so room - k step >= f is room >= k step + ceil(f)): the widths stay
         # those up to top while room is in [rooms[0], rooms[1])
         least_room = math.ceil(least)
         self.rooms = (
-            top * step + max(least_room, math.ceil(ratio * top * step)) if top else -_FAR,
-            (top + 1) * step + max(least_room, math.ceil(ratio * (top + 1) * step)),
+            top * step + max(least_room, math.ceil(ratio * (top * step))) if top else -_FAR,
+            (top + 1) * step + max(least_room, math.ceil(ratio * ((top + 1) * step))),
         )
         if top != self.top:
             # the regime grew into a width (or out of one): the next two are prepared
