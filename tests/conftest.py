@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import socket
@@ -38,10 +39,46 @@ def update_golden(request: pytest.FixtureRequest) -> bool:
     return bool(request.config.getoption("--update-golden"))
 
 
+_GIVEN: set[int] = set()  # ports free_port handed out in this process
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A loopback port free now, never one handed out before in this process (50 daemons
+    started side by side drew the same port from the kernel: a 4 % chance a run)."""
+    for _ in range(100):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+        if port not in _GIVEN:
+            _GIVEN.add(port)
+            return port
+    raise AssertionError("no loopback port that was not handed out already")
+
+
+def listens_on(pid: int, port: int) -> bool:
+    """Whether process ``pid`` holds the TCP socket listening on ``port`` (loopback tests:
+    a port picked free may be taken by another process before the daemon binds it, and then
+    whatever answers there is not the daemon under test)."""
+    inodes: set[str] = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(OSError), open(table, encoding="ascii") as f:
+            for line in f.readlines()[1:]:
+                parts = line.split()
+                if parts[3] == "0A" and int(parts[1].rsplit(":", 1)[1], 16) == port:
+                    inodes.add(parts[9])
+    fds = f"/proc/{pid}/fd"
+    try:
+        names = os.listdir(fds)
+    except OSError:
+        return False
+    for name in names:
+        try:
+            link = os.readlink(os.path.join(fds, name))
+        except OSError:
+            continue
+        if link.startswith("socket:[") and link[8:-1] in inodes:
+            return True
+    return False
 
 
 def wait_http(url: str, timeout: float = 15.0) -> None:
@@ -95,21 +132,25 @@ def daemon_factory(tmp_path: Path) -> Iterator[object]:
     procs: list[Proc] = []
 
     def start(*extra: str, port: int | None = None) -> tuple[Proc, str]:
-        port = port or free_port()
-        env = dict(os.environ, STATE_DIRECTORY=str(tmp_path / "state"), PYTHONUNBUFFERED="1")
-        proc = Proc(
-            [*GPUWATCHD, "run", "--listen", f"127.0.0.1:{port}", *extra],
-            tmp_path / f"gpuwatchd-{port}.log",
-            env,
-        )
-        procs.append(proc)
-        url = f"http://127.0.0.1:{port}"
-        try:
-            wait_http(url + "/healthz")
-        except AssertionError as exc:
-            proc.stop()
-            raise AssertionError(f"{exc}\ndaemon output:\n{proc.output()}") from None
-        return proc, url
+        for _ in range(3 if port is None else 1):
+            chosen = port or free_port()
+            env = dict(os.environ, STATE_DIRECTORY=str(tmp_path / "state"), PYTHONUNBUFFERED="1")
+            proc = Proc(
+                [*GPUWATCHD, "run", "--listen", f"127.0.0.1:{chosen}", *extra],
+                tmp_path / f"gpuwatchd-{chosen}.log",
+                env,
+            )
+            procs.append(proc)
+            url = f"http://127.0.0.1:{chosen}"
+            try:
+                wait_http(url + "/healthz")
+            except AssertionError as exc:
+                proc.stop()
+                raise AssertionError(f"{exc}\ndaemon output:\n{proc.output()}") from None
+            if port is not None or listens_on(proc.popen.pid, chosen):
+                return proc, url
+            proc.stop()  # another process took the port first: answers there are not ours
+        raise AssertionError("three ports in a row taken by another process")
 
     yield start
     for proc in procs:

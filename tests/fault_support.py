@@ -19,7 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from conftest import GPUWATCHD, ROOT, free_port
+from conftest import GPUWATCHD, ROOT, free_port, listens_on
 
 _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
 _LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
@@ -94,6 +94,7 @@ class Daemon:
         self.cfg = tmp_path / f"{name}.yaml"
         self.cfg.write_text(config)
         self.scenario = scenario
+        self.chosen_port = port is None  # ours to change if another process takes it
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.env = dict(os.environ, PYTHONUNBUFFERED="1")
@@ -105,30 +106,43 @@ class Daemon:
         self.runs = 0
         self.proc: subprocess.Popen[bytes] | None = None
         self.logs: list[Path] = []
+        self.extra: tuple[str, ...] = ()
 
     def start(self, *, wait: bool = True, extra: tuple[str, ...] = ()) -> Daemon:
         self.runs += 1
         log = self.tmp_path / f"{self.name}-{self.runs}.log"
         self.logs.append(log)
-        argv = [*GPUWATCHD, "run", "-c", str(self.cfg), "--listen", f"127.0.0.1:{self.port}"]
-        if self.scenario is not None:
-            argv += ["--backend", f"scenario:{self.scenario}"]
-        if self.verbose:
-            argv.append("-v")
-        argv += list(extra)
+        self.extra = extra
         with log.open("wb") as out:
             self.proc = subprocess.Popen(
-                argv, stdout=out, stderr=subprocess.STDOUT, env=self.env, cwd=ROOT
+                self._argv(), stdout=out, stderr=subprocess.STDOUT, env=self.env, cwd=ROOT
             )
         if wait:
             self.wait_ready()
         return self
 
+    def _argv(self) -> list[str]:
+        argv = [*GPUWATCHD, "run", "-c", str(self.cfg), "--listen", f"127.0.0.1:{self.port}"]
+        if self.scenario is not None:
+            argv += ["--backend", f"scenario:{self.scenario}"]
+        if self.verbose:
+            argv.append("-v")
+        return argv + list(self.extra)
+
     def wait_ready(self, timeout: float = 20.0) -> None:
+        """Until this daemon answers on its port. A port the harness chose that another
+        process took first (the daemon logs it cannot listen, and keeps retrying) is
+        changed for a new one and the daemon started again (the same run and log)."""
+
         def up() -> bool:
             assert self.proc is not None
             if self.proc.poll() is not None:
                 raise AssertionError(f"daemon exited with {self.proc.returncode}:\n{self.output()}")
+            if self.chosen_port and f"cannot listen on 127.0.0.1:{self.port}" in self._last_log():
+                self._move()
+                return False
+            if not listens_on(self.proc.pid, self.port):
+                return False  # not bound yet; whatever answers there is not this daemon
             try:
                 self.get("/healthz", timeout=1.0)
                 return True
@@ -139,6 +153,20 @@ class Daemon:
                 return False
 
         wait_until(up, timeout, f"daemon on {self.url}")
+
+    def _last_log(self) -> str:
+        return self.logs[-1].read_text(errors="replace") if self.logs else ""
+
+    def _move(self) -> None:
+        """Stop this run, and start it again on a new port, appending to its log."""
+        assert self.proc is not None
+        self.kill()
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        with self.logs[-1].open("ab") as out:
+            self.proc = subprocess.Popen(
+                self._argv(), stdout=out, stderr=subprocess.STDOUT, env=self.env, cwd=ROOT
+            )
 
     @property
     def pid(self) -> int:
