@@ -260,6 +260,49 @@ exec {shutil.which("scontrol") or need_binary("scontrol")} "$@"
         fresh(cluster)
 
 
+def test_a_drain_lost_while_the_budget_is_full_is_not_reported_as_held(
+    cluster: Slurm, tmp_path: Path
+) -> None:
+    """Someone puts a node gpuwatchd drained back in service while its fault is active (an
+    admin; a controller that lost state) and the place in the budget goes to another node.
+    On main the daemon's hold found the node in service, could not drain it again (the
+    budget was spent) and went on saying "drained" (status, metrics) for as long as the
+    fault lasted. Now it owns no drain, is held back (one budget page) and drains again
+    once a place is free."""
+    CLOCK.advance(max(0.0, time.time() - CLOCK.now()))
+    fresh(cluster)
+    others = list(cluster.others[10:14])
+    for node in others:  # four of the five places, taken
+        cluster.admin("State=DRAIN", f"Reason={OUR_REASON}", node=node)
+    me, thief = cluster.others[22], cluster.others[23]
+    rx = HttpReceiver(free_port()).start()
+    sink = daemon(tmp_path, me, rx.url)
+    try:
+        sink.deliver([transition(at=CLOCK.now(), drain=True, node=me, xid=79)], CLOCK.now())
+        sink.run_pending()
+        assert me in ours(cluster) and len(ours(cluster)) == BUDGET
+        assert sink.status().as_json()["drain"]["state"] == "drained"
+        cluster.admin("State=RESUME", node=me)  # the controller lost our drain ...
+        cluster.admin("State=DRAIN", f"Reason={OUR_REASON}", node=thief)  # ... and its place
+        CLOCK.advance(31)  # past drain.hold_interval
+        sink.run_pending()
+        assert me not in ours(cluster) and len(ours(cluster)) == BUDGET
+        drain = sink.status().as_json()["drain"]
+        assert drain["state"] == "drain_pending", drain  # main: "drained"
+        assert drain["owned"] is False and drain["fleet"]["held_back"] == 1, drain
+        assert len(budget_pages(rx, me)) == 1
+        cluster.admin("State=RESUME", node=thief)  # a place frees: the recheck drains again
+        CLOCK.advance(61)
+        sink.run_pending()
+        assert me in ours(cluster)
+        drain = sink.status().as_json()["drain"]
+        assert drain["state"] == "drained" and drain["fleet"]["held_back"] == 0, drain
+    finally:
+        sink.close()
+        rx.stop()
+        fresh(cluster)
+
+
 def test_a_reason_with_newlines_on_another_node_is_not_a_drain(
     cluster: Slurm, tmp_path: Path
 ) -> None:

@@ -232,11 +232,11 @@ class DrainController:
         self._unsilence(now)
         for inc in to_announce(self.store, PENDING):
             self._notify(inc)
+        self._hold(now)  # first: a held incident it reopens is due in this step
         for inc in due(self.store, PENDING, now):
             pages.extend(self._drain(inc, now))
         pages.extend(limit_room(self.store, self.cfg, self.node, now))
         pages.extend(budget_resolved(self.store, self.node, self.fleet, now))
-        self._hold(now)
         for inc in gave_up_since(self.store, self.cfg.attempts, now - 86400.0):
             pages.extend(failing_resolved(self.store, self.node, inc, now))
         for inc in failed_and_resolved(self.store):

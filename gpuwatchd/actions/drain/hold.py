@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpuwatchd.actions.drain.drivers.base import DrainError, DrainResult, Driver, Gate
-from gpuwatchd.actions.drain.incidents import Incident, active_in, mark_owned
+from gpuwatchd.actions.drain.incidents import Incident, active_in, mark_owned, released, reopen
+from gpuwatchd.actions.drain.pages import OVER_BUDGET, PENDING
 from gpuwatchd.actions.store import Store
 
 # Incident states in which the node must stay out of service while the fault is active.
@@ -48,7 +49,13 @@ def to_hold(
 
 
 def hold(store: Store, driver: Driver, now: float, inc: Incident, gate: Gate | None) -> HoldStep:
-    """Keep the node out of service for ``inc``; a drain gpuwatchd now owns is noted."""
+    """Keep the node out of service for ``inc``; a drain gpuwatchd now owns is noted.
+
+    A node found back in service that the fleet budget does not let us drain again is not
+    held: gpuwatchd no longer owns a drain of it (status and metrics say so at once), and
+    the incident is pending again, due now, so the drain's own steps hold it back, page
+    and ask again as for any drain over the budget (an admin resumed it, or the scheduler
+    lost our drain, and another node took the place)."""
     try:
         result = driver.hold(inc.reason, gate=gate)
     except DrainError as exc:
@@ -56,4 +63,8 @@ def hold(store: Store, driver: Driver, now: float, inc: Incident, gate: Gate | N
     if result is not None and result.owns:
         with store.tx() as conn:
             mark_owned(conn, inc.reason, now, result.result)
+    elif result is not None and result.result == OVER_BUDGET:
+        with store.tx() as conn:
+            released(conn, OVER_BUDGET)
+            reopen(conn, inc.key, PENDING, f"back in service: {result.detail}", now)
     return HoldStep(inc, result)

@@ -251,6 +251,16 @@ def hold_back(conn: sqlite3.Connection, key: str, result: str, next_attempt: flo
     )
 
 
+def reopen(conn: sqlite3.Connection, key: str, pending: str, result: str, now: float) -> None:
+    """A held incident whose node is back in service and could not be drained again (the
+    fleet budget is spent): it is pending again, due at once, like a new drain (its first
+    drain's time stays: it still counts against ``drain.max_drains``)."""
+    conn.execute(
+        "UPDATE incidents SET state=?, result=?, attempts=0, next_attempt=? WHERE key=?",
+        (pending, result, now, key),
+    )
+
+
 def mark_resumed(conn: sqlite3.Connection, now: float) -> None:
     """The node was resumed: the drained incidents whose alerts resolved are over."""
     conn.execute(
