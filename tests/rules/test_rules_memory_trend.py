@@ -3,6 +3,7 @@ the ``memory_trend`` condition in the real engine."""
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import math
 import random
@@ -1113,6 +1114,56 @@ def test_a_look_in_a_new_active_bucket_reads_no_window_that_is_surely_rejected()
             reads += a.windows_read - before
     assert scans > 20
     assert reads <= scans  # at most one window a look on average (main: 13 every look)
+
+
+class _PeakCountingActivity(Activity):
+    """Counts the peaks asked in full (``peak_before``: catching the kept maximum up)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.peaks_asked = 0
+
+    def peak_before(self, s1: int, lo: int, width: int) -> int:
+        self.peaks_asked += 1
+        return super().peak_before(s1, lo, width)
+
+
+def test_a_window_the_kept_peak_already_vetoes_catches_no_peak_up() -> None:
+    # Issue 25 item 4: a tested window that passes the cheap gates is vetoed by the
+    # regime's peak on nearly every look, and asking the peak caught the kept sliding
+    # maximum up first (about 4 us of a look's 10). What the maximum holds already, without
+    # catching up, is a lower bound on the peak (Activity.peak_floor) and is often enough.
+    # A regime with a busy day early on, a sparse trickle, then a busy last day: the
+    # window's rise is significant by its counts, and the early day vetoes it.
+    from gpuwatchd.rules.conditions.memory_acceleration import Regime, accelerated
+
+    c = MemoryTrend(signal="acceleration")
+    a = _PeakCountingActivity()
+    first = int(T0 // BUCKET)
+    busy = [first + 2 * 144 + 3 * k for k in range(40)]  # 40 buckets within day 2
+    sparse = [first + 144 * d for d in range(4, 20, 2)]
+    recent = [first + 20 * 144 + 7 * k for k in range(20)]  # 20 episodes
+    for b in [first, *busy, *sparse, *recent]:
+        a.mark(b * BUCKET + 1)
+
+    def look(b1: int) -> object:
+        hi = bisect.bisect_left(a.buckets, b1)
+        start = a.regime_start(b1, c.quiet)
+        assert start == first
+        r = Regime(a, b1, hi, start, bisect.bisect_right(a.buckets, start, 0, hi))
+        return accelerated(c, r, 144, c.alpha)
+
+    b1 = recent[-1] + 1
+    assert look(b1) is None  # the first ask builds the kept maximum
+    x, y = 20, len(busy) + len(sparse)
+    p0 = 144 / (144 + (b1 - 144 - first - 1))
+    assert binomial_tail_floor(x, x + y, p0) < c.alpha  # past the cheap gates ...
+    assert a.peak(first, b1 - 144, 144) >= c.peak_ratio * x  # ... and vetoed by the peak
+    for b in (b1 + 2, b1 + 5):  # two more active buckets: the kept maximum lags
+        a.mark(b * BUCKET + 1)
+    asked = a.peaks_asked
+    assert look(b1 + 6) is None
+    assert a.peaks_asked == asked  # main: 1 (the catch-up)
 
 
 @pytest.mark.parametrize("seed", range(4))

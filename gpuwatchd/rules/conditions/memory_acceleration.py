@@ -108,9 +108,13 @@ def accelerated(
         return None  # at most the expected count: p >= 0.5 > alpha (and no sum to take)
     if binomial_tail_floor(x, x + y, p0) >= alpha:
         return None  # surely not significant (Slud's bound): no exact sum to take
+    veto = max(c.min_active, c.peak_ratio * x)
     if peak is None:
+        # what the kept maximum holds already, without catching up, is often enough
+        if act.peak_floor(act.buckets[r.s1 - 1], lo, width) >= veto:
+            return None
         peak = act.peak_before(r.s1, lo, width)
-    if peak >= max(c.min_active, c.peak_ratio * x):
+    if peak >= veto:
         return None  # an earlier window of this regime was as busy, and it subsided
     # only as exact as the verdict and its shown p-value need (binomial_tail)
     p = rate_ratio_p_value(x, float(width), y, float(baseline), c.factor, alpha)
