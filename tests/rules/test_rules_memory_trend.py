@@ -1166,6 +1166,40 @@ def test_a_window_the_kept_peak_already_vetoes_catches_no_peak_up() -> None:
     assert a.peaks_asked == asked  # main: 1 (the catch-up)
 
 
+def test_the_look_that_grows_into_a_scan_width_finds_its_bound_already() -> None:
+    # Issue 25 item 4: the look at which the regime grows into the scan's next width tested
+    # that width for the first time (its counts, its gates, its bound), on top of whatever
+    # else it tested: the worst look of bench/memory_look_cost.py's 1000 rising row. A look
+    # that tests nothing, shortly before, finds that width's bound; the look that grows
+    # keeps it. A 29-day trickle looked at every 5 minutes for 8 days grows into 3 widths.
+    rng = random.Random(11)
+    first = int(T0 // BUCKET)
+    picks = sorted(rng.sample(range(first, first + 37 * 144), 1300))
+    a = Activity()
+    memo = JudgeMemo()
+    c = SHIPPED_ACCELERATION
+    end = first + 29 * 144
+    for b in picks:
+        if b < end:
+            a.mark(b * BUCKET + 1)
+    live = [b for b in picks if b >= end]
+    grew = found_before = 0
+    top = None
+    for k in range(8 * 288):
+        now = end * BUCKET + k * 300.0
+        while live and live[0] * BUCKET + 1 <= now:
+            a.mark(live.pop(0) * BUCKET + 1)
+        judge(c, a, now, memo)
+        skips = memo.skips
+        assert skips is not None
+        if top is not None and skips.top == top + 1:
+            grew += 1
+            found_before += skips.scan.b1_from[-1] < bucket_of(now) + 1
+        top = skips.top
+    assert grew >= 3, grew
+    assert found_before == grew, (found_before, grew)  # main: 0 (tested as it grew)
+
+
 @pytest.mark.parametrize("seed", range(4))
 def test_the_bounds_keep_every_verdict_on_random_histories(seed: int) -> None:
     # The memo's bounds skip only windows whose test would reject them: with the memo,

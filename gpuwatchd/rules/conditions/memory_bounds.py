@@ -45,6 +45,7 @@ SKIP_MOST = 144  # buckets (a day): the furthest a look may move and still skip 
 _MARGIN = 1e-7  # a bound's chance must clear alpha by this much (relative): float rounding
 _FAR = 1 << 62
 _SOON = 8  # buckets: a look tests a window whose bound runs out this soon, if no other
+_AHEAD = 12  # buckets: how soon before the regime grows into a width its bound is found
 _Z: dict[float, float] = {}  # alpha -> the normal deviate with that upper tail
 
 
@@ -95,15 +96,17 @@ class _Group:
         self.tested = 0  # the windows the last look tested
         self._limits()
 
-    def grow(self, width: int) -> None:
-        """One more window, last (the scan's regime grew into it): tested at the next look."""
+    def grow(self, width: int, early: _Early | None = None) -> None:
+        """One more window, last (the scan's regime grew into it): tested at the next look,
+        unless a look before found its bound already (``early``, for this width)."""
+        bound = early if early is not None and early.width == width and early.due >= 0 else None
         self.widths.append(width)
-        self.due.append(-1)
-        self.due_start.append(-1)
-        self.b1_from.append(0)
-        self.start_from.append(0)
-        heapq.heappush(self.heap, (-1, len(self.widths) - 1))
-        heapq.heappush(self.heap_start, (-1, len(self.widths) - 1))
+        self.due.append(bound.due if bound else -1)
+        self.due_start.append(bound.due_start if bound else -1)
+        self.b1_from.append(bound.b1_from if bound else 0)
+        self.start_from.append(bound.start_from if bound else 0)
+        heapq.heappush(self.heap, (self.due[-1], len(self.widths) - 1))
+        heapq.heappush(self.heap_start, (self.due_start[-1], len(self.widths) - 1))
 
     def _limits(self) -> None:
         """The heaps of dues afresh, and what every bound needs of a look: a ``b1`` and a
@@ -189,13 +192,27 @@ class _Group:
         return None
 
 
+class _Early:
+    """The bound of the scan's next width, found before the regime grows into it (at a
+    look that tested nothing): the look that grows then need not test that width."""
+
+    __slots__ = ("b1_from", "due", "due_start", "start_from", "width")
+
+    def __init__(self, width: int, due: int, due_start: int, b1_from: int, start_from: int):
+        self.width = width
+        self.due = due
+        self.due_start = due_start
+        self.b1_from = b1_from
+        self.start_from = start_from
+
+
 class Skips:
     """One rule's bounds on one GPU's activity (kept in its ``JudgeMemo``): which windows a
     look need not test because an earlier look proved they stay rejected (``_Group``).
     Most looks then test no window at all; the verdicts are those of ``judge`` without a memo
     (a bound only ever skips a window whose test would return None)."""
 
-    __slots__ = ("act", "ahead", "epoch", "fixed", "kept", "rooms", "scan", "top")
+    __slots__ = ("act", "ahead", "early", "epoch", "fixed", "kept", "rooms", "scan", "top")
 
     def __init__(self, act: Activity) -> None:
         self.act = act
@@ -206,6 +223,7 @@ class Skips:
         self.rooms = (0, 0)  # b1 - start: the widths stay while it is in this range
         self.ahead: list[int] = []  # the next widths of the scan, to prepare (prepare_peaks)
         self.kept = False  # whether the last look kept the peaks (Activity.keep_peaks)
+        self.early: _Early | None = None  # the next width's bound, found ahead (_bound_ahead)
 
     def judge(self, c: MemoryTrend, r: Regime, alpha: float) -> Hit | None:
         """The fixed windows, then the scan (``scanned``), skipping what is bounded; and
@@ -228,7 +246,34 @@ class Skips:
             for width in self.ahead:
                 act.prepare_peaks(r.s1, width)
             self.ahead = []
+        else:
+            self._bound_ahead(c, r)
         return hit
+
+    def _bound_ahead(self, c: MemoryTrend, r: Regime) -> None:
+        """At a look that tested nothing, within ``_AHEAD`` buckets of the regime growing
+        into the scan's next width: find that width's bound now (its counts, ``_budget``),
+        so the look that grows, which may test other windows too, does not test it.
+        The bound holds for any later look within it, whether or not the width is scanned
+        yet: it is ``accelerated``'s own verdict at the window's worst case."""
+        if self.top < 1 or c.scan <= 0:
+            return
+        room = r.b1 - r.start
+        grows = self.rooms[1]
+        if not grows - _AHEAD <= room < grows:
+            return
+        width = (self.top + 1) * max(int(c.scan // BUCKET), 1)
+        early = self.early
+        if early is not None and early.width == width and (early.due < 0 or early.due >= r.b1):
+            return  # tried once (found none: the growing look tests it), or it holds yet
+        assert self.fixed is not None
+        if width in self.fixed.widths:
+            return
+        w0 = r.b1 - width
+        counts = r.act.window_at(r.s1, r.hi, w0) if w0 > r.start else None
+        a = _budget(c, r, width, c.scan_alpha, SKIP_MOST, counts)
+        b0 = r.act.buckets[r.hi - 1] + 1
+        self.early = _Early(width, b0 + a if a >= 0 else -1, r.start + a, r.b1, r.start)
 
     def _test(self, c: MemoryTrend, r: Regime, alpha: float) -> Hit | None:
         act = r.act
@@ -268,11 +313,12 @@ class Skips:
             fixed_widths = fixed.widths
             if top == self.top + 1 and self.top >= 0:  # grew by one (once in days)
                 if top * step not in fixed_widths:
-                    self.scan.grow(top * step)
+                    self.scan.grow(top * step, self.early)
             else:
                 widths = [k * step for k in range(1, top + 1) if k * step not in fixed_widths]
                 self.scan = _Group(widths, self.scan)
             self.top = top
+            self.early = None  # used by the width it was for, or of no use now
             # prepared at the next look that tests nothing (this one tests the new width)
             self.ahead = [w for w in ((top + 1) * step, (top + 2) * step) if w not in fixed_widths]
         return self.scan.test(c, r, c.scan_alpha)
