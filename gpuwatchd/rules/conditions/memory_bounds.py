@@ -45,6 +45,7 @@ SKIP_MOST = 144  # buckets (a day): the furthest a look may move and still skip 
 _MARGIN = 1e-7  # a bound's chance must clear alpha by this much (relative): float rounding
 _FAR = 1 << 62
 _SOON = 8  # buckets: a look tests a window whose bound runs out this soon, if no other
+_SOON_SCAN = 24  # the scan's at most: it looks only in active buckets (_Skips._test)
 _AHEAD = 12  # buckets: how soon before the regime grows into a width its bound is found
 _Z: dict[float, float] = {}  # alpha -> the normal deviate with that upper tail
 
@@ -70,14 +71,16 @@ class _Group:
         "heap",
         "heap_start",
         "lim",
+        "soon",
         "start_from",
         "tested",
         "widths",
     )
 
-    def __init__(self, widths: list[int], old: _Group | None = None) -> None:
+    def __init__(self, widths: list[int], old: _Group | None = None, soon: int = _SOON) -> None:
         n = len(widths)
         self.widths = widths
+        self.soon = soon  # a window whose bound runs out this soon is tested early
         self.due = [-1] * n  # b1 at most this: surely rejected (-1: test it)
         self.due_start = [-1] * n  # and the regime's first bucket at most this
         self.b1_from = [0] * n  # the look that found the bound (0: none yet)
@@ -134,7 +137,7 @@ class _Group:
         if b1 >= lim[0] and start >= lim[1]:
             if heap[0][0] >= b1 and heap_start[0][0] >= start:
                 # every window is surely rejected: nothing to test
-                if heap[0][0] >= b1 + _SOON:
+                if heap[0][0] >= b1 + self.soon:
                     return None
                 # but one whose bound runs out soon is tested now, so that two that run
                 # out at once do not both fall to one look
@@ -212,7 +215,18 @@ class Skips:
     Most looks then test no window at all; the verdicts are those of ``judge`` without a memo
     (a bound only ever skips a window whose test would return None)."""
 
-    __slots__ = ("act", "ahead", "early", "epoch", "fixed", "kept", "rooms", "scan", "top")
+    __slots__ = (
+        "act",
+        "ahead",
+        "early",
+        "epoch",
+        "fixed",
+        "grew_at",
+        "kept",
+        "rooms",
+        "scan",
+        "top",
+    )
 
     def __init__(self, act: Activity) -> None:
         self.act = act
@@ -224,6 +238,7 @@ class Skips:
         self.ahead: list[int] = []  # the next widths of the scan, to prepare (prepare_peaks)
         self.kept = False  # whether the last look kept the peaks (Activity.keep_peaks)
         self.early: _Early | None = None  # the next width's bound, found ahead (_bound_ahead)
+        self.grew_at = -1  # the b1 of the last look at which the scan's widths changed
 
     def judge(self, c: MemoryTrend, r: Regime, alpha: float) -> Hit | None:
         """The fixed windows, then the scan (``scanned``), skipping what is bounded; and
@@ -239,6 +254,9 @@ class Skips:
             if not self.kept:
                 act.keep_peaks(r.b1, half=True)
             self.kept = not self.kept
+            return hit
+        if self.grew_at == r.b1:
+            self.kept = False  # the look that grew did that work: the upkeep waits a look
             return hit
         act.keep_peaks(r.b1, half=True)
         self.kept = True
@@ -288,6 +306,10 @@ class Skips:
             return None  # no activity in the newest bucket (as scanned)
         room = r.b1 - r.start
         rooms = self.rooms
+        # the scan looks only in active buckets, so between two of its looks more bounds
+        # run out where they are sparse: it tests early over as many of those looks
+        gap = room // max(r.hi - r.s1 + 1, 1)
+        self.scan.soon = min(_SOON_SCAN, _SOON * max(gap, 1))
         if rooms[0] <= room < rooms[1]:
             return self.scan.test(c, r, c.scan_alpha)  # the same widths as the last look
         step = max(int(c.scan // BUCKET), 1)
@@ -318,6 +340,7 @@ class Skips:
                 widths = [k * step for k in range(1, top + 1) if k * step not in fixed_widths]
                 self.scan = _Group(widths, self.scan)
             self.top = top
+            self.grew_at = r.b1
             self.early = None  # used by the width it was for, or of no use now
             # prepared at the next look that tests nothing (this one tests the new width)
             self.ahead = [w for w in ((top + 1) * step, (top + 2) * step) if w not in fixed_widths]
