@@ -171,19 +171,24 @@ class Activity:
         return breaks
 
     def dispersion(self, b0: int, b1: int, day: int = 144, most: int = 30) -> float:
-        """Variance over mean of the active buckets per ``day`` buckets in ``[b0, b1)`` (its
-        last ``most`` whole days): about 1 for a Poisson process, far above for activity
-        that comes in sessions or whose rate wanders. 1.0 with fewer than 2 days or none
-        active."""
+        """How much more the active buckets per ``day`` buckets in ``[b0, b1)`` (its last
+        ``most`` whole days) vary than a Poisson process's, leaving out one change of rate:
+        about 1 for a Poisson process, or for one whose rate stepped once (a leak's weekly
+        phase, then its daily one), far above for activity that comes in sessions or whose
+        rate wanders. 1.0 with fewer than 2 days or none active (never below 1).
+
+        The day counts are cut where a step of the rate fits them best (``change_split``:
+        each side at least two days; none with fewer than four days), and the dispersion is
+        the quasi-Poisson one of that two-rate fit: Pearson's chi-square of the day counts
+        about their side's mean, over the degrees of freedom left (days - 2). A stretch whose
+        rate stepped thus reads as a change of mean, not as dispersion; what a step leaves
+        is the day-to-day spread within each side. At most ``most`` days: 2 * ``most``
+        bisects and a pass over the day counts."""
         days = min((b1 - b0) // day, most)
         if days < 2:
             return 1.0
-        counts = [self.count(b1 - (k + 1) * day, b1 - k * day) for k in range(days)]
-        mean = sum(counts) / days
-        if mean <= 0:
-            return 1.0
-        var = sum((c - mean) ** 2 for c in counts) / (days - 1)
-        return max(var / mean, 1.0)
+        counts = [self.count(b1 - (k + 1) * day, b1 - k * day) for k in range(days - 1, -1, -1)]
+        return day_count_dispersion(counts)
 
     def peak(self, b0: int, b1: int, width: int) -> int:
         """The most active buckets any ``width``-bucket window inside ``[b0, b1)`` held."""
@@ -436,6 +441,48 @@ class _Peaks:
             del counts[: k - base]
             base = self.base = k
         return counts[queue[0] - base] if queue else 0
+
+
+def change_split(counts: list[int]) -> int:
+    """Where a step of the rate fits a run of day counts best: the ``k`` (each side at
+    least two days) whose two means, ``counts[:k]`` and ``counts[k:]``, give the Poisson
+    likelihood its maximum (the likelihood-ratio test's change point; the earliest of
+    equals). 0 when the run is shorter than four days."""
+    n = len(counts)
+    if n < 4:
+        return 0
+    total = sum(counts)
+    best, best_k = -math.inf, 0
+    left = sum(counts[:1])
+    for k in range(2, n - 1):
+        left += counts[k - 1]
+        right = total - left
+        # sum over sides of S log(S / n): the log-likelihood up to terms every k shares
+        ll = (left * math.log(left / k) if left else 0.0) + (
+            right * math.log(right / (n - k)) if right else 0.0
+        )
+        if ll > best + 1e-9:
+            best, best_k = ll, k
+    return best_k
+
+
+def day_count_dispersion(counts: list[int]) -> float:
+    """The quasi-Poisson dispersion of day counts (oldest first) about a rate that may
+    have stepped once (``change_split``): Pearson's chi-square about each side's mean over
+    ``len(counts) - 2`` (``- 1`` without a split, under four days). At least 1.0; 1.0 with
+    fewer than two days or no activity."""
+    n = len(counts)
+    if n < 2 or not any(counts):
+        return 1.0
+    k = change_split(counts)
+    sides = (counts[:k], counts[k:]) if k else (counts,)
+    chi2 = 0.0
+    for side in sides:
+        s = sum(side)
+        if s:  # a side with no activity fits its mean (0) exactly
+            mean = s / len(side)
+            chi2 += sum((c - mean) ** 2 for c in side) / mean
+    return max(chi2 / (n - len(sides)), 1.0)
 
 
 def binomial_tail(x: int, n: int, p: float, alpha: float = 0.0) -> float:

@@ -7,6 +7,7 @@ import bisect
 import itertools
 import math
 import random
+import statistics
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -24,6 +25,8 @@ from gpuwatchd.rules.evidence import (
     binomial_tail,
     binomial_tail_floor,
     bucket_of,
+    change_split,
+    day_count_dispersion,
     rate_ratio_p_value,
 )
 from gpuwatchd.rules.history import CounterHistory
@@ -182,6 +185,45 @@ def test_the_dispersion_option_discounts_a_baseline_of_sessions() -> None:
     plain = MemoryTrend(windows=(DAY,), peak_ratio=1e9)
     assert judge(plain, a, now) is not None
     assert judge(MemoryTrend(windows=(DAY,), peak_ratio=1e9, dispersion=True), a, now) is None
+
+
+def test_the_dispersion_leaves_out_a_step_of_the_rate_inside_the_baseline() -> None:
+    # A leak's weekly phase, then its daily one at about 3 a day, inside the baseline of a
+    # look: a change of rate, not dispersion. Across the whole stretch the day counts vary
+    # about twice as much as their mean (what the estimate read before round 9, which cost
+    # the regular-cadence leak its early drains); about their two rates, no more than a
+    # Poisson process's.
+    a = Activity()
+    for day in (0, 7, 14):
+        a.mark(T0 + day * DAY + 5 * HOUR)
+    for i, n in enumerate((2, 4, 3, 3, 2, 4, 3, 3)):
+        for k in range(n):
+            a.mark(T0 + (15 + i) * DAY + (1 + 7 * k) * HOUR)
+    b0, b1 = bucket_of(T0 + DAY), bucket_of(T0 + 23 * DAY)
+    counts = [a.count(b1 - (k + 1) * 144, b1 - k * 144) for k in range(21, -1, -1)]
+    assert counts[-9:] == [1, 2, 4, 3, 3, 2, 4, 3, 3]
+    whole = statistics.variance(counts) / statistics.mean(counts)
+    assert whole > 1.8
+    # cut where the daily phase begins (the last weekly error's day fits either side)
+    assert change_split(counts) in (13, 14)
+    assert a.dispersion(b0, b1) < 1.1
+
+
+def test_the_dispersion_still_sees_sessions_on_a_trickle() -> None:
+    # A trickle of one error a day, and every fifth day a job session of 12 active buckets:
+    # no single step of the rate explains that, so the dispersion stays far above 1.
+    a = Activity()
+    for day in range(22):
+        a.mark(T0 + day * DAY + 3 * HOUR)
+        if day % 5 == 2:
+            for k in range(12):
+                a.mark(T0 + day * DAY + 10 * HOUR + k * BUCKET)
+    b0, b1 = bucket_of(T0 + DAY), bucket_of(T0 + 22 * DAY)
+    assert a.dispersion(b0, b1) > 5.0
+    # and a Poisson-like day count with one step is 1 (never below)
+    assert day_count_dispersion([1, 0, 1, 1, 0, 1, 4, 5, 3, 4]) == 1.0
+    assert day_count_dispersion([0, 0]) == 1.0
+    assert day_count_dispersion([3]) == 1.0
 
 
 def _weekly_then_daily() -> Activity:

@@ -123,7 +123,11 @@ def accelerated(
     if c.dispersion:
         # Overdispersion: the baseline's day counts vary more than a Poisson process's, so
         # the counts carry less evidence than their size says; test them scaled down by the
-        # dispersion factor (quasi-Poisson), the recent count rounded down.
+        # dispersion factor (quasi-Poisson), the recent count rounded down. The factor is
+        # read about a rate that may have stepped once inside the baseline (a leak's weekly
+        # phase, then its daily one: a change of mean, not dispersion). Asked last, where
+        # every cheap gate passed and the test is already significant: a rare look, over at
+        # most 30 days of the baseline.
         phi = act.dispersion(r.start + 1, w0)
         if phi > 1.0:
             p = rate_ratio_p_value(
