@@ -7,15 +7,18 @@ The numbers the suite measures are printed as ``RELIABILITY <test> key=value ...
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import signal
 import subprocess
+import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -299,3 +302,47 @@ def alerts_of(requests: list[Any]) -> list[tuple[str, str, str]]:
         for r in requests
         for a in r.json()["alerts"]
     ]
+
+
+class _JsonHandler(BaseHTTPRequestHandler):
+    """Answers every GET with the server's ``doc`` as JSON (200)."""
+
+    server: _JsonServer
+
+    def do_GET(self) -> None:
+        body = json.dumps(self.server.doc, ensure_ascii=False).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: object) -> None:
+        return None
+
+
+class _JsonServer(HTTPServer):
+    doc: Any = None
+
+
+@contextlib.contextmanager
+def json_server(doc: Any) -> Iterator[HTTPServer]:
+    """Someone else's HTTP server on a free loopback port, answering every GET with
+    ``doc`` (a squatter, another daemon): the tests that check we never take its answers
+    for the daemon's."""
+    for _ in range(20):
+        try:
+            server = _JsonServer(("127.0.0.1", free_port()), _JsonHandler)
+            break
+        except OSError:  # the port was taken meanwhile: take another
+            continue
+    else:
+        raise AssertionError("no free loopback port for the server")
+    server.doc = doc
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -14,12 +14,12 @@ import subprocess
 import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, HTTPServer
+from http.server import HTTPServer
 from pathlib import Path
 
 import pytest
 from conftest import GPUWATCHD, ROOT, free_port
-from fault_support import STEADY, Daemon, KmsgFile, wait_until
+from fault_support import STEADY, Daemon, KmsgFile, json_server, wait_until
 
 from gpuwatchd.cli.statusclient import StatusSocketError, clean, printable, read_verified, verify
 from gpuwatchd.exposition.listener import RetryingListener
@@ -36,35 +36,11 @@ FAKE = {
 }
 
 
-class _Squat(BaseHTTPRequestHandler):
-    def do_GET(self) -> None:
-        body = json.dumps(FAKE, ensure_ascii=False).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, format: str, *args: object) -> None:
-        return None
-
-
 @pytest.fixture
 def squatter() -> Iterator[HTTPServer]:
     """Someone else's server on a loopback port, answering /api/v1/status with a fake."""
-    for _ in range(20):
-        try:
-            server = HTTPServer(("127.0.0.1", free_port()), _Squat)
-            break
-        except OSError:  # the port was taken meanwhile: take another
-            continue
-    else:
-        pytest.fail("no free loopback port for the squatter")
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield server
-    server.shutdown()
-    server.server_close()
+    with json_server(FAKE) as server:
+        yield server
 
 
 def _status_cli(cfg: Path, *extra: str) -> subprocess.CompletedProcess[str]:
@@ -238,7 +214,6 @@ def test_a_squatter_of_another_user_never_makes_check_healthy_nor_gets_the_passw
 
     if os.geteuid() != 0:
         pytest.skip("needs root: the squatter runs as a second user")
-    from conftest import free_port
 
     port = free_port()
     squat = subprocess.Popen(

@@ -7,40 +7,20 @@ its own port, moving to another when something else took it first."""
 
 from __future__ import annotations
 
-import json
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, HTTPServer
+from http.server import HTTPServer
 from pathlib import Path
 
 import pytest
 from conftest import free_port, listens_on
-from fault_support import STEADY, Daemon
-
-
-class _Other(BaseHTTPRequestHandler):
-    """Another daemon (or anything) answering on the port: healthy, with its own status."""
-
-    def do_GET(self) -> None:
-        body = json.dumps({"node": "someone-else", "gpus": []}).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, format: str, *args: object) -> None:
-        return None
+from fault_support import STEADY, Daemon, json_server
 
 
 @pytest.fixture
 def other() -> Iterator[HTTPServer]:
-    server = HTTPServer(("127.0.0.1", free_port()), _Other)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield server
-    server.shutdown()
-    server.server_close()
+    """Another daemon (or anything) answering on a port: healthy, with its own status."""
+    with json_server({"node": "someone-else", "gpus": []}) as server:
+        yield server
 
 
 def test_free_port_never_hands_out_the_same_port_twice() -> None:

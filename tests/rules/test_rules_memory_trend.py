@@ -1125,6 +1125,20 @@ class _CountingActivity(Activity):
         return super().window_at(s1, hi, w0)
 
 
+def _looks(a: Activity, picks: list[int], end: int, days: int) -> Iterator[float]:
+    """Marks the active buckets ``picks`` before bucket ``end``, then yields a look's time
+    every 5 minutes for ``days`` days from there, the buckets it reached marked first."""
+    for b in picks:
+        if b < end:
+            a.mark(b * BUCKET + 1)
+    live = [b for b in picks if b >= end]
+    for k in range(days * 288):
+        now = end * BUCKET + k * 300.0
+        while live and live[0] * BUCKET + 1 <= now:
+            a.mark(live.pop(0) * BUCKET + 1)
+        yield now
+
+
 def test_a_look_in_a_new_active_bucket_reads_no_window_that_is_surely_rejected() -> None:
     # Issue 25 item 4: the first look in a new active bucket tested all 11-14 widths of the
     # change-point scan and both fixed windows (17-22 us at 1000 active buckets on the
@@ -1139,16 +1153,8 @@ def test_a_look_in_a_new_active_bucket_reads_no_window_that_is_surely_rejected()
     a = _CountingActivity()
     memo = JudgeMemo()
     c = SHIPPED_ACCELERATION
-    end = first + 29 * 144
-    for b in picks:
-        if b < end:
-            a.mark(b * BUCKET + 1)
-    live = [b for b in picks if b >= end]
     scans = reads = 0
-    for k in range(2 * 288):
-        now = end * BUCKET + k * 300.0
-        while live and live[0] * BUCKET + 1 <= now:
-            a.mark(live.pop(0) * BUCKET + 1)
+    for k, now in enumerate(_looks(a, picks, first + 29 * 144, 2)):
         before = a.windows_read
         judge(c, a, now, memo)
         if k >= 288 and a.buckets[-1] == bucket_of(now):
@@ -1220,17 +1226,9 @@ def test_the_look_that_grows_into_a_scan_width_finds_its_bound_already() -> None
     a = Activity()
     memo = JudgeMemo()
     c = SHIPPED_ACCELERATION
-    end = first + 29 * 144
-    for b in picks:
-        if b < end:
-            a.mark(b * BUCKET + 1)
-    live = [b for b in picks if b >= end]
     grew = found_before = 0
     top = None
-    for k in range(8 * 288):
-        now = end * BUCKET + k * 300.0
-        while live and live[0] * BUCKET + 1 <= now:
-            a.mark(live.pop(0) * BUCKET + 1)
+    for now in _looks(a, picks, first + 29 * 144, 8):
         judge(c, a, now, memo)
         skips = memo.skips
         assert skips is not None
@@ -1258,15 +1256,7 @@ def test_a_sparse_regime_seldom_tests_two_scan_windows_at_one_look() -> None:
         picks = [b for b in range(first, first + 44 * 144) if rng.random() < 0.25]
         a = Activity()
         memo = JudgeMemo()
-        end = first + 40 * 144
-        for b in picks:
-            if b < end:
-                a.mark(b * BUCKET + 1)
-        live = [b for b in picks if b >= end]
-        for k in range(4 * 288):
-            now = end * BUCKET + k * 300.0
-            while live and live[0] * BUCKET + 1 <= now:
-                a.mark(live.pop(0) * BUCKET + 1)
+        for now in _looks(a, picks, first + 40 * 144, 4):
             judge(c, a, now, memo)
             assert memo.skips is not None
             two += memo.skips.scan.tested >= 2
