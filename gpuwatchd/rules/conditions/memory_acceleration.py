@@ -56,8 +56,8 @@ def scanned(c: MemoryTrend, r: Regime) -> Hit | None:
     (``Activity.prepare_peaks``)."""
     if r.act.buckets[r.hi - 1] != r.b1 - 1:
         return None  # no activity in the newest bucket
-    step = max(int(c.scan // BUCKET), 1)
-    fixed = {int(w // BUCKET) for w in c.windows}
+    step = c.scan_step
+    fixed = set(c.window_widths)
     width = step
     while True:
         if not scan_leaves_baseline(c, r.b1 - r.start, width):

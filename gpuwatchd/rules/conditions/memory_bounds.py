@@ -45,7 +45,7 @@ SKIP_MOST = 144  # buckets (a day): the furthest a look may move and still skip 
 _MARGIN = 1e-7  # a bound's chance must clear alpha by this much (relative): float rounding
 _FAR = 1 << 62
 _SOON = 8  # buckets: a look tests a window whose bound runs out this soon, if no other
-_SOON_SCAN = 24  # the scan's at most: it looks only in active buckets (_Skips._test)
+_SOON_SCAN = 24  # the scan's at most: it looks only in active buckets (Skips._test)
 _AHEAD = 12  # buckets: how soon before the regime grows into a width its bound is found
 _Z: dict[float, float] = {}  # alpha -> the normal deviate with that upper tail
 
@@ -71,16 +71,14 @@ class _Group:
         "heap",
         "heap_start",
         "lim",
-        "soon",
         "start_from",
         "tested",
         "widths",
     )
 
-    def __init__(self, widths: list[int], old: _Group | None = None, soon: int = _SOON) -> None:
+    def __init__(self, widths: list[int], old: _Group | None = None) -> None:
         n = len(widths)
         self.widths = widths
-        self.soon = soon  # a window whose bound runs out this soon is tested early
         self.due = [-1] * n  # b1 at most this: surely rejected (-1: test it)
         self.due_start = [-1] * n  # and the regime's first bucket at most this
         self.b1_from = [0] * n  # the look that found the bound (0: none yet)
@@ -121,9 +119,10 @@ class _Group:
         if self.widths:
             self.lim = (max(self.b1_from), max(self.start_from))
 
-    def test(self, c: MemoryTrend, r: Regime, alpha: float) -> Hit | None:
+    def test(self, c: MemoryTrend, r: Regime, alpha: float, soon: int = _SOON) -> Hit | None:
         """``accelerated`` for each window in order, but those still surely rejected: the
-        first hit, or None."""
+        first hit, or None. At a look that has none to test, one whose bound runs out
+        within ``soon`` buckets is tested early."""
         self.tested = 0
         if not self.widths:
             return None
@@ -137,7 +136,7 @@ class _Group:
         if b1 >= lim[0] and start >= lim[1]:
             if heap[0][0] >= b1 and heap_start[0][0] >= start:
                 # every window is surely rejected: nothing to test
-                if heap[0][0] >= b1 + self.soon:
+                if heap[0][0] >= b1 + soon:
                     return None
                 # but one whose bound runs out soon is tested now, so that two that run
                 # out at once do not both fall to one look
@@ -280,7 +279,7 @@ class Skips:
         grows = self.rooms[1]
         if not grows - _AHEAD <= room < grows:
             return
-        width = (self.top + 1) * max(int(c.scan // BUCKET), 1)
+        width = (self.top + 1) * c.scan_step
         early = self.early
         if early is not None and early.width == width and (early.due < 0 or early.due >= r.b1):
             return  # tried once (found none: the growing look tests it), or it holds yet
@@ -298,7 +297,7 @@ class Skips:
         self.scan.tested = 0
         fixed = self.fixed
         if fixed is None:
-            fixed = self.fixed = _Group([int(w // BUCKET) for w in c.windows])
+            fixed = self.fixed = _Group(list(c.window_widths))
         hit = fixed.test(c, r, alpha)
         if hit is not None or c.scan <= 0:
             return hit
@@ -309,10 +308,10 @@ class Skips:
         # the scan looks only in active buckets, so between two of its looks more bounds
         # run out where they are sparse: it tests early over as many of those looks
         gap = room // max(r.hi - r.s1 + 1, 1)
-        self.scan.soon = min(_SOON_SCAN, _SOON * max(gap, 1))
+        soon = min(_SOON_SCAN, _SOON * max(gap, 1))
         if rooms[0] <= room < rooms[1]:
-            return self.scan.test(c, r, c.scan_alpha)  # the same widths as the last look
-        step = max(int(c.scan // BUCKET), 1)
+            return self.scan.test(c, r, c.scan_alpha, soon)  # the same widths as the last look
+        step = c.scan_step
         least = c.scan_baseline / BUCKET
         ratio = c.scan_ratio
         top = max(self.top, 0)
@@ -344,7 +343,7 @@ class Skips:
             self.early = None  # used by the width it was for, or of no use now
             # prepared at the next look that tests nothing (this one tests the new width)
             self.ahead = [w for w in ((top + 1) * step, (top + 2) * step) if w not in fixed_widths]
-        return self.scan.test(c, r, c.scan_alpha)
+        return self.scan.test(c, r, c.scan_alpha, soon)
 
 
 def _budget(

@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from gpuwatchd.rules.evidence import BUCKET
 from gpuwatchd.rules.model import Condition
 
 Signal = Literal["acceleration", "activity", "corroborated", "certified", "node", "stream"]
@@ -46,3 +47,13 @@ class MemoryTrend(Condition):
     def window(self) -> float:
         """The longest recent window."""
         return max(self.windows)
+
+    @property
+    def window_widths(self) -> tuple[int, ...]:
+        """The recent windows in buckets (the acceleration's fixed windows)."""
+        return tuple(int(w // BUCKET) for w in self.windows)
+
+    @property
+    def scan_step(self) -> int:
+        """The change-point scan's step in buckets (at least one): its widths are multiples."""
+        return max(int(self.scan // BUCKET), 1)
