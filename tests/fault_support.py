@@ -113,24 +113,26 @@ class Daemon:
 
     def start(self, *, wait: bool = True, extra: tuple[str, ...] = ()) -> Daemon:
         self.runs += 1
-        log = self.tmp_path / f"{self.name}-{self.runs}.log"
-        self.logs.append(log)
+        self.logs.append(self.tmp_path / f"{self.name}-{self.runs}.log")
         self.extra = extra
-        with log.open("wb") as out:
-            self.proc = subprocess.Popen(
-                self._argv(), stdout=out, stderr=subprocess.STDOUT, env=self.env, cwd=ROOT
-            )
+        self._spawn("wb")
         if wait:
             self.wait_ready()
         return self
 
-    def _argv(self) -> list[str]:
+    def _spawn(self, mode: str) -> None:
+        """The daemon process of this run, on ``self.port``, writing to the run's log
+        (``wb``: a new run; ``ab``: the same run started again)."""
         argv = [*GPUWATCHD, "run", "-c", str(self.cfg), "--listen", f"127.0.0.1:{self.port}"]
         if self.scenario is not None:
             argv += ["--backend", f"scenario:{self.scenario}"]
         if self.verbose:
             argv.append("-v")
-        return argv + list(self.extra)
+        argv += self.extra
+        with self.logs[-1].open(mode) as out:
+            self.proc = subprocess.Popen(
+                argv, stdout=out, stderr=subprocess.STDOUT, env=self.env, cwd=ROOT
+            )
 
     def wait_ready(self, timeout: float = 20.0) -> None:
         """Until this daemon answers on its port. A port the harness chose that another
@@ -166,10 +168,7 @@ class Daemon:
         self.kill()
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        with self.logs[-1].open("ab") as out:
-            self.proc = subprocess.Popen(
-                self._argv(), stdout=out, stderr=subprocess.STDOUT, env=self.env, cwd=ROOT
-            )
+        self._spawn("ab")
 
     @property
     def pid(self) -> int:
