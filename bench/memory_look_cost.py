@@ -5,9 +5,11 @@ A look is ``memory_judge.judge`` for the shipped ``GpuMemoryErrorsAccelerating``
 rate test on its 1-day and 3-day windows and its change-point scan in whole days) and for
 the activity part of the corroborated rule (which the engine runs on every poll): what the
 engine spends per GPU per look once the counter history is in memory. Each GPU history has
-N active 10-minute buckets in one regime over the last 29 days (N = 0, 1000, 2000; a steady
-trickle and a rising one), and the looks walk through its last day every 5 minutes, as the
-periodic evaluation does.
+N active 10-minute buckets in one regime over the last 29 days (N = 0, 1000, 2000, 4000; a
+steady trickle, a rising one, and a chronic one older than the history kept), and the looks
+walk through its last day once a minute, as the engine's periodic evaluation does
+(``engine.PERIODIC``; ``--every 300`` for looks five minutes apart, the sparser cadence the
+bench used up to round 9: fewer looks of a bucket to spread the peaks' upkeep over).
 
 "before" is the regime bookkeeping as it was up to commit 601502f (``NaiveActivity``
 below: the regime start found by walking back through the whole history, the episodes
@@ -21,7 +23,7 @@ worst over a day of looks, and the first look on a fresh history (cold caches, a
 a daemon start); the errors of the two days of looks are marked as the looks reach them,
 and those marks are timed too.
 
-    .venv/bin/python bench/memory_look_cost.py [--looks 288] [--repeat 5]
+    .venv/bin/python bench/memory_look_cost.py [--every 60] [--repeat 5] [--only 4000:chronic]
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from gpuwatchd.rules.conditions.memory_judge import JudgeMemo, judge
 from gpuwatchd.rules.conditions.memory_model import MemoryTrend
+from gpuwatchd.rules.engine import PERIODIC
 from gpuwatchd.rules.evidence import BUCKET, EPISODE_GAP, Activity
 
 DAY = 86400.0
@@ -148,6 +151,7 @@ def time_looks(
     repeat: int,
     memo: bool = False,
     live: list[float] | None = None,
+    every: float = 300.0,
 ) -> tuple[float, float, float, list[object], tuple[float, float, float]]:
     """Microseconds per GPU look (all ``rules``) over the last day of looks, after a day
     of untimed looks (a daemon that has been running): the average and the worst (each
@@ -159,8 +163,8 @@ def time_looks(
     bucket's ``mark`` of the timed day is timed too, best of ``repeat``: its average and
     worst, as a poll that brings a new bucket pays it; and the worst look together with
     the marks just before it: that poll's whole cost)."""
-    warmup = [T_END - 2 * DAY + k * 300.0 for k in range(looks)]
-    nows = [T_END - DAY + k * 300.0 for k in range(looks)]
+    warmup = [T_END - 2 * DAY + k * every for k in range(looks)]
+    nows = [T_END - DAY + k * every for k in range(looks)]
     live = live or []
     per = [float("inf")] * looks
     polls = [float("inf")] * looks  # a look and the marks just before it
@@ -212,10 +216,19 @@ def time_looks(
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--looks", type=int, default=288, help="looks per history (5 min apart)")
+    ap.add_argument(
+        "--every",
+        type=float,
+        default=PERIODIC,
+        help="seconds between looks (default: the engine's periodic evaluation, 60)",
+    )
+    ap.add_argument("--looks", type=int, help="looks per day of looks (default: a day's worth)")
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--only", help="one row, as N:SHAPE (4000:chronic)")
     args = ap.parse_args()
+    every = args.every
+    looks = args.looks or int(DAY // every)
     accel = MemoryTrend(
         signal="acceleration", windows=(DAY, 3 * DAY), alpha=0.02, scan=DAY, scan_alpha=0.1
     )
@@ -229,27 +242,28 @@ def main() -> int:
     print("# costliest look of the first day (fresh history, caches cold: a daemon start);")
     print("# mark: us per new active bucket (Activity.mark) during the acceleration rule's day;")
     print("# +look: its worst look with the marks just before it (one poll with a new bucket)")
+    print(f"# a look every {every:g} s, {looks} looks a day")
     print(
         "active | shape   | before avg | after avg | memo avg/worst | accel avg/worst | cold"
         " | mark avg/worst | +look | hits"
     )
     for n in (0, 1000, 2000, 4000):
         for shape in ("steady", "rising", "chronic"):
-            if n == 0 and shape == "chronic":
+            if (n == 0 and shape == "chronic") or (args.only and args.only != f"{n}:{shape}"):
                 continue
             times, live = history(n, shape, args.seed)
             assert build(NaiveActivity, times).buckets == build(Activity, times).buckets
             before, _, _, v_old, _ = time_looks(
-                NaiveActivity, times, rules, args.looks, args.repeat, live=live
+                NaiveActivity, times, rules, looks, args.repeat, live=live, every=every
             )
             after, _, _, v_new, _ = time_looks(
-                Activity, times, rules, args.looks, args.repeat, live=live
+                Activity, times, rules, looks, args.repeat, live=live, every=every
             )
             memo_avg, memo_worst, cold, v_memo, _ = time_looks(
-                Activity, times, rules, args.looks, args.repeat, memo=True, live=live
+                Activity, times, rules, looks, args.repeat, memo=True, live=live, every=every
             )
             acc_avg, acc_worst, _, _, (mark_avg, mark_worst, poll_worst) = time_looks(
-                Activity, times, [accel], args.looks, args.repeat, memo=True, live=live
+                Activity, times, [accel], looks, args.repeat, memo=True, live=live, every=every
             )
             if v_old != v_new or v_new != v_memo:
                 print(f"verdicts differ at n={n} {shape}", file=sys.stderr)

@@ -59,7 +59,7 @@ class Activity:
         self._starts: list[int] = []
         self._breaks: dict[int, list[int]] = {}  # quiet -> absolute i: a gap > quiet before i
         self._peaks: dict[int, _Peaks] = {}  # window width -> its window counts
-        self._turn = 0  # which half of the widths the next look keeps (keep_peaks)
+        self._turn = 0  # which part of the widths the last look kept (keep_peaks)
 
     @property
     def epoch(self) -> int:
@@ -245,22 +245,22 @@ class Activity:
         asked, not a build over the whole regime."""
         return width in self._peaks  # a late bucket clears them all (_rebuild)
 
-    def keep_peaks(self, b1: int, half: bool = False) -> None:
+    def keep_peaks(self, b1: int, part: int = 1) -> None:
         """Every kept width takes in the buckets that a look at ``b1`` (the bucket after
         its newest) or later no longer holds in its window: those before ``b1 - width``.
         Buckets leave a window one by one as time passes, so a look once per bucket takes
         in at most one per width, and a look that asks a peak catches up none. With
-        ``half``, every other width (the others at the next call): for looks that ask a
-        peak rarely, half the upkeep a look, and an ask catches up a bucket or two."""
+        ``part``, one width in ``part`` (the next ones at the next calls, in turn): for
+        looks that ask a peak rarely, that share of the upkeep a look, and an ask catches
+        up the few buckets its width is behind."""
         buckets = self.buckets
         d = self._dropped
         n = len(buckets)
         right = bisect.bisect_right
-        turn = self._turn = self._turn ^ 1
-        for width, pk in self._peaks.items():
-            turn ^= 1
-            if half and turn and not pk.lag:
-                continue  # every other width: the rest at the next look
+        turn = self._turn = (self._turn + 1) % part
+        for j, (width, pk) in enumerate(self._peaks.items()):
+            if j % part != turn and not pk.lag:
+                continue  # not this width's turn: a later call keeps it
             i = pk.hi - d
             limit = b1 - width
             if i >= 0 and (i >= n or buckets[i] >= limit):

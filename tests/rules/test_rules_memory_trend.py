@@ -1125,18 +1125,43 @@ class _CountingActivity(Activity):
         return super().window_at(s1, hi, w0)
 
 
-def _looks(a: Activity, picks: list[int], end: int, days: int) -> Iterator[float]:
+def _looks(
+    a: Activity, picks: list[int], end: int, days: int, every: float = 300.0
+) -> Iterator[float]:
     """Marks the active buckets ``picks`` before bucket ``end``, then yields a look's time
-    every 5 minutes for ``days`` days from there, the buckets it reached marked first."""
+    every ``every`` seconds (5 minutes) for ``days`` days from there, the buckets it
+    reached marked first."""
     for b in picks:
         if b < end:
             a.mark(b * BUCKET + 1)
     live = [b for b in picks if b >= end]
-    for k in range(days * 288):
-        now = end * BUCKET + k * 300.0
+    for k in range(int(days * DAY // every)):
+        now = end * BUCKET + k * every
         while live and live[0] * BUCKET + 1 <= now:
             a.mark(live.pop(0) * BUCKET + 1)
         yield now
+
+
+def test_the_looks_that_reuse_a_verdict_share_the_peaks_upkeep() -> None:
+    # Issue 25 item 4: the look that turned a bucket took into every other kept width the
+    # buckets that left its window, and the looks after it in the same bucket (which reuse
+    # its verdict) did nothing; so the next bucket's first look took in two buckets for
+    # each of those widths (the worst look of bench/memory_look_cost.py's 4000-bucket
+    # chronic row). Now a look that reuses the verdict does half the upkeep too: with the
+    # engine's looks a minute apart, every kept width is current halfway into a bucket.
+    rng = random.Random(3)
+    first = int(T0 // BUCKET)
+    end = first + 30 * 144
+    picks = [b for b in range(first, end + 2 * 144) if rng.random() < 0.9]
+    a = Activity()
+    memo = JudgeMemo()
+    behind = []
+    for k, now in enumerate(_looks(a, picks, end, 2, every=60.0)):
+        judge(SHIPPED_ACCELERATION, a, now, memo)
+        if k >= 1440 and k % 10 == 5:  # halfway into a bucket, on the second day
+            behind.append(max(a.peaks_behind(bucket_of(now) + 1).values()))
+    assert len(a.peaks_behind(end)) >= 12  # the scan's widths are kept
+    assert len(behind) == 144 and max(behind) == 0, behind  # main: 1 or 2 at every bucket
 
 
 def test_a_look_in_a_new_active_bucket_reads_no_window_that_is_surely_rejected() -> None:
@@ -1228,6 +1253,7 @@ def test_the_look_that_grows_into_a_scan_width_finds_its_bound_already() -> None
     c = SHIPPED_ACCELERATION
     grew = found_before = 0
     top = None
+    kept_at = -1
     for now in _looks(a, picks, first + 29 * 144, 8):
         judge(c, a, now, memo)
         skips = memo.skips
@@ -1235,8 +1261,9 @@ def test_the_look_that_grows_into_a_scan_width_finds_its_bound_already() -> None
         if top is not None and skips.top == top + 1:
             grew += 1
             found_before += skips.scan.b1_from[-1] < bucket_of(now) + 1
-            assert not skips.kept  # and it leaves the peaks' upkeep to the next look
+            assert skips.kept_at == kept_at  # and it leaves the peaks' upkeep to a later look
         top = skips.top
+        kept_at = skips.kept_at
     assert grew >= 3, grew
     assert found_before == grew, (found_before, grew)  # main: 0 (tested as it grew)
 

@@ -46,6 +46,7 @@ _MARGIN = 1e-7  # a bound's chance must clear alpha by this much (relative): flo
 _FAR = 1 << 62
 _SOON = 8  # buckets: a look tests a window whose bound runs out this soon, if no other
 _SOON_SCAN = 24  # the scan's at most: it looks only in active buckets (Skips._test)
+UPKEEP_PARTS = 4  # a look keeps one kept width in at most this many (Skips.upkeep)
 _AHEAD = 12  # buckets: how soon before the regime grows into a width its bound is found
 _Z: dict[float, float] = {}  # alpha -> the normal deviate with that upper tail
 
@@ -221,7 +222,10 @@ class Skips:
         "epoch",
         "fixed",
         "grew_at",
-        "kept",
+        "kept_at",
+        "pace_b1",
+        "pace_looks",
+        "parts",
         "rooms",
         "scan",
         "top",
@@ -235,30 +239,31 @@ class Skips:
         self.top = -1  # the scan's widths: step, 2 step, ... top * step (-1: none yet)
         self.rooms = (0, 0)  # b1 - start: the widths stay while it is in this range
         self.ahead: list[int] = []  # the next widths of the scan, to prepare (prepare_peaks)
-        self.kept = False  # whether the last look kept the peaks (Activity.keep_peaks)
+        self.kept_at = -1  # the b1 of the last look that kept the peaks (upkeep)
+        self.parts = 2  # the upkeep's split: one kept width in this many a look
+        self.pace_b1 = -1  # the bucket whose looks are being counted (looked)
+        self.pace_looks = 0
         self.early: _Early | None = None  # the next width's bound, found ahead (_bound_ahead)
         self.grew_at = -1  # the b1 of the last look at which the scan's widths changed
 
     def judge(self, c: MemoryTrend, r: Regime, alpha: float) -> Hit | None:
         """The fixed windows, then the scan (``scanned``), skipping what is bounded; and
-        the peaks' upkeep (``Activity.keep_peaks``), but at a look that tested a window
-        right after one that kept them: the upkeep only spreads the work of keeping the
-        peaks over the looks (a peak asked catches up itself), so it waits a look rather
-        than add to one that tests. The scan's next widths are prepared (``prepare_peaks``)
-        at a look that tests nothing, for the same reason."""
+        the peaks' upkeep (``upkeep``), but at a look that tested a window while the
+        upkeep ran in this bucket or the last: the upkeep only spreads the work of keeping
+        the peaks over the looks (a peak asked catches up itself), so it waits for a look
+        with less to do. The scan's next widths are prepared (``prepare_peaks``) at a look
+        that tests nothing, for the same reason."""
         act = r.act
+        self.looked(r.b1)
         hit = self._test(c, r, alpha)
         assert self.fixed is not None
-        if self.fixed.tested + self.scan.tested:
-            if not self.kept:
-                act.keep_peaks(r.b1, half=True)
-            self.kept = not self.kept
-            return hit
         if self.grew_at == r.b1:
-            self.kept = False  # the look that grew did that work: the upkeep waits a look
+            return hit  # the look that grew did that work: the upkeep waits a look
+        if self.fixed.tested + self.scan.tested:
+            if self.kept_at < r.b1 - 1:
+                self.upkeep(r.b1)
             return hit
-        act.keep_peaks(r.b1, half=True)
-        self.kept = True
+        self.upkeep(r.b1)
         if self.ahead:
             for width in self.ahead:
                 act.prepare_peaks(r.s1, width)
@@ -266,6 +271,28 @@ class Skips:
         else:
             self._bound_ahead(c, r)
         return hit
+
+    def looked(self, b1: int) -> None:
+        """Count a look at ``b1`` (every look, the memo's too): how many looks a bucket
+        gets sets how many parts the peaks' upkeep is split into (``upkeep``)."""
+        if b1 != self.pace_b1:
+            self.parts = min(max(self.pace_looks, 2), UPKEEP_PARTS)
+            self.pace_b1 = b1
+            self.pace_looks = 0
+        self.pace_looks += 1
+
+    def upkeep(self, b1: int) -> None:
+        """A share of the peaks' upkeep for a look at ``b1`` (``Activity.keep_peaks``:
+        one kept width in ``parts``, in turn): at a look that tests nothing, and at a look
+        that reuses the last verdict (``JudgeMemo``: the same bucket, no new activity),
+        which would do nothing else. The share is as many parts as the last bucket had
+        looks, from two to ``UPKEEP_PARTS``: the periodic looks come every minute
+        (``engine.PERIODIC``) and a bucket turns every ten, so the buckets that leave the
+        kept windows at a turn are taken in over that bucket's first four looks, not all
+        at the one that turns it; with looks five or ten minutes apart, every other width
+        a look (each width waits at most a bucket or two, so an ask catches up little)."""
+        self.act.keep_peaks(b1, self.parts)
+        self.kept_at = b1
 
     def _bound_ahead(self, c: MemoryTrend, r: Regime) -> None:
         """At a look that tested nothing, within ``_AHEAD`` buckets of the regime growing

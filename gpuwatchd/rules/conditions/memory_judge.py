@@ -56,6 +56,9 @@ def judge(c: MemoryTrend, act: Activity, now: float, memo: JudgeMemo | None = No
         ):
             skips = memo.skips = Skips(act)  # a late bucket: the indexes kept moved
         memo.hit = _judge(c, act, b1, skips)
+    elif memo.skips is not None and memo.skips.epoch == act.epoch:
+        memo.skips.looked(b1)
+        memo.skips.upkeep(b1)  # nothing to judge: a share of the peaks' upkeep instead
     hit = memo.hit
     if hit is None:
         return None
