@@ -43,6 +43,8 @@ class Activity:
         "_breaks",
         "_dropped",
         "_epoch",
+        "_kept",
+        "_lag",
         "_peaks",
         "_starts",
         "_turn",
@@ -59,6 +61,8 @@ class Activity:
         self._starts: list[int] = []
         self._breaks: dict[int, list[int]] = {}  # quiet -> absolute i: a gap > quiet before i
         self._peaks: dict[int, _Peaks] = {}  # window width -> its window counts
+        self._kept: list[tuple[int, _Peaks]] = []  # _peaks' items, for keep_peaks
+        self._lag: list[tuple[int, _Peaks]] = []  # those being prepared (lag), or were
         self._turn = 0  # which part of the widths the last look kept (keep_peaks)
 
     @property
@@ -99,6 +103,7 @@ class Activity:
         self._epoch += 1
         self._breaks.clear()
         self._peaks.clear()
+        self._peaks_changed()
         starts: list[int] = []
         prev: int | None = None
         n = 0
@@ -225,6 +230,7 @@ class Activity:
             if len(self._peaks) >= 64:  # the scan's widths too; never grow without bound
                 self._peaks.clear()
             pk = self._peaks[width] = _Peaks(self._epoch, k + d)
+            self._peaks_changed()
         return max(best, pk.max(buckets, d, k, hi, width))
 
     def window_at(self, s1: int, hi: int, w0: int) -> tuple[int, int, int, int]:
@@ -257,16 +263,19 @@ class Activity:
         d = self._dropped
         n = len(buckets)
         right = bisect.bisect_right
-        turn = self._turn = (self._turn + 1) % part
-        for j, (width, pk) in enumerate(self._peaks.items()):
-            if j % part != turn and not pk.lag:
-                continue  # not this width's turn: a later call keeps it
+        kept = self._kept
+        if part > 1:
+            turn = self._turn = (self._turn + 1) % part
+            kept = kept[turn::part]
+        for width, pk in kept:
+            if pk.lag:
+                continue  # being prepared: below, at every call
             i = pk.hi - d
             limit = b1 - width
             if i >= 0 and (i >= n or buckets[i] >= limit):
                 continue  # nothing left its window since
             base = pk.base
-            if i < 0 or pk.lag or d - base > 4096:
+            if i < 0 or d - base > 4096:
                 pk.advance(buckets, d, limit, width)
                 continue
             # _Peaks.advance inline (a call costs about as much as the bucket it takes in)
@@ -282,6 +291,13 @@ class Activity:
                 queue.append(i + d)
                 i += 1
             pk.hi = i + d
+        if self._lag:  # widths prepared ahead of their first ask: a few buckets every call
+            lag = self._lag = [(width, pk) for width, pk in self._lag if pk.lag]
+            for width, pk in lag:
+                i = pk.hi - d
+                limit = b1 - width
+                if i < 0 or (i < n and buckets[i] < limit):
+                    pk.advance(buckets, d, limit, width)
 
     def peaks_behind(self, b1: int) -> dict[int, int]:
         """The most buckets a kept sliding maximum would still take in for a look whose
@@ -308,6 +324,12 @@ class Activity:
         k = bisect.bisect_left(buckets, first + width, s1 - 1)
         pk = self._peaks[width] = _Peaks(self._epoch, k + self._dropped)
         pk.lag = True
+        self._peaks_changed()
+
+    def _peaks_changed(self) -> None:
+        """A width kept, dropped or started over: the lists ``keep_peaks`` walks."""
+        self._kept = list(self._peaks.items())
+        self._lag = [(width, pk) for width, pk in self._kept if pk.lag]
 
     def peak_before(self, s1: int, lo: int, width: int) -> int:
         """The regime's peak before the window that ``window_at`` found begins at ``lo``:
