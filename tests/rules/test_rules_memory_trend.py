@@ -1161,7 +1161,7 @@ def test_the_looks_that_reuse_a_verdict_share_the_peaks_upkeep() -> None:
         if k >= 1440 and k % 10 == 5:  # halfway into a bucket, on the second day
             behind.append(max(a.peaks_behind(bucket_of(now) + 1).values()))
     assert len(a.peaks_behind(end)) >= 12  # the scan's widths are kept
-    assert len(behind) == 144 and max(behind) == 0, behind  # main: 1 or 2 at every bucket
+    assert len(behind) == 144 and max(behind) == 0, behind  # main: 1
 
 
 def test_a_look_in_a_new_active_bucket_reads_no_window_that_is_surely_rejected() -> None:
