@@ -853,6 +853,29 @@ def _full_accelerated(
     p = rate_ratio_p_value(x, float(width), y, float(baseline), c.factor)
     if p >= alpha:
         return None
+    if c.session_veto and width > 144:
+        # the window's episodes, walked one by one: the longest holds most and has ended
+        runs: list[list[int]] = []
+        for i, b in enumerate(recent):
+            if i == 0 or b - recent[i - 1] > 6:
+                runs.append([])
+            runs[-1].append(b)
+        longest = max(runs, key=len)
+        if 2 * len(longest) > x and b1 - longest[-1] > 6:
+            return None
+    if c.dispersion:
+        days = min((w0 - start - 1) // 144, 30)
+        counts = [
+            sum(1 for b in before if w0 - (k + 1) * 144 <= b < w0 - k * 144)
+            for k in range(days - 1, -1, -1)
+        ]
+        phi = day_count_dispersion(counts) if days >= 2 else 1.0
+        if phi > 1.0:
+            p = rate_ratio_p_value(
+                int(x / phi), float(width), round(y / phi), float(baseline), c.factor
+            )
+            if p >= alpha:
+                return None
     return float(x), {
         "active": x,
         "episodes": episodes,
@@ -959,6 +982,24 @@ def test_incremental_scan_matches_the_full_scan_on_random_histories(seed: int) -
         times.append(t)
     hits = _compare_with_full_scan([x for x in times if x < end], c, stride=5)
     assert hits > 0
+
+
+@pytest.mark.parametrize("name", ["sessions-on-trickle", "trickle-step"])
+def test_the_opt_in_gates_match_the_full_scan_on_backtest_traces(name: str) -> None:
+    # dispersion and the ended-session veto, read through the incremental bookkeeping (the
+    # veto's walk over the window's episodes by their running count), give the verdicts of
+    # a rescan that groups the window's buckets into episodes one by one; on these traces
+    # they reject some looks the shipped test accepts (the veto sessions' later windows,
+    # dispersion a step from a busy trickle)
+    c = dataclasses.replace(SHIPPED_ACCELERATION, dispersion=True, session_veto=True)
+    family = family_named(name)
+    rng = random.Random(f"opt-in:{name}")
+    hits = plain = 0
+    for _ in range(12):
+        times = [T0 + t for t, text in family.make(rng).events if text.startswith("add:")]
+        hits += _compare_with_full_scan(times, c, stride=13)
+        plain += _compare_with_full_scan(times, SHIPPED_ACCELERATION, stride=13)
+    assert 0 < hits < plain
 
 
 @pytest.mark.parametrize(
