@@ -428,10 +428,23 @@ def test_the_incremental_bookkeeping_answers_as_a_walk_through_the_history_would
             assert a.regime_start(b1, quiet) == _walk_regime_start(buckets, b1, quiet)
             b0 = b1 - rng.choice((6, 144, 432))
             assert a.episodes(b0, b1) == _walk_episodes(buckets, b0, b1)
+            lo, hi = bisect.bisect_left(buckets, b0), bisect.bisect_left(buckets, b1)
+            majority = _walk_majority_end(buckets[lo:hi])
+            assert a.majority_episode_end(lo, hi) == majority
             start = a.regime_start(b1, 4032)
             if start is not None:
                 width = rng.choice((144, 432))
                 assert a.peak(start, b0, width) == _walk_peak(buckets, start, b0, width)
+
+
+def _walk_majority_end(window: list[int]) -> int | None:
+    runs: list[list[int]] = []
+    for i, b in enumerate(window):
+        if i == 0 or b - window[i - 1] > 6:
+            runs.append([])
+        runs[-1].append(b)
+    best = max(runs, key=len, default=[])
+    return best[-1] if 2 * len(best) > len(window) else None
 
 
 def test_a_counter_reset_is_not_activity_and_a_restart_keeps_the_evidence() -> None:
@@ -915,8 +928,16 @@ def _full_judge(c: MemoryTrend, buckets: list[int], now: float) -> object:
 
 
 SHIPPED_ACCELERATION = MemoryTrend(
-    signal="acceleration", windows=(DAY, 3 * DAY), alpha=0.02, scan=DAY, scan_alpha=0.1
+    signal="acceleration",
+    windows=(DAY, 3 * DAY),
+    alpha=0.02,
+    scan=DAY,
+    scan_alpha=0.1,
+    dispersion=True,
+    session_veto=True,
 )
+# the shipped test without its two opt-in gates (the rule as shipped before round 10)
+PLAIN_ACCELERATION = dataclasses.replace(SHIPPED_ACCELERATION, dispersion=False, session_veto=False)
 
 
 def _compare_with_full_scan(times: list[float], c: MemoryTrend, stride: int) -> int:
@@ -989,16 +1010,15 @@ def test_the_opt_in_gates_match_the_full_scan_on_backtest_traces(name: str) -> N
     # dispersion and the ended-session veto, read through the incremental bookkeeping (the
     # veto's walk over the window's episodes by their running count), give the verdicts of
     # a rescan that groups the window's buckets into episodes one by one; on these traces
-    # they reject some looks the shipped test accepts (the veto sessions' later windows,
-    # dispersion a step from a busy trickle)
-    c = dataclasses.replace(SHIPPED_ACCELERATION, dispersion=True, session_veto=True)
+    # they reject some looks the test without them accepts (the veto a session's later
+    # windows, dispersion a step from a busy trickle)
     family = family_named(name)
     rng = random.Random(f"opt-in:{name}")
     hits = plain = 0
     for _ in range(12):
         times = [T0 + t for t, text in family.make(rng).events if text.startswith("add:")]
-        hits += _compare_with_full_scan(times, c, stride=13)
-        plain += _compare_with_full_scan(times, SHIPPED_ACCELERATION, stride=13)
+        hits += _compare_with_full_scan(times, SHIPPED_ACCELERATION, stride=13)
+        plain += _compare_with_full_scan(times, PLAIN_ACCELERATION, stride=13)
     assert 0 < hits < plain
 
 
@@ -1430,10 +1450,10 @@ def test_the_bounds_keep_every_verdict_on_random_histories(seed: int) -> None:
 
 
 @pytest.mark.parametrize("seed", range(2))
-def test_the_bounds_keep_every_verdict_with_the_opt_in_gates(seed: int) -> None:
+def test_the_bounds_keep_every_verdict_with_and_without_the_opt_in_gates(seed: int) -> None:
     # dispersion and the ended-session veto only ever reject a window the test accepted,
-    # so the windows the bounds skip stay rejected with them on
-    c = dataclasses.replace(SHIPPED_ACCELERATION, dispersion=True, session_veto=True)
+    # so the windows the bounds skip stay rejected with them on, and with them off
+    c = SHIPPED_ACCELERATION if seed % 2 else PLAIN_ACCELERATION
     _check_bounds_keep_verdicts(c, random.Random(100 + seed))
 
 
