@@ -359,6 +359,23 @@ class Activity:
                 return pk.counts[i - pk.base]
         return 0
 
+    def majority_episode_end(self, lo: int, hi: int) -> int | None:
+        """The last bucket of the episode (gap ``EPISODE_GAP``) that holds more than half
+        of the active buckets ``[lo, hi)`` (indexes; one that began before ``lo`` counts
+        with its buckets from ``lo`` on), or None where no episode does. It walks the
+        range's episodes, one bisect on the running count of episode starts each, and
+        stops as soon as the buckets left are too few to hold a majority: at most as many
+        steps as the range has episodes, never more than its buckets."""
+        n = hi - lo
+        starts = self._starts
+        i = lo
+        while 2 * (hi - i) > n:
+            j = bisect.bisect_right(starts, starts[i], i, hi)  # past the episode of i
+            if 2 * (j - i) > n:
+                return self.buckets[j - 1]
+            i = j
+        return None
+
     def episodes_at(self, lo: int, hi: int) -> int:
         """``episodes`` (gap ``EPISODE_GAP``) over the buckets ``[lo, hi)`` (indexes)."""
         if hi <= lo:

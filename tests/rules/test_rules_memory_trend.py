@@ -4,6 +4,7 @@ the ``memory_trend`` condition in the real engine."""
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import itertools
 import math
 import random
@@ -226,6 +227,95 @@ def test_the_dispersion_still_sees_sessions_on_a_trickle() -> None:
     assert day_count_dispersion([3]) == 1.0
 
 
+def _trickle_every_other_day(days: int) -> Activity:
+    # The regime's first bucket at T0, then one error every other day (a quiet trickle)
+    a = Activity()
+    for day in range(0, days, 2):
+        a.mark(T0 + day * DAY + 5 * HOUR)
+    return a
+
+
+VETOED = MemoryTrend(windows=(3 * DAY,), peak_ratio=1e9, session_veto=True)
+UNVETOED = MemoryTrend(windows=(3 * DAY,), peak_ratio=1e9)
+
+
+def test_a_job_session_on_a_trickle_that_ended_is_vetoed() -> None:
+    # A two-hour job session of 12 active buckets on a trickle, then two trickle errors
+    # after it: the 3-day window is a significant rise, but one episode that ended holds
+    # 12 of its 14 active buckets.
+    a = _trickle_every_other_day(19)
+    for k in range(12):
+        a.mark(T0 + 19 * DAY + 12 * HOUR + k * BUCKET)
+    for t in (20 * DAY + 4 * HOUR, 21 * DAY + 7 * HOUR):
+        a.mark(T0 + t)
+    now = T0 + 21 * DAY + 7 * HOUR + 60
+    hit = judge(UNVETOED, a, now)
+    assert hit is not None and hit[1] is not None
+    assert hit[1]["active"] == 14 and hit[1]["episodes"] == 3
+    assert judge(VETOED, a, now) is None
+    # the 1-day window is never asked (a fast leak shows there first)
+    day = MemoryTrend(windows=(DAY,), peak_ratio=1e9, session_veto=True)
+    a.mark(T0 + 19 * DAY + 15 * HOUR)
+    a.mark(T0 + 19 * DAY + 17 * HOUR)
+    one_day_later = T0 + 19 * DAY + 17 * HOUR + 60
+    assert judge(day, a, one_day_later) is not None
+
+
+def test_a_stream_that_still_goes_on_is_not_vetoed() -> None:
+    # Two trickle errors, then an error every 20 minutes (one episode) up to the look: the
+    # stream holds nearly all the window's buckets but has not ended, so no veto; once
+    # it has been quiet for more than an hour (6 silent buckets after its last), it has.
+    a = _trickle_every_other_day(19)
+    a.mark(T0 + 19 * DAY + 2 * HOUR)
+    a.mark(T0 + 19 * DAY + 9 * HOUR)
+    stream = T0 + 20 * DAY
+    t = stream
+    while t < stream + 30 * HOUR:
+        a.mark(t)
+        t += 20 * 60
+    last = bucket_of(t - 20 * 60)
+    for c in (VETOED, UNVETOED):
+        assert judge(c, a, t) is not None
+    # b1 - last == 6 at a look in the bucket 5 after the last: an error now would join it
+    assert judge(VETOED, a, (last + 5) * BUCKET + 1) is not None
+    # b1 - last == 7: an hour of quiet, the episode has ended
+    assert judge(VETOED, a, (last + 6) * BUCKET + 1) is None
+    assert judge(UNVETOED, a, (last + 6) * BUCKET + 1) is not None
+
+
+def test_a_leaks_daily_phase_is_not_vetoed() -> None:
+    # A weekly phase, then three errors a day in separate episodes: no episode holds most
+    # of any window, so the veto changes no verdict, on the fixed windows or the scan.
+    a = Activity()
+    for day in (0, 7, 14):
+        a.mark(T0 + day * DAY + 5 * HOUR)
+    for d in range(5):
+        for h in (2, 9, 17):
+            a.mark(T0 + (15 + d) * DAY + h * HOUR)
+    now = T0 + 19 * DAY + 17 * HOUR + 60
+    for windows in ((DAY, 3 * DAY), (3 * DAY,)):
+        plain = MemoryTrend(windows=windows, alpha=0.02, scan=DAY)
+        vetoed = MemoryTrend(windows=windows, alpha=0.02, scan=DAY, session_veto=True)
+        hit = judge(plain, a, now)
+        assert hit is not None
+        assert judge(vetoed, a, now) == hit
+
+
+def test_the_majority_episode_of_a_range() -> None:
+    a = Activity()
+    for b in (0, 1, 2, 20, 21, 22, 23, 40, 60, 61):
+        a.mark(T0 + b * BUCKET)
+    # [0, 10): episodes of 3, 4, 1, 2 buckets: none holds more than half
+    assert a.majority_episode_end(0, 10) is None
+    # [3, 8): 4 of 5 in the episode that ends at bucket 23
+    assert a.majority_episode_end(3, 8) == bucket_of(T0) + 23
+    # an episode that began before the range counts with its buckets inside it
+    assert a.majority_episode_end(5, 8) == bucket_of(T0) + 23
+    # exactly half is no majority
+    assert a.majority_episode_end(6, 10) is None
+    assert a.majority_episode_end(8, 10) == bucket_of(T0) + 61
+
+
 def _weekly_then_daily() -> Activity:
     # Three errors in two weeks (the first marks the regime), then one a day for six days:
     # a rise that began six days ago, too slow for the last day or three days alone.
@@ -338,10 +428,23 @@ def test_the_incremental_bookkeeping_answers_as_a_walk_through_the_history_would
             assert a.regime_start(b1, quiet) == _walk_regime_start(buckets, b1, quiet)
             b0 = b1 - rng.choice((6, 144, 432))
             assert a.episodes(b0, b1) == _walk_episodes(buckets, b0, b1)
+            lo, hi = bisect.bisect_left(buckets, b0), bisect.bisect_left(buckets, b1)
+            majority = _walk_majority_end(buckets[lo:hi])
+            assert a.majority_episode_end(lo, hi) == majority
             start = a.regime_start(b1, 4032)
             if start is not None:
                 width = rng.choice((144, 432))
                 assert a.peak(start, b0, width) == _walk_peak(buckets, start, b0, width)
+
+
+def _walk_majority_end(window: list[int]) -> int | None:
+    runs: list[list[int]] = []
+    for i, b in enumerate(window):
+        if i == 0 or b - window[i - 1] > 6:
+            runs.append([])
+        runs[-1].append(b)
+    best = max(runs, key=len, default=[])
+    return best[-1] if 2 * len(best) > len(window) else None
 
 
 def test_a_counter_reset_is_not_activity_and_a_restart_keeps_the_evidence() -> None:
@@ -558,6 +661,16 @@ def test_bad_parameters_are_located() -> None:
     assert "memory_trend.window: at least 10m" in text
     assert "memory_trend.alpha: a small chance" in text
     assert "memory_trend.scan_alpha: a small chance" in text
+    for key in ("session_veto", "dispersion"):
+        with pytest.raises(ConfigError) as err:
+            parse_rules(
+                "rules:\n- name: R\n  severity: ticket\n  condition:\n"
+                f"    memory_trend:\n      {key}: 'yes'\n",
+                "r.yaml",
+            )
+        text = "\n".join(err.value.lines())
+        assert f"r.yaml:6:{9 + len(key)}: rule 'R'.condition.memory_trend.{key}" in text
+        assert "expected true or false" in text
 
 
 # -- peers ----------------------------------------------------------------------------------
@@ -753,6 +866,29 @@ def _full_accelerated(
     p = rate_ratio_p_value(x, float(width), y, float(baseline), c.factor)
     if p >= alpha:
         return None
+    if c.session_veto and width > 144:
+        # the window's episodes, walked one by one: the longest holds most and has ended
+        runs: list[list[int]] = []
+        for i, b in enumerate(recent):
+            if i == 0 or b - recent[i - 1] > 6:
+                runs.append([])
+            runs[-1].append(b)
+        longest = max(runs, key=len)
+        if 2 * len(longest) > x and b1 - longest[-1] > 6:
+            return None
+    if c.dispersion:
+        days = min((w0 - start - 1) // 144, 30)
+        counts = [
+            sum(1 for b in before if w0 - (k + 1) * 144 <= b < w0 - k * 144)
+            for k in range(days - 1, -1, -1)
+        ]
+        phi = day_count_dispersion(counts) if days >= 2 else 1.0
+        if phi > 1.0:
+            p = rate_ratio_p_value(
+                int(x / phi), float(width), round(y / phi), float(baseline), c.factor
+            )
+            if p >= alpha:
+                return None
     return float(x), {
         "active": x,
         "episodes": episodes,
@@ -792,8 +928,16 @@ def _full_judge(c: MemoryTrend, buckets: list[int], now: float) -> object:
 
 
 SHIPPED_ACCELERATION = MemoryTrend(
-    signal="acceleration", windows=(DAY, 3 * DAY), alpha=0.02, scan=DAY, scan_alpha=0.1
+    signal="acceleration",
+    windows=(DAY, 3 * DAY),
+    alpha=0.02,
+    scan=DAY,
+    scan_alpha=0.1,
+    dispersion=True,
+    session_veto=True,
 )
+# the shipped test without its two opt-in gates (the rule as shipped before round 10)
+PLAIN_ACCELERATION = dataclasses.replace(SHIPPED_ACCELERATION, dispersion=False, session_veto=False)
 
 
 def _compare_with_full_scan(times: list[float], c: MemoryTrend, stride: int) -> int:
@@ -859,6 +1003,23 @@ def test_incremental_scan_matches_the_full_scan_on_random_histories(seed: int) -
         times.append(t)
     hits = _compare_with_full_scan([x for x in times if x < end], c, stride=5)
     assert hits > 0
+
+
+@pytest.mark.parametrize("name", ["sessions-on-trickle", "trickle-step"])
+def test_the_opt_in_gates_match_the_full_scan_on_backtest_traces(name: str) -> None:
+    # dispersion and the ended-session veto, read through the incremental bookkeeping (the
+    # veto's walk over the window's episodes by their running count), give the verdicts of
+    # a rescan that groups the window's buckets into episodes one by one; on these traces
+    # they reject some looks the test without them accepts (the veto a session's later
+    # windows, dispersion a step from a busy trickle)
+    family = family_named(name)
+    rng = random.Random(f"opt-in:{name}")
+    hits = plain = 0
+    for _ in range(12):
+        times = [T0 + t for t, text in family.make(rng).events if text.startswith("add:")]
+        hits += _compare_with_full_scan(times, SHIPPED_ACCELERATION, stride=13)
+        plain += _compare_with_full_scan(times, PLAIN_ACCELERATION, stride=13)
+    assert 0 < hits < plain
 
 
 @pytest.mark.parametrize(
@@ -1312,6 +1473,18 @@ def test_the_bounds_keep_every_verdict_on_random_histories(seed: int) -> None:
             scan_baseline=2 * DAY,
         ),
     ][seed % 2]
+    _check_bounds_keep_verdicts(c, rng)
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_the_bounds_keep_every_verdict_with_and_without_the_opt_in_gates(seed: int) -> None:
+    # dispersion and the ended-session veto only ever reject a window the test accepted,
+    # so the windows the bounds skip stay rejected with them on, and with them off
+    c = SHIPPED_ACCELERATION if seed % 2 else PLAIN_ACCELERATION
+    _check_bounds_keep_verdicts(c, random.Random(100 + seed))
+
+
+def _check_bounds_keep_verdicts(c: MemoryTrend, rng: random.Random) -> None:
     a = Activity()
     memo = JudgeMemo()
     t = T0

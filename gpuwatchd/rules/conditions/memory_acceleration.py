@@ -2,9 +2,9 @@
 
 ``accelerated`` is the exact conditional binomial test of a rate ratio on one recent window
 against the regime before it, behind its gates (active buckets, episodes, baseline, the
-peak veto, overdispersion); ``scanned`` is the change-point scan, the same test on the
-windows of ``k * scan`` back from the newest bucket. ``Regime`` is one look's bookkeeping
-of the regime, shared by every window it tests.
+peak veto, overdispersion, an ended session); ``scanned`` is the change-point scan, the
+same test on the windows of ``k * scan`` back from the newest bucket. ``Regime`` is one
+look's bookkeeping of the regime, shared by every window it tests.
 """
 
 from __future__ import annotations
@@ -13,10 +13,18 @@ from typing import TYPE_CHECKING, Any
 
 from gpuwatchd.core.units import format_duration
 from gpuwatchd.rules.conditions.base import Hit
-from gpuwatchd.rules.evidence import BUCKET, Activity, binomial_tail_floor, rate_ratio_p_value
+from gpuwatchd.rules.evidence import (
+    BUCKET,
+    EPISODE_GAP,
+    Activity,
+    binomial_tail_floor,
+    rate_ratio_p_value,
+)
 
 if TYPE_CHECKING:
     from gpuwatchd.rules.conditions.memory_model import MemoryTrend
+
+DAY_BUCKETS = int(86400 // BUCKET)  # the session veto asks only windows longer than this
 
 
 class Regime:
@@ -120,6 +128,17 @@ def accelerated(
     p = rate_ratio_p_value(x, float(width), y, float(baseline), c.factor, alpha)
     if p >= alpha:
         return None
+    if c.session_veto and width > DAY_BUCKETS:
+        # An ended session: in a window longer than a day, one episode holds most of the
+        # window's active buckets and has ended (an hour of quiet after its last bucket at
+        # this look, so no later bucket can join it). A job that hammered a weak row for a
+        # while and stopped, with the trickle's odd error around it; a leak's daily phase
+        # is many episodes, and a stream that still goes on is never vetoed (the stream
+        # rule's business). Asked only of a significant window (a rare look): one bisect
+        # per episode of the window, at most its buckets.
+        last = act.majority_episode_end(lo, r.hi)
+        if last is not None and r.b1 - last > EPISODE_GAP:
+            return None
     if c.dispersion:
         # Overdispersion: the baseline's day counts vary more than a Poisson process's, so
         # the counts carry less evidence than their size says; test them scaled down by the

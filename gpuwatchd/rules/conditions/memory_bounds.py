@@ -20,7 +20,11 @@ regime's first bucket) in heaps, so a look finds the windows whose bound ran out
 visiting the rest; ``Skips`` holds one rule's groups on one GPU's activity (kept in its
 ``JudgeMemo``), the scan's widths as the regime grows, and the peaks' upkeep. The bounds
 are gates only: every look gives the verdict it gives without them (docs/DETECTION.md,
-"Windows that need no test").
+"Windows that need no test"). They bound the gates up to the exact test only; the opt-in
+gates ``accelerated`` asks after it (``dispersion``, ``session_veto``) only ever reject a
+window the test accepted, so a window the bounds skip is one those would reject too, and
+a window one of them rejected finds no bound here (its test is significant): it is tested
+again at the next look.
 """
 
 from __future__ import annotations

@@ -37,6 +37,7 @@ class MemoryTrend(Condition):
     quiet: float = 28 * 86400.0
     peak_ratio: float = 0.3
     dispersion: bool = False
+    session_veto: bool = False
     scan: float = 0.0  # the scan's step; 0: no scan
     scan_alpha: float = 0.1
     scan_baseline: float = 7 * 86400.0

@@ -15,7 +15,11 @@ at least ``quiet`` of silence). One condition, six signals (``signal``):
   among them (Bonferroni). Gates: at least ``min_active`` buckets and ``min_episodes``
   episodes in the window (one burst is one episode), at least ``min_baseline`` of regime
   before the window, and no earlier window of the regime as busy as ``peak_ratio`` of
-  this one (errors that come and go with one job).
+  this one (errors that come and go with one job). Two opt-in gates, asked only of a
+  window already significant: ``dispersion`` (the counts scaled down by the baseline's
+  quasi-Poisson dispersion) and ``session_veto`` (a window longer than a day is no hit
+  when one episode holds more than half its active buckets and has ended: an hour of
+  quiet after its last bucket, so a job session on a trickle, not a stream still going).
   With ``scan`` (a step, e.g. ``1d``), a change-point scan over the whole regime follows
   the fixed windows: every window of ``k * scan`` (``k`` = 1, 2, ...) that leaves a
   baseline of at least ``scan_baseline`` and ``scan_ratio`` times the window is tested the
@@ -281,6 +285,7 @@ class MemoryTrendKind(ConditionKind):
         "quiet",
         "peak_ratio",
         "dispersion",
+        "session_veto",
         "scan",
         "scan_alpha",
         "scan_baseline",
@@ -334,8 +339,9 @@ class MemoryTrendKind(ConditionKind):
                 values[name] = r.integer(keys[name], f"{what}.{name}", 1, 10000)
         if "peak_ratio" in keys:
             values["peak_ratio"] = r.number(keys["peak_ratio"], f"{what}.peak_ratio", minimum=0.0)
-        if "dispersion" in keys:
-            values["dispersion"] = r.boolean(keys["dispersion"], f"{what}.dispersion")
+        for name in ("dispersion", "session_veto"):
+            if name in keys:
+                values[name] = r.boolean(keys[name], f"{what}.{name}")
         if any(v is None for v in values.values()):
             return None
         c = MemoryTrend(**values)
@@ -392,6 +398,7 @@ class MemoryTrendKind(ConditionKind):
                 "quiet": sp.duration("28d"),
                 "peak_ratio": {"type": "number", "minimum": 0, "default": 0.3},
                 "dispersion": {"type": "boolean", "default": False},
+                "session_veto": {"type": "boolean", "default": False},
                 "scan": sp.DURATION,
                 "scan_alpha": {
                     "type": "number",
