@@ -2,14 +2,16 @@
 """The cost of one look of the memory rules at one GPU, by how much history it has.
 
 A look is ``memory_judge.judge`` for the shipped ``GpuMemoryErrorsAccelerating`` (the
-rate test on its 1-day and 3-day windows and its change-point scan in whole days) and for
-the activity part of the corroborated rule (which the engine runs on every poll): what the
-engine spends per GPU per look once the counter history is in memory. Each GPU history has
-N active 10-minute buckets in one regime over the last 29 days (N = 0, 1000, 2000, 4000; a
-steady trickle, a rising one, and a chronic one older than the history kept), and the looks
-walk through its last day once a minute, as the engine's periodic evaluation does
-(``engine.PERIODIC``; ``--every 300`` for looks five minutes apart, the sparser cadence the
-bench used up to round 9: fewer looks of a bucket to spread the peaks' upkeep over).
+rate test on its 1-day and 3-day windows and its change-point scan in whole days, with
+the dispersion and the ended-session veto on; ``--plain`` without them, as before round
+10) and for the activity part of the corroborated rule (which the engine runs on every
+poll): what the engine spends per GPU per look once the counter history is in memory.
+Each GPU history has N active 10-minute buckets in one regime over the last 29 days (N =
+0, 1000, 2000, 4000; a steady trickle, a rising one, and a chronic one older than the
+history kept), and the looks walk through its last day once a minute, as the engine's
+periodic evaluation does (``engine.PERIODIC``; ``--every 300`` for looks five minutes
+apart, the sparser cadence the bench used up to round 9: fewer looks of a bucket to spread
+the peaks' upkeep over).
 
 "before" is the regime bookkeeping as it was up to commit 601502f (``NaiveActivity``
 below: the regime start found by walking back through the whole history, the episodes
@@ -226,11 +228,22 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--only", help="one row, as N:SHAPE (4000:chronic)")
+    ap.add_argument(
+        "--plain",
+        action="store_true",
+        help="the rule without the dispersion and the ended-session veto (before round 10)",
+    )
     args = ap.parse_args()
     every = args.every
     looks = args.looks or int(DAY // every)
     accel = MemoryTrend(
-        signal="acceleration", windows=(DAY, 3 * DAY), alpha=0.02, scan=DAY, scan_alpha=0.1
+        signal="acceleration",
+        windows=(DAY, 3 * DAY),
+        alpha=0.02,
+        scan=DAY,
+        scan_alpha=0.1,
+        dispersion=not args.plain,
+        session_veto=not args.plain,
     )
     rules = [
         accel,
