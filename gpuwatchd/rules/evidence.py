@@ -302,7 +302,8 @@ class Activity:
     def peaks_behind(self, b1: int) -> dict[int, int]:
         """The most buckets a kept sliding maximum would still take in for a look whose
         newest bucket is ``b1 - 1``, by width: what such a look could have to catch up
-        (tests). 0 right after ``keep_peaks``, but for a width being prepared."""
+        (tests). 0 right after a whole ``keep_peaks`` (``part`` 1), but for a width being
+        prepared; after a share of it, 0 for the widths whose turn it was."""
         buckets = self.buckets
         d = self._dropped
         behind = {}
