@@ -67,14 +67,12 @@ class NaiveActivity(Activity):
             prev = b
         return n
 
-    def regime_start(self, b1: int, quiet: int) -> int | None:
+    def regime_index(self, hi: int, quiet: int) -> int:
         buckets = self.buckets
-        i = bisect.bisect_left(buckets, b1) - 1
-        if i < 0:
-            return None
+        i = hi - 1
         while i > 0 and buckets[i] - buckets[i - 1] <= quiet:
             i -= 1
-        return buckets[i]
+        return i
 
     def peak(self, b0: int, b1: int, width: int) -> int:
         buckets = self.buckets

@@ -42,13 +42,13 @@ class Activity:
     __slots__ = (
         "_breaks",
         "_dropped",
-        "_epoch",
         "_kept",
         "_lag",
         "_peaks",
         "_starts",
         "_turn",
         "buckets",
+        "epoch",
         "version",
     )
 
@@ -56,7 +56,9 @@ class Activity:
         self.buckets: list[int] = []
         self.version = 0
         self._dropped = 0  # buckets dropped from the front, ever: absolute = local + this
-        self._epoch = 0  # bumped when a bucket lands in the middle (caches start over)
+        # bumped when a late bucket lands in the middle: what a caller kept about the
+        # buckets (indexes, counts) no longer holds, and the caches here start over
+        self.epoch = 0
         # _starts[i]: episode starts (gap EPISODE_GAP) among buckets[: i + 1], plus a constant
         self._starts: list[int] = []
         self._breaks: dict[int, list[int]] = {}  # quiet -> absolute i: a gap > quiet before i
@@ -64,12 +66,6 @@ class Activity:
         self._kept: list[tuple[int, _Peaks]] = []  # _peaks' items, for keep_peaks
         self._lag: list[tuple[int, _Peaks]] = []  # those being prepared (lag), or were
         self._turn = 0  # which part of the widths the last look kept (keep_peaks)
-
-    @property
-    def epoch(self) -> int:
-        """Bumped when a late bucket lands in the middle: what a caller kept about the
-        buckets (indexes, counts) no longer holds."""
-        return self._epoch
 
     def mark(self, t: float) -> None:
         """The counter grew at time ``t``."""
@@ -100,7 +96,7 @@ class Activity:
         self.version += 1
 
     def _rebuild(self) -> None:
-        self._epoch += 1
+        self.epoch += 1
         self._breaks.clear()
         self._peaks.clear()
         self._peaks_changed()
@@ -155,16 +151,19 @@ class Activity:
     def regime_start(self, b1: int, quiet: int) -> int | None:
         """The first active bucket of the regime that holds at ``b1``: the first one after
         at least ``quiet`` silent buckets (or the first one kept). None without activity."""
-        buckets = self.buckets
-        i = bisect.bisect_left(buckets, b1) - 1
-        if i < 0:
-            return None
+        hi = bisect.bisect_left(self.buckets, b1)
+        return self.buckets[self.regime_index(hi, quiet)] if hi else None
+
+    def regime_index(self, hi: int, quiet: int) -> int:
+        """``regime_start`` by index, for a look that found ``hi`` (the index past the last
+        bucket before its ``b1``, at least 1) already: the index of the regime's first
+        bucket, so the regime's counts read from it without another bisect."""
         breaks = self._breaks.get(quiet)
         if breaks is None:
             breaks = self._scan_breaks(quiet)
-        k = bisect.bisect_right(breaks, i + self._dropped) - 1
-        j = breaks[k] - self._dropped if k >= 0 else 0
-        return buckets[j] if j > 0 else buckets[0]
+        d = self._dropped
+        k = bisect.bisect_right(breaks, hi - 1 + d) - 1
+        return max(breaks[k] - d, 0) if k >= 0 else 0
 
     def _scan_breaks(self, quiet: int) -> list[int]:
         if len(self._breaks) >= 8:  # a handful of rules ask; never grow without bound
@@ -226,10 +225,10 @@ class Activity:
         if pk is not None and pk.hi == hi + d and pk.k == k + d:
             queue = pk.queue  # as of the last ask or look: nothing to take in or drop
             return max(best, pk.counts[queue[0] - pk.base]) if queue else best
-        if pk is None or pk.epoch != self._epoch or pk.base > k + d:
+        if pk is None or pk.epoch != self.epoch or pk.base > k + d:
             if len(self._peaks) >= 64:  # the scan's widths too; never grow without bound
                 self._peaks.clear()
-            pk = self._peaks[width] = _Peaks(self._epoch, k + d)
+            pk = self._peaks[width] = _Peaks(self.epoch, k + d)
             self._peaks_changed()
         return max(best, pk.max(buckets, d, k, hi, width))
 
@@ -323,7 +322,7 @@ class Activity:
         buckets = self.buckets
         first = buckets[s1 - 1]
         k = bisect.bisect_left(buckets, first + width, s1 - 1)
-        pk = self._peaks[width] = _Peaks(self._epoch, k + self._dropped)
+        pk = self._peaks[width] = _Peaks(self.epoch, k + self._dropped)
         pk.lag = True
         self._peaks_changed()
 

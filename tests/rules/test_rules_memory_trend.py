@@ -1528,6 +1528,31 @@ def test_the_bounds_chance_is_a_lower_bound_on_the_exact_tail() -> None:
     assert checked > 200
 
 
+def test_the_rate_budget_above_another_gates_budget_is_the_larger_of_the_two() -> None:
+    # _budget passes the budget the count and peak gates gave as a floor, so the rate's
+    # candidates at or under it are never checked: the answer must still be the larger of
+    # the floor and the rate's own budget (at least -1), as when both were found in full.
+    from gpuwatchd.rules.conditions.memory_bounds import _rate_budget
+
+    rng = random.Random(11)
+    c = MemoryTrend(alpha=0.02)
+    seen = set()
+    for _ in range(4000):
+        width = rng.choice((144, 432, 1440))
+        baseline = rng.randint(144, 4000)
+        n = rng.randint(0, 600)
+        x = rng.randint(0, n)
+        alpha = rng.choice((0.01, 0.1))
+        most = rng.choice((24, 144))
+        floor = rng.randint(-40, most)
+        whole = _rate_budget(c, x, n - x, width, baseline, alpha, most)
+        assert _rate_budget(c, x, n - x, width, baseline, alpha, most, floor) == max(
+            floor, whole, -1
+        ), (x, n, width, baseline, alpha, most, floor)
+        seen.add((whole > max(floor, -1), whole >= 0))
+    assert seen == {(True, True), (False, True), (False, False)}  # each case is asked
+
+
 # -- signal stream: a leak that turns into a continuous stream (issue 25, round 7) ----------
 STREAM = MemoryTrend(signal="stream", min_baseline=DAY, min_episodes=3)
 

@@ -148,27 +148,28 @@ class _Group:
                 d, i = heapq.heappop(heap)
                 if d != due[i]:
                     return None  # a stale entry (its bound was found again since)
-                due[i] = -1
-                heapq.heappush(heap, (-1, i))
-            order = []
-            while heap and heap[0][0] < b1:  # the bounds that ran out (or stale entries)
-                d, i = heapq.heappop(heap)
-                if d == due[i]:
-                    order.append(i)
-            while heap_start and heap_start[0][0] < start:
-                d, i = heapq.heappop(heap_start)
-                if d == due_start[i]:
-                    order.append(i)
-            if len(order) > 1:
-                order = sorted(set(order))
+                order = [i]  # every other bound holds: no heap entry is due
+            else:
+                order = []
+                while heap and heap[0][0] < b1:  # the bounds that ran out (or stale entries)
+                    d, i = heapq.heappop(heap)
+                    if d == due[i]:
+                        order.append(i)
+                while heap_start and heap_start[0][0] < start:
+                    d, i = heapq.heappop(heap_start)
+                    if d == due_start[i]:
+                        order.append(i)
+                if len(order) > 1:
+                    order = sorted(set(order))
         else:  # a look back in time: test every window
             order = list(range(len(self.widths)))
         # bounds found now hold from the bucket after the last active one
         act = r.act
-        self.tested = len(order)
-        spread = len(order) == len(self.widths)
-        b0 = act.buckets[r.hi - 1] + 1
         widths = self.widths
+        n = len(widths)
+        spread = len(order) == n  # every window: the heaps are built afresh after
+        self.tested = len(order)
+        b0 = act.buckets[r.hi - 1] + 1
         for k, i in enumerate(order):
             width = widths[i]
             w0 = b1 - width
@@ -183,19 +184,19 @@ class _Group:
             # moved) end spread over the day, so no later look tests them all again at once
             most = SKIP_MOST
             if spread or not self.b1_from[i]:
-                most = SKIP_MOST * (i + 1) // len(widths)
+                most = SKIP_MOST * (i + 1) // n
             a = _budget(c, r, width, alpha, most, counts)
             due[i] = b0 + a
             due_start[i] = start + a
             self.b1_from[i] = b1
             self.start_from[i] = start
-            if len(order) < len(widths):
-                heapq.heappush(heap, (due[i], i))
-                heapq.heappush(heap_start, (due_start[i], i))
-        if len(order) == len(widths) or len(heap) + len(heap_start) > 8 * len(widths):
+            if not spread:
+                heapq.heappush(heap, (b0 + a, i))
+                heapq.heappush(heap_start, (start + a, i))
+        if spread or len(heap) + len(heap_start) > 8 * n:
             self._limits()
-        else:
-            self.lim = (max(lim[0], b1), max(lim[1], start))
+        else:  # the heaps' branch: this look's b1 and start are at least the limits
+            self.lim = (b1, start)
         return None
 
 
@@ -414,15 +415,24 @@ def _budget(
         if b >= most:
             return most
         a = max(a, b)
-    return max(a, _rate_budget(c, x, y, width, baseline, alpha, most))
+    return _rate_budget(c, x, y, width, baseline, alpha, most, a)
 
 
 def _rate_budget(
-    c: MemoryTrend, x: int, y: int, width: int, baseline: int, alpha: float, most: int
+    c: MemoryTrend,
+    x: int,
+    y: int,
+    width: int,
+    baseline: int,
+    alpha: float,
+    most: int,
+    floor: int = -1,
 ) -> int:
     """The most buckets ``a`` for which the window's exact test surely finds no rise with
     ``x + a`` of ``x + y`` active buckets in it and a baseline ``a`` buckets longer; -1
-    where even this look's counts are not surely rejected by it."""
+    where even this look's counts are not surely rejected by it. At least ``floor``, the
+    budget another gate gave already: a candidate no higher is not checked (the candidates
+    are the guess, its half and 0, the first that the cheap bounds show, else -1)."""
     fw = c.factor * width
     n = x + y
     p = fw / (fw + float(baseline))
@@ -434,11 +444,14 @@ def _rate_budget(
     # (n p falls by about n p^2 / fw a bucket of baseline)
     room = n * p + (z - 0.25) * math.sqrt(n * p * (1.0 - p)) - x
     guess = min(most, math.floor(room / (1.0 + n * p * p / fw)))
+    floor = max(floor, -1)
     level = alpha * (1.0 + _MARGIN)
     for a in (guess, guess // 2, 0) if guess > 0 else (0,):
+        if a <= floor:
+            break  # and so is every later one: the other gate's budget stands
         if _rate_rejects(x, y, a, fw, baseline, level):
             return a
-    return -1
+    return floor
 
 
 def _rate_rejects(x: int, y: int, a: int, fw: float, baseline: int, level: float) -> bool:

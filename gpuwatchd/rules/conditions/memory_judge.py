@@ -90,10 +90,9 @@ def _judge(c: MemoryTrend, act: Activity, b1: int, skips: Skips | None = None) -
     hi = bisect.bisect_left(buckets, b1)
     if hi == 0:
         return None  # no activity before b1
-    start = act.regime_start(b1, quiet)
-    assert start is not None
     # the regime's bookkeeping, found once per look and shared by every window tested
-    r = Regime(act, b1, hi, start, bisect.bisect_right(buckets, start, 0, hi))
+    j = act.regime_index(hi, quiet)
+    r = Regime(act, b1, hi, buckets[j], j + 1)
     alpha = c.alpha / len(c.windows)
     if skips is not None:
         return skips.judge(c, r, alpha)  # it keeps the peaks itself
