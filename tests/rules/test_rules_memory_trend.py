@@ -11,6 +11,7 @@ import random
 import statistics
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from rulekit import Node, rules, uuid_of
@@ -1441,7 +1442,7 @@ def test_a_sparse_regime_seldom_tests_two_scan_windows_at_one_look() -> None:
     for seed in range(6):
         rng = random.Random(seed)
         first = int(T0 // BUCKET)
-        picks = [b for b in range(first, first + 44 * 144) if rng.random() < 0.25]
+        picks = [b for b in range(first, first + 35 * 144) if rng.random() < 0.25]
         a = Activity()
         memo = JudgeMemo()
         for now in _looks(a, picks, first + 40 * 144, 4):
@@ -1449,6 +1450,42 @@ def test_a_sparse_regime_seldom_tests_two_scan_windows_at_one_look() -> None:
             assert memo.skips is not None
             two += memo.skips.scan.tested >= 2
     assert two <= 9, two  # main: 13
+
+
+def test_a_window_whose_bound_holds_at_the_look_is_not_tested(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Issue 25 item 4: a look tested each window whose bound ran out (the test, then its
+    # new bound), though most of them find a bound that holds at the look itself, which
+    # says the test rejects them. Now the bound comes first, and the test runs only where
+    # there is none (or where the width's peaks are not kept yet): the same verdicts, far
+    # fewer tests.
+    from gpuwatchd.rules.conditions import memory_bounds
+
+    tests = 0
+    real = memory_bounds.accelerated
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        nonlocal tests
+        tests += 1
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(memory_bounds, "accelerated", counting)
+    rng = random.Random(7)
+    first = int(T0 // BUCKET)
+    picks = [b for b in range(first, first + 35 * 144) if rng.random() < 0.2]
+    a = Activity()
+    memo = JudgeMemo()
+    windows = 0
+    for now in _looks(a, picks, first + 29 * 144, 6, every=60.0):
+        seen = (memo.b1, memo.version)
+        verdict = judge(SHIPPED_ACCELERATION, a, now, memo)
+        assert verdict == judge(SHIPPED_ACCELERATION, a, now)
+        if (memo.b1, memo.version) != seen:  # judged afresh: count the windows it asked
+            assert memo.skips is not None and memo.skips.fixed is not None
+            windows += memo.skips.fixed.tested + memo.skips.scan.tested
+    assert windows > 30, windows
+    assert tests < windows / 4, (tests, windows)  # 11 of 94; before: every one (94)
 
 
 @pytest.mark.parametrize("seed", range(4))

@@ -13,7 +13,10 @@ gates at that worst case: too few active buckets or episodes; the peak veto (the
 windows that end far enough past the regime's first bucket stay in its peak); or the exact
 test's chance, shown to stay at least ``alpha`` with cheap lower bounds on the binomial
 tail only (``_rate_rejects``: the median, Slud's bound, the normal tail less the
-Berry-Esseen distance), never a sum. A budget is at most a day (``SKIP_MOST``).
+Berry-Esseen distance), never a sum. A budget is at most a day (``SKIP_MOST``). A budget
+of 0 or more holds at the look that finds it too (no move at all), so a window whose bound
+ran out asks for a new bound first and is tested only where it finds none: most of them
+find one, and a bound costs less than the test and its bound together.
 
 ``_Group`` keeps the windows one look tests in order with their two dues (``b1`` and the
 regime's first bucket) in heaps, so a look finds the windows whose bound ran out without
@@ -125,9 +128,10 @@ class _Group:
             self.lim = (max(self.b1_from), max(self.start_from))
 
     def test(self, c: MemoryTrend, r: Regime, alpha: float, soon: int = _SOON) -> Hit | None:
-        """``accelerated`` for each window in order, but those still surely rejected: the
-        first hit, or None. At a look that has none to test, one whose bound runs out
-        within ``soon`` buckets is tested early."""
+        """``accelerated`` for each window in order, but those still surely rejected and
+        those whose new bound holds at this look already: the first hit, or None. At a
+        look that has none to test, one whose bound runs out within ``soon`` buckets is
+        tested early."""
         self.tested = 0
         if not self.widths:
             return None
@@ -174,18 +178,24 @@ class _Group:
             width = widths[i]
             w0 = b1 - width
             counts = act.window_at(r.s1, r.hi, w0) if w0 > start else None
-            hit = accelerated(c, r, width, alpha, counts)
-            if hit is not None:
-                for j in order[k:]:  # tested again at the next look
-                    due[j] = -1
-                self._limits()
-                return hit
             # bounds that begin at one look (the first, or after the regime's first bucket
             # moved) end spread over the day, so no later look tests them all again at once
             most = SKIP_MOST
             if spread or not self.b1_from[i]:
                 most = SKIP_MOST * (i + 1) // n
-            a = _budget(c, r, width, alpha, most, counts)
+            # A bound holds from this look on, this look included: a window that finds one
+            # needs no test. The bound first, then, where the width's peaks are kept (where
+            # they are not, the test builds them now, as it would without the bounds).
+            a = _budget(c, r, width, alpha, most, counts) if act.peaks_kept(width) else -1
+            if a < 0:
+                hit = accelerated(c, r, width, alpha, counts)
+                if hit is not None:
+                    for j in order[k:]:  # tested again at the next look
+                        due[j] = -1
+                    self._limits()
+                    return hit
+                a = _budget(c, r, width, alpha, most, counts)  # the test may have caught
+                # the peaks up, and a bound found on them lasts longer
             due[i] = b0 + a
             due_start[i] = start + a
             self.b1_from[i] = b1
