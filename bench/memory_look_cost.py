@@ -67,6 +67,10 @@ class NaiveActivity(Activity):
             prev = b
         return n
 
+    def episodes_at(self, lo: int, hi: int) -> int:
+        buckets = self.buckets
+        return self.episodes(buckets[lo], buckets[hi - 1] + 1) if hi > lo else 0
+
     def regime_index(self, hi: int, quiet: int) -> int:
         buckets = self.buckets
         i = hi - 1

@@ -70,16 +70,19 @@ def _judge(c: MemoryTrend, act: Activity, b1: int, skips: Skips | None = None) -
     if c.signal == "stream":
         return _streaming(c, act, b1, quiet)
     if c.signal != "acceleration":
-        width = int(c.window // BUCKET)
-        w0 = b1 - width
-        x = act.count(w0, b1)
-        if x < c.min_active:
+        # the window's counts by index: two bisects for the window, none more for the
+        # regime (the corroborated rule asks this on every poll with new activity)
+        buckets = act.buckets
+        w0 = b1 - int(c.window // BUCKET)
+        hi = bisect.bisect_left(buckets, b1)
+        lo = bisect.bisect_left(buckets, w0, 0, hi)
+        x = hi - lo
+        if x < c.min_active:  # at least 1 (the kind's schema), so hi > 0 below
             return None
-        episodes = act.episodes(w0, b1)
+        episodes = act.episodes_at(lo, hi)
         if episodes < c.min_episodes:
             return None
-        start = act.regime_start(b1, quiet)
-        assert start is not None  # x > 0
+        start = buckets[act.regime_index(hi, quiet)]
         values: dict[str, Any] = {"active": x, "episodes": episodes}
         if c.signal == "activity":
             if (w0 - start) * BUCKET >= c.min_baseline:
