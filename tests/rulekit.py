@@ -4,8 +4,8 @@ samples written by hand, time on a VirtualClock. No threads, no scenario files."
 from __future__ import annotations
 
 import textwrap
-from types import MappingProxyType
-from typing import Any
+from types import MappingProxyType, ModuleType
+from typing import TYPE_CHECKING, Any
 
 from gpuwatchd.core.alerts import AlertState, AlertTransition
 from gpuwatchd.core.clock import VirtualClock
@@ -17,6 +17,9 @@ from gpuwatchd.rules.loader import parse_rules
 from gpuwatchd.rules.model import RuleSet
 from gpuwatchd.rules.store import StateStore
 from gpuwatchd.scenario.gpumodels import H100, at_work
+
+if TYPE_CHECKING:
+    import pytest
 
 T0 = 1_767_225_600.0
 MODEL = H100.name
@@ -32,6 +35,32 @@ def uuid_of(i: int) -> str:
 
 def pci_of(i: int) -> str:
     return f"00000000:{0x18 + 0x10 * i:02X}:00.0"
+
+
+class Calls:
+    """How many times a function was called since ``count_calls`` wrapped it."""
+
+    def __init__(self) -> None:
+        self.n = 0
+
+
+def count_calls(
+    monkeypatch: pytest.MonkeyPatch, module: ModuleType, name: str, *also: ModuleType
+) -> Calls:
+    """Replace ``module.name`` with a wrapper that counts its calls and calls the real
+    function; ``also``: modules that may hold the same function under the same name (an
+    import), patched too where they do."""
+    real = getattr(module, name)
+    calls = Calls()
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        calls.n += 1
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(module, name, counting)
+    for other in also:
+        monkeypatch.setattr(other, name, counting, raising=False)
+    return calls
 
 
 def rules(text: str, path: str = "r.yaml") -> RuleSet:

@@ -11,10 +11,9 @@ import random
 import statistics
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
-from rulekit import Node, rules, uuid_of
+from rulekit import Node, count_calls, rules, uuid_of
 
 from gpuwatchd.core.errors import ConfigError
 from gpuwatchd.core.units import format_duration
@@ -1462,15 +1461,7 @@ def test_a_window_whose_bound_holds_at_the_look_is_not_tested(
     # fewer tests.
     from gpuwatchd.rules.conditions import memory_bounds
 
-    tests = 0
-    real = memory_bounds.accelerated
-
-    def counting(*args: Any, **kwargs: Any) -> Any:
-        nonlocal tests
-        tests += 1
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(memory_bounds, "accelerated", counting)
+    tests = count_calls(monkeypatch, memory_bounds, "accelerated")
     rng = random.Random(7)
     first = int(T0 // BUCKET)
     picks = [b for b in range(first, first + 35 * 144) if rng.random() < 0.2]
@@ -1485,7 +1476,7 @@ def test_a_window_whose_bound_holds_at_the_look_is_not_tested(
             assert memo.skips is not None and memo.skips.fixed is not None
             windows += memo.skips.fixed.tested + memo.skips.scan.tested
     assert windows > 30, windows
-    assert tests < windows / 4, (tests, windows)  # 11 of 94; before: every one (94)
+    assert tests.n < windows / 4, (tests.n, windows)  # 11 of 94; before: every one (94)
 
 
 @pytest.mark.parametrize("seed", range(4))

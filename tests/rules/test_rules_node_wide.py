@@ -9,7 +9,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from rulekit import Node
+from rulekit import Node, count_calls
 
 from gpuwatchd.rules import node_wide
 from gpuwatchd.rules.evidence import BUCKET, Activity
@@ -77,24 +77,15 @@ def test_a_firing_ticket_does_not_judge_the_node_again_on_every_poll(
     # each firing GPU (360 polls an hour x 3 GPUs), though its answer can only change when a
     # GPU's activity or the window's 10-minute buckets do (6 times an hour).
     n = _node_with_tickets()
-    calls = 0
-    real = node_wide.has_own_activity
-
-    def counting(*args: Any, **kwargs: Any) -> bool:
-        nonlocal calls
-        calls += 1
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(node_wide, "has_own_activity", counting)
     # the version before NodeLook imported it into the windowed conditions' module
     from gpuwatchd.rules.conditions import windowed
 
-    monkeypatch.setattr(windowed, "has_own_activity", counting, raising=False)
+    counted = count_calls(monkeypatch, node_wide, "has_own_activity", windowed)
     firing = {tr.labels.get("gpu") for _, tr in n.transitions if tr.rule == "GpuEccCorrectedRising"}
     assert firing == {"0", "1", "2"}
     n.run(3600)  # an hour of 10-second polls, no new error
-    assert 0 < calls <= 3 * 8, calls  # once a GPU per 10-minute turn (and the hour's edges)
-    before = calls
+    assert 0 < counted.n <= 3 * 8, counted.n  # once a GPU per 10-minute turn (and the hour's edges)
+    before = counted.n
     n.add(1, ecc_corrected_volatile=1, ecc_corrected_volatile_dev=1)
     n.run(30)
-    assert calls > before  # GPU 1's activity moved: judged again
+    assert counted.n > before  # GPU 1's activity moved: judged again
