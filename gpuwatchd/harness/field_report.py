@@ -11,7 +11,11 @@ nodes or read in place), so that a site can measure recall and precision on its 
   neither (a memory page or drain more than 90 days before does not count);
 - **memory pages**: followed on the same GPU by an uncorrectable error within 90 days
   (confirmed), not followed within 90 days (unconfirmed), or younger than 90 days with none
-  yet (open, with the days watched so far).
+  yet (open, with the days watched so far);
+- **memory drains**, the same way: the graceful tier's statistical evidence (the rate test)
+  drains and never pages, so its false alarms are the drains no error followed;
+- **by rule**: each memory rule's firings (pages, drains, tickets), how many paged and
+  drained, and the same follow-up, so a site sees which rule's warnings come true.
 
 A *memory* rule is one of the shipped or site rules whose condition is ``memory_trend``,
 or whose name starts with ``GpuRowRemap`` or ``GpuXidMemory``.
@@ -50,6 +54,60 @@ DRAIN_LEAD = DAY
 UE_MERGE = HOUR  # two uncorrectable-error alerts on one GPU this close are one error
 
 
+def _share(part: int, whole: int) -> float | None:
+    return round(part / whole, 3) if whole else None
+
+
+@dataclass
+class FollowUp:
+    """Warnings of one kind (pages, drains, one rule's firings) and what followed each on
+    its GPU: an uncorrectable error within 90 days (confirmed), none within 90 days
+    (unconfirmed), or too young to say (open, with the days watched so far)."""
+
+    count: int = 0
+    confirmed: int = 0
+    unconfirmed: int = 0
+    open: int = 0
+    open_days: list[float] = field(default_factory=list)
+
+    def add(self, x: float, ues: Iterable[float], now: float) -> None:
+        """One warning at ``x``; ``ues``: the uncorrectable errors of its GPU."""
+        self.count += 1
+        if any(x < t <= x + FOLLOW for t in ues):
+            self.confirmed += 1
+        elif now - x >= FOLLOW:
+            self.unconfirmed += 1
+        else:
+            self.open += 1
+            self.open_days.append((now - x) / DAY)
+
+    @property
+    def precision(self) -> float | None:
+        return _share(self.confirmed, self.confirmed + self.unconfirmed)
+
+
+@dataclass
+class RuleCounts:
+    """One memory rule's firings in the report: how many paged, how many drained, and what
+    followed them (``FollowUp``)."""
+
+    paged: int = 0
+    drained: int = 0
+    follow: FollowUp = field(default_factory=FollowUp)
+
+    def row(self) -> dict[str, Any]:
+        f = self.follow
+        return {
+            "firings": f.count,
+            "paged": self.paged,
+            "drained": self.drained,
+            "confirmed_within_90d": f.confirmed,
+            "unconfirmed_after_90d": f.unconfirmed,
+            "open": f.open,
+            "precision": f.precision,
+        }
+
+
 @dataclass
 class FieldReport:
     """The counts over one or more nodes' state."""
@@ -59,11 +117,9 @@ class FieldReport:
     ue_paged: int = 0  # a memory page >= 1 h before
     ue_drained: int = 0  # a memory drain >= 24 h before
     ue_warned: int = 0  # either
-    pages: int = 0
-    pages_confirmed: int = 0
-    pages_unconfirmed: int = 0
-    pages_open: int = 0
-    open_days: list[float] = field(default_factory=list)
+    pages: FollowUp = field(default_factory=FollowUp)
+    drains: FollowUp = field(default_factory=FollowUp)
+    by_rule: dict[str, RuleCounts] = field(default_factory=dict)
     nodes_exact: int = 0  # counted from a memory ledger alone
     warnings: list[str] = field(default_factory=list)
 
@@ -72,21 +128,25 @@ class FieldReport:
         return self.nodes_exact == self.nodes
 
     def row(self) -> dict[str, Any]:
-        def share(part: int, whole: int) -> float | None:
-            return round(part / whole, 3) if whole else None
-
+        pages, drains = self.pages, self.drains
         return {
             "nodes": self.nodes,
             "uncorrectable_errors": self.ues,
             "ue_paged_1h_ahead": self.ue_paged,
             "ue_drained_24h_ahead": self.ue_drained,
             "ue_paged_or_drained": self.ue_warned,
-            "recall": share(self.ue_warned, self.ues),
-            "memory_pages": self.pages,
-            "pages_confirmed_within_90d": self.pages_confirmed,
-            "pages_unconfirmed_after_90d": self.pages_unconfirmed,
-            "pages_open": self.pages_open,
-            "precision": share(self.pages_confirmed, self.pages_confirmed + self.pages_unconfirmed),
+            "recall": _share(self.ue_warned, self.ues),
+            "memory_pages": pages.count,
+            "pages_confirmed_within_90d": pages.confirmed,
+            "pages_unconfirmed_after_90d": pages.unconfirmed,
+            "pages_open": pages.open,
+            "precision": pages.precision,
+            "memory_drains": drains.count,
+            "drains_confirmed_within_90d": drains.confirmed,
+            "drains_unconfirmed_after_90d": drains.unconfirmed,
+            "drains_open": drains.open,
+            "drain_precision": drains.precision,
+            "by_rule": {rule: c.row() for rule, c in sorted(self.by_rule.items())},
             "counts": "exact" if self.exact else "floor",
             "nodes_exact": self.nodes_exact,
             "nodes_floor": self.nodes - self.nodes_exact,
@@ -147,7 +207,9 @@ def _gpu(rec: AlertRecord) -> str | None:
 class _Event:
     gpu: str
     t: float
+    rule: str
     ue: bool
+    memory: bool  # a memory rule's firing (a page, a drain, a ticket)
     page: bool
     drain: bool
 
@@ -164,7 +226,7 @@ def _from_alerts(
         ue = is_ue(r.rule, r.labels, r.annotations)
         page, drain = r.rule in pages, r.rule in drains
         if ue or page or drain:
-            out.append(_Event(gpu, r.fired_at, ue, page, drain))
+            out.append(_Event(gpu, r.fired_at, r.rule, ue, page or drain, page, drain))
     return out
 
 
@@ -175,8 +237,8 @@ def _from_ledger(ledger: Ledger) -> list[_Event]:
         if not gpu:
             continue
         memory = e.kind == "memory"
-        out.append(_Event(gpu, e.t, e.kind == "ue", memory and e.severity == "page",
-                          memory and e.drain))  # fmt: skip
+        out.append(_Event(gpu, e.t, e.rule, e.kind == "ue", memory,
+                          memory and e.severity == "page", memory and e.drain))  # fmt: skip
     return out
 
 
@@ -209,6 +271,7 @@ def score_node(node: NodeState, pages: set[str], drains: set[str], report: Field
     ues: dict[str, list[float]] = {}
     paged: dict[str, list[float]] = {}
     drained: dict[str, list[float]] = {}
+    warned: list[_Event] = []  # the memory rules' firings
     for e in events:
         if e.ue:
             ues.setdefault(e.gpu, []).append(e.t)
@@ -216,6 +279,8 @@ def score_node(node: NodeState, pages: set[str], drains: set[str], report: Field
             paged.setdefault(e.gpu, []).append(e.t)
         if e.drain:
             drained.setdefault(e.gpu, []).append(e.t)
+        if e.memory:
+            warned.append(e)
     merged: dict[str, list[float]] = {}
     for gpu, ts in ues.items():
         out: list[float] = []
@@ -233,18 +298,17 @@ def score_node(node: NodeState, pages: set[str], drains: set[str], report: Field
             report.ue_paged += p
             report.ue_drained += d
             report.ue_warned += p or d
-    for gpu, ts in paged.items():
-        for x in sorted(ts):
-            if cut is not None and x <= cut:
-                continue
-            report.pages += 1
-            if any(x < t <= x + FOLLOW for t in merged.get(gpu, ())):
-                report.pages_confirmed += 1
-            elif now - x >= FOLLOW:
-                report.pages_unconfirmed += 1
-            else:
-                report.pages_open += 1
-                report.open_days.append((now - x) / DAY)
+    for follow, warnings in ((report.pages, paged), (report.drains, drained)):
+        for gpu, ts in warnings.items():
+            for x in sorted(ts):
+                if cut is None or x > cut:
+                    follow.add(x, merged.get(gpu, ()), now)
+    for e in warned:
+        if cut is None or e.t > cut:
+            counts = report.by_rule.setdefault(e.rule, RuleCounts())
+            counts.paged += e.page
+            counts.drained += e.drain
+            counts.follow.add(e.t, merged.get(e.gpu, ()), now)
 
 
 def field_report(paths: Iterable[str], config: Config) -> FieldReport:
@@ -261,16 +325,26 @@ def render(report: FieldReport) -> list[str]:
     def pct(v: object) -> str:
         return f"{float(v) * 100:.0f} %" if isinstance(v, float) else "-"
 
+    pages, drains = report.pages, report.drains
     lines = [
         f"{report.nodes} node(s): {report.ues} uncorrectable memory error(s), "
-        f"{report.pages} memory page(s)",
+        f"{pages.count} memory page(s), {drains.count} memory drain(s)",
         f"  errors preceded by a memory page >= 1 h before: {report.ue_paged}; by a memory "
         f"drain >= 24 h before: {report.ue_drained}; by either: {report.ue_warned} "
         f"(recall {pct(row['recall'])})",
-        f"  pages followed by an uncorrectable error within 90 days: {report.pages_confirmed}; "
-        f"none within 90 days: {report.pages_unconfirmed} (precision {pct(row['precision'])}); "
-        f"younger than 90 days, none yet: {report.pages_open}",
+        f"  pages followed by an uncorrectable error within 90 days: {pages.confirmed}; "
+        f"none within 90 days: {pages.unconfirmed} (precision {pct(pages.precision)}); "
+        f"younger than 90 days, none yet: {pages.open}",
+        f"  drains followed by an uncorrectable error within 90 days: {drains.confirmed}; "
+        f"none within 90 days: {drains.unconfirmed} (precision {pct(drains.precision)}); "
+        f"younger than 90 days, none yet: {drains.open}",
     ]
+    for rule, c in sorted(report.by_rule.items()):
+        f = c.follow
+        lines.append(
+            f"  {rule}: {f.count} firing(s) ({c.paged} paged, {c.drained} drained): "
+            f"{f.confirmed} followed within 90 days, {f.unconfirmed} not, {f.open} open"
+        )
     if report.exact:
         lines.append("  (exact: every memory firing, from each node's memory ledger)")
     else:

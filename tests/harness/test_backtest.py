@@ -300,6 +300,58 @@ def test_from_state_counts_only_what_the_ledger_kept_whole(
     assert row["counts"] == "exact"
 
 
+def test_from_state_follows_up_drains_and_each_rule_apart(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The rate test drains and opens a ticket and never pages, so its false alarms are the
+    # drains no uncorrectable error followed: the report follows drains up as it does
+    # pages, and each memory rule's firings apart (a ticket-only rule included).
+    store = StateStore(str(tmp_path / "rules.sqlite3"), boot_id="b")
+    rate, certified, bank = (
+        "GpuMemoryErrorsAccelerating",
+        "GpuMemoryErrorsCorroborated",
+        "GpuRowRemapBankExhausted",
+    )
+
+    def at(day: float, rule: str, gpu: int, kind: str, severity: str, drain: bool) -> LedgerEntry:
+        return LedgerEntry(day * DAY, f"{rule}{gpu}{day}", rule, str(gpu), f"GPU-{gpu}", kind,
+                           severity, drain)  # fmt: skip
+
+    rows = [
+        at(1, rate, 0, "memory", "ticket", True),  # GPU 0 drained on the rate,
+        at(3, certified, 0, "memory", "page", False),  # paged on its certificate,
+        at(4, "GpuXidFatal", 0, "ue", "page", False),  # and its DBE came
+        at(2, rate, 1, "memory", "ticket", True),  # GPU 1 drained, never followed
+        at(2, bank, 1, "memory", "ticket", False),  # and a ticket, never followed
+        at(150, rate, 2, "memory", "ticket", True),  # GPU 2 drained 10 days ago: open
+        at(160, certified, 3, "memory", "page", False),  # the node's last judgement
+    ]
+    assert store.save_alerts([], 0.0, rows)
+    store.close()
+    assert main(["backtest", "--from-state", str(tmp_path), "--json"]) == 0
+    row = json.loads(capsys.readouterr().out)
+    assert row["uncorrectable_errors"] == 1
+    assert (row["ue_paged_1h_ahead"], row["ue_drained_24h_ahead"]) == (1, 1)
+    assert (row["memory_pages"], row["pages_confirmed_within_90d"], row["pages_open"]) == (2, 1, 1)
+    assert row["memory_drains"] == 3
+    assert (row["drains_confirmed_within_90d"], row["drains_unconfirmed_after_90d"]) == (1, 1)
+    assert (row["drains_open"], row["drain_precision"]) == (1, 0.5)
+    assert row["by_rule"] == {
+        bank: {"firings": 1, "paged": 0, "drained": 0, "confirmed_within_90d": 0,
+               "unconfirmed_after_90d": 1, "open": 0, "precision": 0.0},
+        certified: {"firings": 2, "paged": 2, "drained": 0, "confirmed_within_90d": 1,
+                    "unconfirmed_after_90d": 0, "open": 1, "precision": 1.0},
+        rate: {"firings": 3, "paged": 0, "drained": 3, "confirmed_within_90d": 1,
+               "unconfirmed_after_90d": 1, "open": 1, "precision": 0.5},
+    }  # fmt: skip
+    assert main(["backtest", "--from-state", str(tmp_path)]) == 0
+    text = capsys.readouterr().out
+    assert "3 memory drain(s)" in text
+    drains = "drains followed by an uncorrectable error within 90 days: 1; none within 90 days: 1"
+    assert drains in text
+    assert f"  {rate}: 3 firing(s) (0 paged, 3 drained): 1 followed within 90 days, 1 not" in text
+
+
 def test_from_state_skips_a_damaged_ledger_row_with_a_warning(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
