@@ -11,7 +11,7 @@ nodes or read in place), so that a site can measure recall and precision on its 
   neither (a memory page or drain more than 90 days before does not count);
 - **memory pages**: followed on the same GPU by an uncorrectable error within 90 days
   (confirmed), not followed within 90 days (unconfirmed), or younger than 90 days with none
-  yet (open, with the days watched so far);
+  yet (open);
 - **memory drains**, the same way: the graceful tier's statistical evidence (the rate test)
   drains and never pages, so its false alarms are the drains no error followed;
 - **by rule**: each memory rule's firings (pages, drains, tickets), how many paged and
@@ -62,13 +62,12 @@ def _share(part: int, whole: int) -> float | None:
 class FollowUp:
     """Warnings of one kind (pages, drains, one rule's firings) and what followed each on
     its GPU: an uncorrectable error within 90 days (confirmed), none within 90 days
-    (unconfirmed), or too young to say (open, with the days watched so far)."""
+    (unconfirmed), or too young to say (open)."""
 
     count: int = 0
     confirmed: int = 0
     unconfirmed: int = 0
     open: int = 0
-    open_days: list[float] = field(default_factory=list)
 
     def add(self, x: float, ues: Iterable[float], now: float) -> None:
         """One warning at ``x``; ``ues``: the uncorrectable errors of its GPU."""
@@ -79,7 +78,6 @@ class FollowUp:
             self.unconfirmed += 1
         else:
             self.open += 1
-            self.open_days.append((now - x) / DAY)
 
     @property
     def precision(self) -> float | None:

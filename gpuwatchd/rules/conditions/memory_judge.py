@@ -123,8 +123,7 @@ def _streaming(c: MemoryTrend, act: Activity, b1: int, quiet: int) -> Hit | None
     first = act.episode_start(hi - 1)
     if (last - first) * BUCKET <= c.stream:
         return None
-    start = act.regime_start(b1, quiet)
-    assert start is not None  # hi > 0
+    start = buckets[act.regime_index(hi, quiet)]
     if (first - start) * BUCKET < c.min_baseline:
         return None  # the regime began with it: a step to a steady rate
     before = act.episodes(start, first)
